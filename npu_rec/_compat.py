@@ -1,0 +1,64 @@
+"""Import-time checks of the TensorFlow and Keras versions npu_rec runs on."""
+
+from __future__ import annotations
+
+import os
+import re
+
+MIN_TF = (2, 16)
+KERAS_MAJOR = 3
+
+_FIX = (
+    "npu_rec needs TensorFlow 2.x >= {min_tf} and Keras 3.x. Install the pinned "
+    "versions with `pip install -e .` in the npu_rec checkout (or "
+    "`pip install 'tensorflow-cpu==2.21.0' 'keras>=3.12,<4'`)."
+)
+
+
+def _parse(version: str) -> tuple[int, int]:
+    match = re.match(r"(\d+)\.(\d+)", version)
+    if not match:
+        raise ImportError(f"Cannot parse the version string {version!r}. " + _fix())
+    return int(match.group(1)), int(match.group(2))
+
+
+def _fix() -> str:
+    return _FIX.format(min_tf=".".join(map(str, MIN_TF)))
+
+
+def check_versions(tf_version: str, keras_version: str) -> None:
+    """Raises `ImportError` unless the versions are ones npu_rec supports.
+
+    Args:
+      tf_version: `tf.__version__`, e.g. "2.21.0".
+      keras_version: `keras.__version__`, e.g. "3.12.0".
+
+    Raises:
+      ImportError: TensorFlow is not 2.x >= 2.16, or Keras is not 3.x. The
+        message names the version found and how to install a supported one.
+    """
+    tf_major, tf_minor = _parse(tf_version)
+    if tf_major != MIN_TF[0] or (tf_major, tf_minor) < MIN_TF:
+        raise ImportError(
+            f"Found TensorFlow {tf_version}, which npu_rec does not support. " + _fix()
+        )
+    keras_major, _ = _parse(keras_version)
+    if keras_major != KERAS_MAJOR:
+        hint = ""
+        if os.environ.get("TF_USE_LEGACY_KERAS"):
+            hint = (
+                " TF_USE_LEGACY_KERAS is set: it must not make `import keras` "
+                "resolve to tf_keras."
+            )
+        raise ImportError(
+            f"Found Keras {keras_version}, which npu_rec does not support.{hint} "
+            + _fix()
+        )
+
+
+def check_installed() -> None:
+    """Checks the TensorFlow and Keras that are installed (see `check_versions`)."""
+    import keras
+    import tensorflow as tf
+
+    check_versions(tf.__version__, keras.__version__)
