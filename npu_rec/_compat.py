@@ -47,12 +47,10 @@ def check_versions(tf_version: str, keras_version: str) -> None:
         hint = ""
         if os.environ.get("TF_USE_LEGACY_KERAS"):
             hint = (
-                " TF_USE_LEGACY_KERAS is set: it must not make `import keras` "
-                "resolve to tf_keras."
+                " TF_USE_LEGACY_KERAS is set: it must not make `import keras` resolve to tf_keras."
             )
         raise ImportError(
-            f"Found Keras {keras_version}, which npu_rec does not support.{hint} "
-            + _fix()
+            f"Found Keras {keras_version}, which npu_rec does not support.{hint} " + _fix()
         )
 
 

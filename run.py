@@ -1,0 +1,74 @@
+#!/usr/bin/env python3
+"""The two commands of npu_rec: `python3 run.py train` and `python3 run.py test`.
+
+Each creates `.venv/` beside this file and installs npu_rec into it (with the
+test extras for `test`) when it is missing or `setup.cfg` has changed since,
+then runs inside it:
+
+  python3 run.py train [FLAGS]   # scripts/train.py: a reference model on the default data
+  python3 run.py test [ARGS]     # the whole test suite (pytest ARGS)
+  python3 run.py bench NAME      # benchmarks/NAME.py
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import venv
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+VENV = os.path.join(ROOT, ".venv")
+PYTHON = os.path.join(VENV, "bin", "python")
+
+
+def _ensure_env(extras: str) -> None:
+    with open(os.path.join(ROOT, "setup.cfg"), "rb") as f:
+        want = hashlib.sha256(f.read() + extras.encode()).hexdigest()
+    stamp = os.path.join(VENV, f".npu_rec-installed-{extras or 'base'}")
+    if os.path.exists(stamp) and open(stamp).read() == want:
+        return
+    if not os.path.exists(PYTHON):
+        print(f"Creating {VENV} ...", flush=True)
+        venv.EnvBuilder(with_pip=True).create(VENV)
+    target = f".[{extras}]" if extras else "."
+    print(f"Installing npu_rec{'[' + extras + ']' if extras else ''} into {VENV} ...", flush=True)
+    subprocess.run(
+        [PYTHON, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "-e", target],
+        cwd=ROOT,
+        check=True,
+    )
+    with open(stamp, "w") as f:
+        f.write(want)
+
+
+def _run(argv: list[str]) -> int:
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL=os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2"))
+    return subprocess.run([PYTHON, *argv], cwd=ROOT, env=env).returncode
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] not in ("train", "test", "bench"):
+        print(__doc__)
+        return 2
+    command, rest = argv[0], argv[1:]
+    if command == "train":
+        _ensure_env("")
+        return _run([os.path.join("scripts", "train.py"), *rest])
+    if command == "bench":
+        _ensure_env("test")
+        if not rest:
+            print("usage: python3 run.py bench NAME [FLAGS]")
+            return 2
+        return _run([os.path.join("benchmarks", f"{rest[0]}.py"), *rest[1:]])
+    _ensure_env("test")
+    code = _run(["-m", "pytest", *rest])
+    if code == 5:
+        print("pytest collected no tests: failing, since a suite that runs nothing checks nothing.")
+        return 1
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,19 @@
+"""Test-wide settings: quiet TensorFlow, small thread pools, fixed seeds."""
+
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import pytest  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+# Two cores on CI machines: keep TensorFlow from oversubscribing them.
+tf.config.threading.set_intra_op_parallelism_threads(2)
+tf.config.threading.set_inter_op_parallelism_threads(2)
+
+
+@pytest.fixture
+def rng():
+    import numpy as np
+
+    return np.random.default_rng(1234)

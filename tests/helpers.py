@@ -1,0 +1,22 @@
+"""Small NumPy reference implementations shared by the tests."""
+
+import numpy as np
+
+
+def auc(labels, scores) -> float:
+    """ROC AUC by the rank-sum (Mann-Whitney U) formula, ties averaged."""
+    labels = np.asarray(labels).astype(bool)
+    scores = np.asarray(scores, dtype=np.float64)
+    order = np.argsort(scores, kind="mergesort")
+    ranks = np.empty(len(scores))
+    sorted_scores = scores[order]
+    i = 0
+    while i < len(scores):
+        j = i
+        while j + 1 < len(scores) and sorted_scores[j + 1] == sorted_scores[i]:
+            j += 1
+        ranks[order[i : j + 1]] = (i + j) / 2.0 + 1.0
+        i = j + 1
+    pos = labels.sum()
+    neg = len(labels) - pos
+    return float((ranks[labels].sum() - pos * (pos + 1) / 2.0) / (pos * neg))
