@@ -79,7 +79,7 @@ def _resolve(name: str, init_value: int, loop_label: str | None,
         return loop_value
     if loop_value is None:
         if loop_label is not None:
-            _log_once(f"{loop_label} is unset, so the training loop uses "
+            _log_once(f"{loop_label.replace('=None', '')} is unset, so the training loop uses "
                       f"npu_rec.init({name}={init_value})")
         return init_value
     if init_value != loop_value:
