@@ -11,4 +11,20 @@ _compat.check_installed()
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__"]
+from npu_rec._config import ConfigError, RecConfig, get_config, init, shutdown  # noqa: E402
+from npu_rec._cpu import CpuBinding, get_cpu_binding  # noqa: E402
+from npu_rec._steps import ResolvedSteps, check_session_steps  # noqa: E402
+
+__all__ = [
+    "__version__",
+    # Framework initialisation (npu_rec.init and its settings).
+    "ConfigError",
+    "CpuBinding",
+    "RecConfig",
+    "ResolvedSteps",
+    "check_session_steps",
+    "get_config",
+    "get_cpu_binding",
+    "init",
+    "shutdown",
+]
