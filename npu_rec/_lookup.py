@@ -193,8 +193,14 @@ def sparse_lookup(table: SparseTable, ids, *, combiner: str | None = None, times
         flat = _flat_keys(ids)
         if is_training:
             uniq, idx, counts = tf.unique_with_counts(flat, out_idx=tf.int64)
-            times = tf.math.unsorted_segment_max(
-                _times(timestamps, ids, tf.size(flat)), idx, tf.size(uniq, out_type=tf.int64))
+            nuniq = tf.size(uniq, out_type=tf.int64)
+            if timestamps is None or (not isinstance(timestamps, (tf.RaggedTensor,
+                                                                  tf.SparseTensor))
+                                      and tf.convert_to_tensor(timestamps).shape.rank == 0):
+                times = _times(timestamps, uniq, nuniq)   # one time for the whole batch
+            else:
+                times = tf.math.unsorted_segment_max(
+                    _times(timestamps, ids, tf.size(flat)), idx, nuniq)
             rows, emb_u = table._lookup_unique(uniq, tf.cast(counts, tf.int64), times, True,
                                                from_feature=timestamps is not None)
             _record(LookupRecord(table, uniq, rows, emb_u))
