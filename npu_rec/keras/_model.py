@@ -6,6 +6,10 @@ import logging
 
 import keras
 import tensorflow as tf
+from keras.src.models.functional import Functional
+from keras.src.models.model import functional_init_arguments
+from keras.src.saving import object_registration
+from keras.src.trainers.trainer import Trainer
 
 from npu_rec import _lookup
 from npu_rec.keras import _amp, _online
@@ -55,6 +59,11 @@ class RecModel(keras.Model):
       >>> model.compile(optimizer="adam", loss="binary_crossentropy", metrics=["auc"])
     """
 
+    def __new__(cls, *args, **kwargs):
+        if functional_init_arguments(args, kwargs) and not issubclass(cls, Functional):
+            cls = _functional_class(cls)
+        return super().__new__(cls, *args, **kwargs)
+
     def __init__(self, *args, **kwargs):
         rec = {k: kwargs.pop(k) for k in _REC_ARGS if k in kwargs}
         if args and isinstance(args[0], keras.layers.Layer):
@@ -66,7 +75,11 @@ class RecModel(keras.Model):
             if extra:
                 raise ValueError(f"{extra} are arguments of the wrapper form and need "
                                  f"`network`. Received: network=None, {extra}")
-        super().__init__(*args, **kwargs)
+        if functional_init_arguments(args, kwargs):
+            Trainer.__init__(self)
+            Functional.__init__(self, *args, **kwargs)
+        else:
+            keras.Model.__init__(self, *args, **kwargs)
         self.amp_level = _amp.check_level("amp_level", rec.get("amp_level", "O0"),
                                           _amp.AMP_LEVELS)
         self.boost_level = _amp.check_level("boost_level", rec.get("boost_level", "O0"),
@@ -105,6 +118,13 @@ class RecModel(keras.Model):
     def tables(self) -> list:
         """The distinct `SparseTable`s of this model's `SparseEmbedding` layers."""
         return model_tables(self)
+
+    def build(self, input_shape=None):
+        if not self._wrapper:
+            return super().build(input_shape)
+        if not self.network.built and input_shape is not None:
+            self.network.build(input_shape)
+        self.built = True
 
     def call(self, inputs, training=None):
         if not self._wrapper:
@@ -268,6 +288,24 @@ class RecModel(keras.Model):
             model.boost_level = rec.get("boost_level", "O0")
             model._resolved_amp = _amp.apply_amp_level(model, model.amp_level)
         return model
+
+
+_FUNCTIONAL_CLASSES: dict[type, type] = {}
+
+
+def _functional_class(cls: type) -> type:
+    """A `Functional` subclass of `cls`, so `cls` itself stays a subclassed model.
+
+    Keras would otherwise rewrite the bases of `cls` to include `Functional` the
+    first time it is built from inputs and outputs, breaking later wrapper or
+    subclassed instances. The subclass saves under the registered name of `cls`.
+    """
+    if cls not in _FUNCTIONAL_CLASSES:
+        sub = type(cls.__name__, (cls, Functional), {"__module__": cls.__module__,
+                                                     "__doc__": cls.__doc__})
+        object_registration.GLOBAL_CUSTOM_NAMES[sub] = keras.saving.get_registered_name(cls)
+        _FUNCTIONAL_CLASSES[cls] = sub
+    return _FUNCTIONAL_CLASSES[cls]
 
 
 def _sparse_update(records, grads):
