@@ -45,6 +45,12 @@ class SparseCheckpoint(keras.callbacks.Callback):
         against `init(save_steps)` (they must agree when both are set).
       data_source: Optional object with `get_checkpoint_state() -> dict` and
         `restore_from_checkpoint(dict)` (an `npu_rec.data.MinibatchSource`).
+      reading_position: The `reading_position` of the `npu_rec.data.as_dataset`
+        dataset being trained on (built for this `fit`/`online_train` call).
+        tf.data reads ahead, so the source's own state is ahead of training:
+        with it, the saved position is `state_after(steps trained in this
+        call)`, the first batch the model did not consume. Without it the
+        source's `get_checkpoint_state()` is saved.
       restore: True / False / None (follow `init(if_load)`).
       tables: Tables to checkpoint; default the model's.
       clock: Time source of the timed saves (default `time.monotonic`).
@@ -59,7 +65,7 @@ class SparseCheckpoint(keras.callbacks.Callback):
     """
 
     def __init__(self, directory: str, save_freq: int | None = None, *, data_source=None,
-                 restore: bool | None = None, tables=None,
+                 reading_position=None, restore: bool | None = None, tables=None,
                  clock: Callable[[], float] = time.monotonic):
         super().__init__()
         if not isinstance(directory, (str, os.PathLike)) or not str(directory):
@@ -73,6 +79,8 @@ class SparseCheckpoint(keras.callbacks.Callback):
         self.directory = str(directory)
         self.save_freq = save_freq
         self.data_source = data_source
+        self.reading_position = reading_position
+        self._start_step = 0
         self.restore = restore
         self._tables = tables
         self._clock = clock
@@ -151,7 +159,9 @@ class SparseCheckpoint(keras.callbacks.Callback):
         np.savez(tmp, **arrays)
         os.replace(tmp, self._dense_path(step))
         data = None
-        if self.data_source is not None:
+        if self.reading_position is not None:
+            data = self.reading_position.state_after(step - self._start_step)
+        elif self.data_source is not None:
             data = self.data_source.get_checkpoint_state()
         with open(self._state_path(step) + ".tmp", "w") as f:
             json.dump({"step": step, "kind": kind, "data": data}, f)
@@ -173,6 +183,7 @@ class SparseCheckpoint(keras.callbacks.Callback):
         self.prepare(self.model)
         self.policy = SavePolicy.from_config(get_config(), save_steps=resolved.save_steps,
                                              clock=self._clock)
+        self._start_step = global_step(self.model)
         self.policy.start(global_step(self.model),
                           has_full_save=bool(self.manager().versions()))
 
