@@ -9,6 +9,9 @@ For each table size and dim it measures, on Zipf-distributed batches of
                          (ResourceSparseApplyAdagradV2) on pre-hashed row ids.
   * `numpy_take`:        `np.take` of the same rows: the memory-bandwidth ceiling.
 
+The four are timed in alternating blocks of 5 steps, so that other load on a
+shared machine affects them alike and their ratios stay meaningful.
+
 with admission+eviction off (`access_threshold=-1`) and on (threshold 2,
 eviction 3600 s; 1% of the ids are fresh keys that go through admission,
 and `evict()` runs every 20 steps inside the timed loop). It also reports
@@ -66,20 +69,31 @@ def _zipf_ranks(rng, n_keys, count):
     return (rng.zipf(_ZIPF.value, size=count) - 1) % n_keys
 
 
-def _timed(fn, args_list, steps, warmup, between=None):
-    for i in range(warmup):
-        fn(*args_list[i % len(args_list)])
-    start = time.perf_counter()
-    for i in range(steps):
-        out = fn(*args_list[i % len(args_list)])
-        if between is not None:
-            between(i)
-    if hasattr(out, "numpy"):
-        out.numpy()
-    return time.perf_counter() - start
+def _interleaved(cases, steps, warmup, block=5):
+    """Times several step functions in alternating blocks of `block` steps.
+
+    Other load on a shared machine then hits every case alike, so their
+    ratios stay meaningful. `cases`: name -> (fn, args_list, between or None).
+    Returns name -> seconds for `steps` steps.
+    """
+    for fn, args_list, _ in cases.values():
+        for i in range(warmup):
+            fn(*args_list[i % len(args_list)])
+    spent = dict.fromkeys(cases, 0.0)
+    for first in range(0, steps, block):
+        for name, (fn, args_list, between) in cases.items():
+            start = time.perf_counter()
+            for i in range(first, min(steps, first + block)):
+                out = fn(*args_list[i % len(args_list)])
+                if between is not None:
+                    between(i)
+            if hasattr(out, "numpy"):
+                out.numpy()
+            spent[name] += time.perf_counter() - start
+    return spent
 
 
-def bench_table(tf, npu_rec, n_keys, dim, mode, rng):
+def bench_table(tf, npu_rec, n_keys, dim, mode, rng, baseline):
     npu_rec._table_registry.clear()
     on = mode == "on"
     rss0 = _rss()
@@ -124,23 +138,29 @@ def bench_table(tf, npu_rec, n_keys, dim, mode, rng):
         return loss
 
     evict = (lambda i: table.evict() if i % 20 == 19 else None) if on else None
-    steps, warm = _STEPS.value, _WARMUP.value
-    t_lookup = _timed(lookup_only, batches, steps, warm)
-    t_step = _timed(train_step, batches, steps, warm, evict)
-    rows = np.stack([_zipf_ranks(rng, n_keys, ids_per_batch) for _ in range(8)])
+    if on:
+        table.evict()  # compile the eviction scan outside the timed loop
+    rows = [(_zipf_ranks(rng, n_keys, ids_per_batch),) for _ in range(8)]
     values = table._storage.values.numpy()[:n_keys]
-    t_np = _timed(lambda r: np.take(values, r, axis=0), [(r,) for r in rows], steps, 1)
+    cases = {"lookup": (lookup_only, batches, None), "step": (train_step, batches, evict),
+             "numpy": (lambda r: np.take(values, r, axis=0), rows, None)}
+    if baseline is not None:
+        cases["baseline"] = baseline
+    spent = _interleaved(cases, _STEPS.value, _WARMUP.value)
+    steps = _STEPS.value
     result = {
         "keys": n_keys, "dim": dim, "admission_eviction": mode, "live_keys": live,
         "fill_seconds": round(fill_s, 2),
-        "table_lookup_keys_per_s": ids_per_batch * steps / t_lookup,
-        "table_step_keys_per_s": ids_per_batch * steps / t_step,
-        "numpy_take_rows_per_s": ids_per_batch * steps / t_np,
+        "table_lookup_keys_per_s": ids_per_batch * steps / spent["lookup"],
+        "table_step_keys_per_s": ids_per_batch * steps / spent["step"],
+        "numpy_take_rows_per_s": ids_per_batch * steps / spent["numpy"],
+        "baseline_step_keys_per_s": (ids_per_batch * steps / spent["baseline"]
+                                     if baseline is not None else None),
         "variable_bytes_per_live_key": var_bytes / live,
         "rss_bytes_per_live_key": rss_per_key,
         "raw_row_plus_slot_bytes": 2 * 4 * dim,
     }
-    del values, table, batches
+
     npu_rec._table_registry.clear()
     gc.collect()
     return result
@@ -167,10 +187,7 @@ def bench_baseline(tf, n_keys, dim, rng):
 
     batches = [(tf.constant(_zipf_ranks(rng, n_keys, ids_per_batch).reshape(
         _BATCH.value, _FIELDS.value)),) for _ in range(8)]
-    t = _timed(step, batches, _STEPS.value, _WARMUP.value)
-    del values, accum
-    gc.collect()
-    return ids_per_batch * _STEPS.value / t
+    return step, batches, None
 
 
 def main(argv):
@@ -189,10 +206,10 @@ def main(argv):
     print(header)
     for n_keys in map(int, _SIZES.value):
         for dim in map(int, _DIMS.value):
-            base = None if _SKIP_BASELINE.value else bench_baseline(tf, n_keys, dim, rng)
+            baseline = None if _SKIP_BASELINE.value else bench_baseline(tf, n_keys, dim, rng)
             for mode in _MODES.value:
-                r = bench_table(tf, npu_rec, n_keys, dim, mode, rng)
-                r["baseline_step_keys_per_s"] = base
+                r = bench_table(tf, npu_rec, n_keys, dim, mode, rng, baseline)
+                base = r["baseline_step_keys_per_s"]
                 r["step_over_baseline"] = r["table_step_keys_per_s"] / base if base else None
                 r["lookup_over_numpy"] = r["table_lookup_keys_per_s"] / r["numpy_take_rows_per_s"]
                 results.append(r)
@@ -203,6 +220,7 @@ def main(argv):
                       f"{r['variable_bytes_per_live_key']:>9.1f} "
                       f"{r['rss_bytes_per_live_key']:>9.1f}", flush=True)
     out = {"machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
+                       "load_average_at_end": os.getloadavg(),
                        "python": platform.python_version(), "tensorflow": tf.__version__},
            "command": " ".join(sys.argv), "batch": _BATCH.value, "fields": _FIELDS.value,
            "zipf_a": _ZIPF.value, "steps": _STEPS.value, "results": results}

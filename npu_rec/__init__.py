@@ -9,7 +9,7 @@ from npu_rec import _compat
 
 _compat.check_installed()
 
-from npu_rec import _table_registry, checkpoint, optimizers  # noqa: E402
+from npu_rec import _table_registry, checkpoint, optimizers  # noqa: E402, F401
 from npu_rec._lookup import (  # noqa: E402
     LOOKUP_COLLECTION,
     LookupRecord,

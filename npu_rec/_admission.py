@@ -7,7 +7,7 @@ last_seen]) bounded by `max_pending_keys`: when an insert takes it past the
 bound, it keeps the `max_pending_keys // 2` most recently seen keys (ties
 broken by smaller key) and forgets the rest, which start counting from zero
 if they come back. Memory is therefore at most `max_pending_keys` entries of
-24 bytes plus hash-map overhead (about 50 bytes per entry in total), whatever
+about 100 bytes (key, inline 2-vector value, hash-map node overhead), whatever
 the number of distinct ids in the stream. Below the bound, counting is exact
 (no sketch collisions), so admission is deterministic and testable.
 """

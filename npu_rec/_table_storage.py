@@ -56,8 +56,12 @@ class RowStorage:
         return [self.values, *self.slots.values(), self.meta, self.row_keys, self.free]
 
     def capacity(self) -> tf.Tensor:
-        """int64 scalar: rows currently allocated."""
-        return tf.shape(self.values, out_type=tf.int64)[0]
+        """int64 scalar: rows currently allocated.
+
+        Reads the shape through the handle: reading the value would keep a
+        reference to the buffer and make the next scatter copy the whole table.
+        """
+        return tf.raw_ops.VariableShape(input=self.values.handle, out_type=tf.int64)[0]
 
     def live_count(self) -> tf.Tensor:
         """int64 scalar: rows holding a key."""
@@ -81,7 +85,8 @@ class RowStorage:
             new_cap = tf.maximum(needed, cap * 2)
             ops = []
             for v in self.per_row_variables():
-                pad_shape = tf.concat([[new_cap - cap], tf.shape(v, out_type=tf.int64)[1:]], 0)
+                shape = tf.raw_ops.VariableShape(input=v.handle, out_type=tf.int64)
+                pad_shape = tf.concat([[new_cap - cap], shape[1:]], 0)
                 ops.append(v.assign(tf.concat([v.read_value(), tf.zeros(pad_shape, v.dtype)], 0),
                                     read_value=False))
             with tf.control_dependencies(ops):
@@ -137,6 +142,12 @@ class RowStorage:
         meta = self.meta.read_value()
         live = (meta[:, META_COUNT] > 0) & (meta[:, META_PERIOD] >= min_period)
         return tf.where(live)[:, 0]
+
+    def idle_rows(self, now: tf.Tensor, threshold: int) -> tf.Tensor:
+        """int64 [k]: live rows last seen more than `threshold` seconds before `now`."""
+        meta = self.meta.read_value()
+        idle = (meta[:, META_COUNT] > 0) & (now - meta[:, META_LAST_SEEN] > threshold)
+        return tf.where(idle)[:, 0]
 
     def reset_period(self) -> tf.Operation:
         """Zeroes every row's since-last-save sighting count."""

@@ -93,7 +93,7 @@ class ReferenceTable:
         ids = [int(k) for k in ids]
         if training:
             counts, newest = {}, {}
-            for k, t in zip(ids, times):
+            for k, t in zip(ids, times, strict=True):
                 counts[k] = counts.get(k, 0) + 1
                 newest[k] = max(newest.get(k, int(t)), int(t))
             for k, c in counts.items():
@@ -126,7 +126,7 @@ class ReferenceTable:
 
     def apply(self, ids, grads):
         summed = {}
-        for k, g in zip(ids, np.asarray(grads, np.float32)):
+        for k, g in zip(ids, np.asarray(grads, np.float32), strict=True):
             summed[int(k)] = summed.get(int(k), np.zeros(self.dim, np.float32)) + g
         self.opt_step += 1
         for k, g in summed.items():

@@ -77,7 +77,7 @@ def test_restore_into_a_fresh_table_keeps_admitting_and_evicting(history):
     fresh = _make_table()
     TableCheckpointManager(str(tmp_path), [fresh]).restore(20)
     _assert_same(_snapshot(fresh), live[20])
-    pending = dict(zip(live[20]["pending_keys"], live[20]["pending_counts"]))
+    pending = dict(zip(live[20]["pending_keys"], live[20]["pending_counts"], strict=True))
     key = next(k for k, c in pending.items() if c == 1)
     npu_rec.sparse_lookup(fresh, tf.constant([key], tf.int64), timestamps=131)
     assert key in fresh.export()["keys"]   # second sighting admits it (threshold 2)

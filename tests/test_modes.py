@@ -96,12 +96,12 @@ def _train_graph():
         hook = _EvictAndExportHook([ta, tb], w)
         with tf.compat.v1.train.MonitoredTrainingSession(hooks=[hook]) as sess:
             for ids_a, (ids_b, lengths), label, ts in _batches():
-                sess.run(train, dict(zip(ph, [ids_a, ids_b, lengths, label, ts])))
+                sess.run(train, dict(zip(ph, [ids_a, ids_b, lengths, label, ts], strict=True)))
         return hook.result
 
 
 def _assert_equal_states(x, y):
-    for tx, ty in zip(x[:2], y[:2]):
+    for tx, ty in zip(x[:2], y[:2], strict=True):
         np.testing.assert_array_equal(tx["keys"], ty["keys"])
         np.testing.assert_allclose(tx["values"], ty["values"], atol=1e-6)
         for name in tx["slots"]:

@@ -189,3 +189,36 @@ def test_user_initializer_is_used():
 def test_table_variables_are_not_trainable():
     table = npu_rec.create_table("nt", 2, optimizer=npu_rec.optimizers.Adagrad())
     assert table.variables() and not any(v.trainable for v in table.variables())
+
+
+def test_two_lookups_of_one_table_make_one_optimizer_step():
+    from tests.table_helpers import OPTIMIZERS, assert_same_state
+    from tests.table_reference import ReferenceTable
+
+    make_opt, make_ref = OPTIMIZERS["adam"]
+    table = npu_rec.create_table("shared", 2, optimizer=make_opt())
+    ref = ReferenceTable("shared", 2, make_ref())
+    ids_a, ids_b = [1, 2, 2], [2, 3]
+    with tf.GradientTape() as tape, npu_rec.record_lookups(tape) as recs:
+        ea = npu_rec.sparse_lookup(table, tf.constant(ids_a, tf.int64), timestamps=5)
+        eb = npu_rec.sparse_lookup(table, tf.constant(ids_b, tf.int64), timestamps=5)
+        loss = tf.reduce_sum(ea * 2.0) + tf.reduce_sum(eb * eb)
+    want_b = ref.lookup(ids_a + ids_b, [5] * 5)[3:]
+    npu_rec.apply_recorded_gradients(recs, tape.gradient(loss, [r.embeddings for r in recs]))
+    ref.apply(ids_a + ids_b, np.concatenate([np.full((3, 2), 2.0), 2 * want_b]))
+    assert len(recs) == 2
+    assert_same_state(table, ref)
+
+
+def test_graph_mode_size_and_evict_tensors_without_session():
+    with tf.Graph().as_default():
+        table = npu_rec.create_table("gt", 2, access_threshold=0, eviction_threshold=1)
+        emb = npu_rec.sparse_lookup(table, tf.constant([1, 2], tf.int64), timestamps=10)
+        evicted = table.evict()
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            sess.run(emb)
+            assert sess.run(table.size()) == 2
+            assert sess.run(evicted, {}) == 0          # now = newest timestamp (10)
+            assert table.evict(now=20) == 2            # default session runs it
+            assert sess.run(table.size()) == 0
