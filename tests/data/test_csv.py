@@ -6,7 +6,7 @@ import pytest
 import tensorflow as tf
 
 from npu_rec.data import DENSE_FILL, MISSING_ID, SAMPLES, hash_strings, load_sample, read_csv
-from npu_rec.data._csv import SAMPLES_DIR
+from npu_rec.data._samples import SAMPLES_DIR
 
 
 def _python_rows(name):
