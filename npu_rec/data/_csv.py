@@ -219,6 +219,8 @@ class CsvSource(_RowSource):
                         self._errors.record(path, "line", first_line + j, reason)
                 bad_set = set(bad)
                 keep = [j for j in keep if j not in bad_set]
+                if not keep:
+                    return C.empty_like(self._streams), np.zeros([0], np.int64)
                 table = self._arrow(names, b"".join(lines[j] + b"\n" for j in keep))
             rownums = first_line + np.asarray(keep, dtype=np.int64)
         ok = rownums >= min_row

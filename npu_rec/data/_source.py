@@ -191,7 +191,7 @@ class _RowSource(MinibatchSource):
             "position": self._position,
             "loc": loc,
             "min_row": int(min_row),
-            "errors": self._errors.get_state(),
+            "errors": self._errors.get_state(self._is_ahead),
         }
 
     def restore_from_checkpoint(self, state: dict) -> None:
@@ -228,6 +228,15 @@ class _RowSource(MinibatchSource):
     @abc.abstractmethod
     def _open(self, loc, min_row: int) -> Iterator[tuple[dict, np.ndarray, dict]]:
         """Yields `(columns, rownums, loc)` blocks (see the class docstring)."""
+
+    def _is_ahead(self, path: str, row: int) -> bool:
+        """Whether a record lies at or after the next unread row (read ahead, not consumed)."""
+        if self._resume is None:
+            return True
+        loc, min_row = self._resume
+        here = loc.get("file", 0) if isinstance(loc, dict) else 0
+        i = self._files.index(path) if path in self._files else -1
+        return i > here or (i == here and row >= min_row)
 
     def _empty_message(self) -> str:
         msg = (

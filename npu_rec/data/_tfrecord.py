@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 from npu_rec.data import _convert
@@ -76,10 +78,12 @@ class TFRecordSource(_RowSource):
 
         path = self._files[i]
         batches = iter(self._records(path, start).batch(BLOCK_RECORDS))
+        nbytes = 0 if start == 0 else None  # bytes of the records read, when known
         while True:
             try:
                 raw = next(batches)
             except StopIteration:
+                self._check_complete(path, start, nbytes)
                 return
             except (tf.errors.DataLossError, tf.errors.InvalidArgumentError) as err:
                 good, bad_at = self._salvage(path, start, err)
@@ -94,8 +98,21 @@ class TFRecordSource(_RowSource):
                 )
                 return
             raw = raw.numpy()
+            if nbytes is not None:
+                nbytes += sum(len(r) for r in raw) + 16 * len(raw)
             yield (*self._parse(path, raw, start, min_row), {"file": i, "record": start})
             start += len(raw)
+
+    def _check_complete(self, path: str, records: int, nbytes: int | None) -> None:
+        """TensorFlow ends quietly at a truncated last record: compare sizes to notice it."""
+        if self._compression:
+            return
+        if nbytes is None:
+            nbytes = _scan(path, records)
+        if nbytes < os.path.getsize(path):
+            self._errors.record(
+                path, "record", records, "truncated record: the file ends inside it"
+            )
 
     def _salvage(self, path, start, err):
         """Reads records one by one from `start` up to the damage; returns them and its index."""
@@ -191,6 +208,19 @@ class TFRecordSource(_RowSource):
 
             cols, rownums = take_rows(cols, ok), rownums[ok]
         return cols, rownums
+
+
+def _scan(path: str, records: int) -> int:
+    """Bytes taken by the first `records` records of an uncompressed TFRecord file."""
+    pos = 0
+    with open(path, "rb") as f:
+        for _ in range(records):
+            f.seek(pos)
+            header = f.read(8)
+            if len(header) < 8:
+                break
+            pos += 16 + int.from_bytes(header, "little")
+    return pos
 
 
 def _ids(values) -> np.ndarray:
