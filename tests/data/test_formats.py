@@ -73,7 +73,7 @@ def test_tfrecord_truncated_file_names_the_record(tmp_path):
     path = _examples(tmp_path)
     data = open(path, "rb").read()
     open(path, "wb").write(data[: len(data) * 3 // 4 - 7])
-    with pytest.raises(MalformedRecordError, match=r"x\.tfrecord, record 14: truncated record"):
+    with pytest.raises(MalformedRecordError, match=r"x\.tfrecord, record 14: .*truncated record"):
         read_all(TFRecordSource(path, label="y", dense=["d"], categorical=["c"]))
     source = TFRecordSource(path, label="y", dense=["d"], categorical=["c"], on_error="skip")
     rows = read_all(source)
