@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import shutil
 import sys
 import tempfile
 import time
@@ -83,6 +84,14 @@ def main(argv):
 
     workdir = _WORKDIR.value or tempfile.mkdtemp(prefix="npu_rec_data_bench_")
     os.makedirs(workdir, exist_ok=True)
+    try:
+        _run(workdir, pd, tf)
+    finally:
+        if not _WORKDIR.value:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _run(workdir, pd, tf):
     rows, batch = _ROWS.value, _BATCH.value
     table = _table(rows)
     tsv = os.path.join(workdir, "criteo.tsv")
@@ -164,6 +173,7 @@ def main(argv):
             "tensorflow": tf.__version__,
         },
         "command": " ".join(["python", *sys.argv]),
+        "load_average_1min": round(os.getloadavg()[0], 2),
         "file_bytes": os.path.getsize(tsv),
         "results": results,
     }

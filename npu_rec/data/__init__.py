@@ -12,7 +12,14 @@ from npu_rec.data._feature_spec import (
     validate_feature_specs,
 )
 from npu_rec.data._parquet import ParquetSource
-from npu_rec.data._samples import SAMPLES, load_sample, read_all, read_csv, sample_path
+from npu_rec.data._samples import (
+    SAMPLES,
+    load_sample,
+    read_all,
+    read_csv,
+    sample_path,
+    sample_source,
+)
 from npu_rec.data._source import MinibatchData, MinibatchSource, StreamInformation
 from npu_rec.data._synthetic import (
     CATEGORICAL_NAMES,
@@ -49,6 +56,7 @@ __all__ = [
     "read_all",
     "read_csv",
     "sample_path",
+    "sample_source",
     "table_keys",
     "table_settings",
     "validate_feature_specs",

@@ -6,8 +6,14 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from npu_rec.data import PAD_ID, ReadingPosition, as_dataset, as_input_fn, sample_path
-from npu_rec.data._samples import sample_source
+from npu_rec.data import (
+    PAD_ID,
+    ReadingPosition,
+    as_dataset,
+    as_input_fn,
+    sample_path,
+    sample_source,
+)
 from tests.data.conftest import N_ROWS, make_source
 
 
