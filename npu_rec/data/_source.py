@@ -25,6 +25,7 @@ from __future__ import annotations
 import abc
 import dataclasses
 import logging
+import os
 from collections.abc import Iterator
 
 import numpy as np
@@ -200,7 +201,10 @@ class _RowSource(MinibatchSource):
                 f"`state` must be a dict from get_checkpoint_state() (version {STATE_VERSION}). "
                 f"Received: state={state!r}"
             )
-        if state.get("source") != type(self).__name__ or state.get("files") != list(self._files):
+        saved = [os.path.basename(f) for f in state.get("files") or []]
+        if state.get("source") != type(self).__name__ or saved != [
+            os.path.basename(f) for f in self._files
+        ]:
             raise ValueError(
                 "`state` was saved by a different source: saved "
                 f"{state.get('source')} over {state.get('files')}, restoring into "
