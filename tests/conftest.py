@@ -1,4 +1,4 @@
-"""Test-wide settings: quiet TensorFlow, small thread pools, fixed seeds."""
+"""Test-wide settings: quiet TensorFlow, small thread pools, fixed seeds, fresh table registry."""
 
 import os
 
@@ -11,9 +11,18 @@ import tensorflow as tf  # noqa: E402
 tf.config.threading.set_intra_op_parallelism_threads(2)
 tf.config.threading.set_inter_op_parallelism_threads(2)
 
+from npu_rec import _table_registry  # noqa: E402
+
 
 @pytest.fixture
 def rng():
     import numpy as np
 
     return np.random.default_rng(1234)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_registry():
+    _table_registry.clear()
+    yield
+    _table_registry.clear()

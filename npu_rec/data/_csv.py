@@ -1,174 +1,274 @@
-"""Reading CSV/TSV click logs (Criteo, Avazu, MovieLens) into NumPy columns.
+"""`CsvSource`: CSV/TSV click logs (Criteo, Avazu, MovieLens) read lazily.
 
-Conventions, the same for every source of npu_rec:
-- Categorical values are hashed from their text form to a non-negative
-  int64 with FarmHash64 (TensorFlow's `tf.strings.to_hash_bucket_fast`,
-  modulo 2**63 - 1): stable across runs, machines and versions.
-- An empty categorical field becomes the reserved id `MISSING_ID` (0).
-- An empty dense field becomes `DENSE_FILL` (0.0); with `log_dense=True`
-  dense values are mapped through `log1p(max(x, 0))`.
-- Multi-valued fields (`a|b|c`) become a `tf.RaggedTensor` of hashed ids;
-  an empty one is an empty row.
+Files are read in blocks of about `block_bytes` cut at line ends and parsed by
+Arrow's CSV reader, so memory stays bounded whatever the file size. A record
+is one line (quoted fields may hold delimiters but not line breaks); blank
+lines are ignored. When Arrow rejects a block, its lines are bisected to find
+each malformed line, which is reported with its file, 1-based line number and
+reason, or skipped and counted with `on_error="skip"`.
 """
 
 from __future__ import annotations
 
-import os
+import csv
+import io
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.csv as pacsv
 
-MISSING_ID = 0
-DENSE_FILL = 0.0
-_HASH_BUCKETS = 2**63 - 1
+from npu_rec.data import _columns as C
+from npu_rec.data import _convert
+from npu_rec.data._errors import MalformedRecordError
+from npu_rec.data._source import _RowSource
 
-SAMPLES_DIR = os.path.join(os.path.dirname(__file__), "samples")
-
-# The shipped samples: file name and column roles.
-SAMPLES = {
-    "criteo_sample": dict(
-        file="criteo_sample.txt",
-        label="label",
-        dense=tuple(f"I{i}" for i in range(1, 14)),
-        categorical=tuple(f"C{i}" for i in range(1, 27)),
-    ),
-    "avazu_sample": dict(
-        file="avazu_sample.txt",
-        label="click",
-        dense=(),
-        categorical=(
-            "hour",
-            "C1",
-            "banner_pos",
-            "site_id",
-            "site_domain",
-            "site_category",
-            "app_id",
-            "app_domain",
-            "app_category",
-            "device_id",
-            "device_ip",
-            "device_model",
-            "device_type",
-            "device_conn_type",
-            "C14",
-            "C15",
-            "C16",
-            "C17",
-            "C18",
-            "C19",
-            "C20",
-            "C21",
-        ),
-    ),
-    "movielens_sample": dict(
-        file="movielens_sample.txt",
-        label="rating",
-        dense=(),
-        categorical=("user_id", "movie_id", "gender", "age", "occupation", "zip"),
-        multi_valued=("genres",),
-    ),
-}
+CRITEO_COLUMNS = ("label", *(f"I{i}" for i in range(1, 14)), *(f"C{i}" for i in range(1, 27)))
+BLOCK_BYTES = 8 << 20
+_NULLS = ("", "NA", "N/A", "NaN", "nan", "-nan", "NULL", "null", "#N/A", "n/a", "-NaN", "None")
 
 
-def hash_strings(values) -> np.ndarray:
-    """Hashes strings to non-negative int64 ids; empty strings to `MISSING_ID`.
+class CsvSource(_RowSource):
+    """A minibatch source over CSV/TSV files; stream names are column names.
+
+    Streams, in order: the label (float32), `dense` (float32, empty ->
+    `DENSE_FILL`), `categorical` (int64 FarmHash64 ids, empty -> `MISSING_ID`),
+    `multi_valued` (ragged int64 ids of `|`-separated items).
 
     Args:
-      values: a sequence, NumPy array or Arrow array of `str`/`bytes`; None
-        counts as empty.
-
-    Returns:
-      int64 NumPy array of the same length.
-    """
-    import tensorflow as tf
-
-    arr = pa.array(values, type=pa.string()) if not isinstance(values, pa.Array) else values
-    arr = arr.fill_null("")
-    text = np.asarray(arr.to_numpy(zero_copy_only=False), dtype=object)
-    if len(text) == 0:
-        return np.zeros([0], np.int64)
-    ids = tf.strings.to_hash_bucket_fast(text.astype(str), _HASH_BUCKETS).numpy()
-    ids[text == ""] = MISSING_ID
-    return ids.astype(np.int64)
-
-
-def read_csv(
-    path: str,
-    *,
-    label: str,
-    dense=(),
-    categorical=(),
-    multi_valued=(),
-    delimiter: str = ",",
-    header: bool = True,
-    column_names=None,
-    log_dense: bool = False,
-) -> dict:
-    """Reads a whole (small) CSV file into columns.
-
-    Args:
-      path: the file.
-      label: the label column (float32 `[n]` in the result).
-      dense: dense columns (float32 `[n]`, empty -> `DENSE_FILL`).
-      categorical: categorical columns (int64 `[n]`, hashed, empty -> 0).
-      multi_valued: `|`-separated columns (`tf.RaggedTensor` int64 `[n, None]`).
-      delimiter: field separator.
-      header: whether the first line names the columns; without it,
-        `column_names` must give them.
-      column_names: column names of a file without a header.
+      paths: a file, a glob pattern, or a list of them (read in order).
+      label: the label column.
+      dense: dense numeric columns.
+      categorical: categorical columns.
+      multi_valued: multi-valued columns.
+      delimiter: the field separator (one character).
+      header: whether each file starts with a line of column names.
+      on_error: "raise" (a malformed line raises `MalformedRecordError`) or
+        "skip" (it is counted, logged and reported by `error_report()`).
+      column_names: the file's columns, required when `header=False`.
       log_dense: map dense values through `log1p(max(x, 0))`.
+      separator: the item separator of multi-valued columns.
+      block_bytes: bytes read and parsed at a time.
 
-    Returns:
-      A dict from column name to array, for `label` and every listed column.
-
-    Raises:
-      ValueError: a listed column is missing from the file (names the file,
-        the column and the columns found).
+    Example:
+      >>> src = CsvSource("day_*.csv", label="click", categorical=["site_id"])
+      >>> mb = src.next_minibatch(512)
+      >>> mb[src.stream("site_id")].data.dtype
+      dtype('int64')
     """
-    import tensorflow as tf
 
-    if not header and column_names is None:
-        raise ValueError(f"`column_names` is required when header=False. Received: path={path!r}")
-    wanted = (label, *dense, *categorical, *multi_valued)
-    read_opts = pacsv.ReadOptions(column_names=None if header else list(column_names))
-    parse_opts = pacsv.ParseOptions(delimiter=delimiter)
-    types = {c: pa.string() for c in (*categorical, *multi_valued)}
-    types.update({c: pa.float64() for c in (label, *dense)})
-    convert = pacsv.ConvertOptions(
-        column_types=types, include_columns=list(wanted), strings_can_be_null=False
-    )
-    try:
-        table = pacsv.read_csv(path, read_opts, parse_opts, convert)
-    except (pa.ArrowInvalid, KeyError) as err:
-        raise ValueError(f"Cannot read {path!r}: {err}") from err
-    out = {}
-    for name in (label, *dense):
-        col = table.column(name).to_numpy(zero_copy_only=False).astype(np.float64)
-        col = np.where(np.isnan(col), DENSE_FILL, col)
-        if log_dense and name != label:
-            col = np.log1p(np.maximum(col, 0.0))
-        out[name] = col.astype(np.float32)
-    for name in categorical:
-        out[name] = hash_strings(table.column(name).combine_chunks())
-    for name in multi_valued:
-        rows = table.column(name).to_pylist()
-        parts = [[v for v in (r or "").split("|") if v] for r in rows]
-        flat = hash_strings([v for p in parts for v in p])
-        out[name] = tf.RaggedTensor.from_row_lengths(flat, [len(p) for p in parts])
-    return out
+    def __init__(
+        self,
+        paths,
+        *,
+        label: str,
+        dense=(),
+        categorical=(),
+        multi_valued=(),
+        delimiter: str = ",",
+        header: bool = True,
+        on_error: str = "raise",
+        column_names=None,
+        log_dense: bool = False,
+        separator: str = "|",
+        block_bytes: int = BLOCK_BYTES,
+    ):
+        super().__init__(on_error)
+        self._roles = _convert.check_columns(label, dense, categorical, multi_valued)
+        self.label_name = label
+        if not isinstance(delimiter, str) or len(delimiter) != 1:
+            raise ValueError(
+                f"`delimiter` must be a single character. Received: delimiter={delimiter!r}"
+            )
+        if not header and column_names is None:
+            raise ValueError(
+                "`column_names` is required when header=False. Received: column_names=None"
+            )
+        self._files = _convert.expand_paths(paths)
+        self._delimiter = delimiter
+        self._header = bool(header)
+        self._column_names = None if column_names is None else tuple(column_names)
+        self._log_dense = bool(log_dense)
+        self._separator = separator
+        self._block_bytes = int(block_bytes)
+        self._wanted = [label, *self._roles[1], *self._roles[2], *self._roles[3]]
+        self._numeric = [label, *self._roles[1]]
+        self._types = {c: pa.float64() for c in self._numeric}
+        self._types.update({c: pa.dictionary(pa.int32(), pa.string()) for c in self._roles[2]})
+        self._types.update({c: pa.string() for c in self._roles[3]})
+        self._streams = _convert.column_streams(*self._roles)
 
+    @classmethod
+    def criteo(
+        cls,
+        paths,
+        *,
+        header: bool = False,
+        delimiter: str = "\t",
+        on_error: str = "raise",
+        **kwargs,
+    ) -> CsvSource:
+        """Criteo's click logs: `label`, dense `I1`-`I13`, categorical `C1`-`C26`.
 
-def load_sample(name: str, **kwargs) -> dict:
-    """Reads one of the shipped real samples (see `SAMPLES`) into columns.
+        Args:
+          paths: files or glob patterns (e.g. "day_*" of the Criteo 1TB logs).
+          header: whether files start with a header line (the shipped sample does).
+          delimiter: "\\t" for the original logs, "," for the shipped sample.
+          on_error: "raise" or "skip".
+          **kwargs: further `CsvSource` arguments (e.g. `log_dense=True`).
+        """
+        if not header:
+            kwargs.setdefault("column_names", CRITEO_COLUMNS)
+        return cls(
+            paths,
+            label="label",
+            dense=CRITEO_COLUMNS[1:14],
+            categorical=CRITEO_COLUMNS[14:],
+            delimiter=delimiter,
+            header=header,
+            on_error=on_error,
+            **kwargs,
+        )
 
-    Args:
-      name: "criteo_sample", "avazu_sample" or "movielens_sample".
-      **kwargs: passed to `read_csv` (e.g. `log_dense=True`).
-    """
-    if name not in SAMPLES:
-        raise ValueError(f"`name` must be one of {sorted(SAMPLES)}. Received: name={name!r}")
-    spec = dict(SAMPLES[name])
-    path = os.path.join(SAMPLES_DIR, spec.pop("file"))
-    return read_csv(path, **spec, **kwargs)
+    # -- reading ------------------------------------------------------------
+
+    def _open(self, loc, min_row):
+        first = 0 if loc is None else loc["file"]
+        for i in range(first, len(self._files)):
+            here = loc if (loc is not None and i == first) else None
+            yield from self._read_file(i, here, min_row if here is not None else 0)
+
+    def _file_columns(self, path: str, f) -> list[str]:
+        if not self._header:
+            names = list(self._column_names)
+        else:
+            raw = f.readline()
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as err:
+                raise MalformedRecordError(
+                    path, "line", 1, f"invalid UTF-8 in the header ({err.reason})"
+                ) from None
+            names = next(csv.reader([text], delimiter=self._delimiter), []) if text else []
+            names = [n.strip() for n in names]
+        missing = [c for c in self._wanted if c not in names]
+        if missing:
+            raise ValueError(
+                f"{path}: column(s) {missing} not found; the file's columns are {names}"
+            )
+        return names
+
+    def _read_file(self, i: int, loc, min_row: int):
+        path = self._files[i]
+        with open(path, "rb") as f:
+            names = self._file_columns(path, f)
+            if loc is None:
+                offset, line = f.tell(), 2 if self._header else 1
+            else:
+                offset, line = loc["offset"], loc["line"]
+                f.seek(offset)
+            rest = b""
+            while True:
+                buf = f.read(self._block_bytes)
+                data = rest + buf
+                if not data:
+                    return
+                if buf:
+                    cut = data.rfind(b"\n") + 1
+                    if cut == 0:
+                        rest = data
+                        continue
+                    data, rest = data[:cut], data[cut:]
+                else:
+                    rest = b""
+                here = {"file": i, "offset": offset, "line": line}
+                cols, rownums = self._parse(path, names, data, line, min_row, not buf)
+                offset += len(data)
+                line += data.count(b"\n") + (0 if data.endswith(b"\n") else 1)
+                yield cols, rownums, here
+
+    def _arrow(self, names, data: bytes) -> pa.Table:
+        return pacsv.read_csv(
+            io.BytesIO(data),
+            read_options=pacsv.ReadOptions(column_names=names, block_size=1 << 22),
+            parse_options=pacsv.ParseOptions(delimiter=self._delimiter),
+            convert_options=pacsv.ConvertOptions(
+                column_types=self._types,
+                include_columns=self._wanted,
+                strings_can_be_null=False,
+            ),
+        )
+
+    def _parse(self, path, names, data, first_line, min_row, at_eof):
+        n_lines = data.count(b"\n") + (0 if data.endswith(b"\n") else 1)
+        try:
+            table = self._arrow(names, data)
+        except pa.ArrowInvalid:
+            table = None
+        if table is not None and table.num_rows == n_lines:
+            rownums = first_line + np.arange(n_lines, dtype=np.int64)
+        else:
+            lines = data.split(b"\n")
+            if lines[-1] == b"":
+                lines.pop()
+            keep = [j for j, ln in enumerate(lines) if ln.strip(b"\r")]
+            if table is None:
+                bad = self._bisect(names, lines, keep, 0, len(keep))
+                for j in bad:
+                    if first_line + j >= min_row:
+                        reason = self._diagnose(names, lines[j], at_eof and j == len(lines) - 1)
+                        self._errors.record(path, "line", first_line + j, reason)
+                bad_set = set(bad)
+                keep = [j for j in keep if j not in bad_set]
+                if not keep:
+                    return C.empty_like(self._streams), np.zeros([0], np.int64)
+                table = self._arrow(names, b"".join(lines[j] + b"\n" for j in keep))
+            rownums = first_line + np.asarray(keep, dtype=np.int64)
+        ok = rownums >= min_row
+        empty_label = table.column(self.label_name).is_null().to_numpy(zero_copy_only=False)
+        for j in np.flatnonzero(empty_label & ok):
+            self._errors.record(path, "line", int(rownums[j]), f"empty label {self.label_name!r}")
+        ok &= ~empty_label
+        cols = _convert.convert_table(
+            table, self._roles, log_dense=self._log_dense, separator=self._separator
+        )
+        if not ok.all():
+            cols, rownums = C.take_rows(cols, ok), rownums[ok]
+        return cols, rownums
+
+    def _bisect(self, names, lines, idx, lo, hi) -> list[int]:
+        """Indices (into `lines`) of the lines among `idx[lo:hi]` that Arrow rejects, in order."""
+        if lo >= hi:
+            return []
+        try:
+            self._arrow(names, b"".join(lines[j] + b"\n" for j in idx[lo:hi]))
+            return []
+        except pa.ArrowInvalid:
+            if hi - lo == 1:
+                return [idx[lo]]
+        mid = (lo + hi) // 2
+        return self._bisect(names, lines, idx, lo, mid) + self._bisect(names, lines, idx, mid, hi)
+
+    def _diagnose(self, names, raw: bytes, last_line: bool) -> str:
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as err:
+            return f"invalid UTF-8 at byte {err.start} of the line ({err.reason})"
+        fields = next(csv.reader([text.rstrip("\r")], delimiter=self._delimiter), [])
+        if len(fields) != len(names):
+            msg = f"wrong number of fields: expected {len(names)}, found {len(fields)}"
+            if last_line:
+                msg += " (the file ends inside this line: truncated file?)"
+            return msg
+        for c in self._numeric:
+            value = fields[names.index(c)]
+            if value.strip() in _NULLS:
+                continue
+            try:
+                pa.array([value]).cast(pa.float64())
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+                return f"unparsable number {value!r} in column {c!r}"
+        try:
+            self._arrow(names, raw + b"\n")
+        except pa.ArrowInvalid as err:
+            return f"rejected by the CSV parser: {err}"
+        return "rejected by the CSV parser"

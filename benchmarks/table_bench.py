@@ -1,0 +1,234 @@
+"""Throughput and memory of npu_rec sparse tables against a fixed-size baseline.
+
+For each table size and dim it measures, on Zipf-distributed batches of
+4096 x 26 raw int64 ids (keys/s = ids processed per second):
+
+  * `table_lookup`:      training `sparse_lookup` only (hash, admission, gather).
+  * `table_step`:        lookup + Adagrad update through `record_lookups`.
+  * `baseline_step`:     fixed `tf.Variable` + `tf.gather` + sparse Adagrad
+                         (ResourceSparseApplyAdagradV2) on pre-hashed row ids.
+  * `numpy_take`:        `np.take` of the same rows: the memory-bandwidth ceiling.
+
+The four are timed in alternating blocks of 5 steps, so that other load on a
+shared machine affects them alike and their ratios stay meaningful.
+
+with admission+eviction off (`access_threshold=-1`) and on (threshold 2,
+eviction 3600 s; 1% of the ids are fresh keys that go through admission,
+and `evict()` runs every 20 steps inside the timed loop). It also reports
+bytes per live key: the table's variable bytes / live keys, and the growth
+of the process RSS while the table was filled.
+
+Usage:
+  python benchmarks/table_bench.py                                   # full run
+  python benchmarks/table_bench.py --sizes=100000 --dims=16 --steps=10  # quick
+  python benchmarks/table_bench.py --sizes=50000000 --dims=16 --modes=off --steps=5 \
+      --skip_baseline                                                # 50M-key fit check
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import platform
+import sys
+import time
+
+import numpy as np
+from absl import app, flags
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+_SIZES = flags.DEFINE_list("sizes", ["1000000", "10000000"], "Live keys per table.")
+_DIMS = flags.DEFINE_list("dims", ["16", "64"], "Embedding widths.")
+_MODES = flags.DEFINE_list("modes", ["off", "on"], "Admission+eviction off / on.")
+_STEPS = flags.DEFINE_integer("steps", 30, "Timed steps per measurement.", lower_bound=1)
+_WARMUP = flags.DEFINE_integer("warmup", 3, "Untimed steps first.", lower_bound=1)
+_BATCH = flags.DEFINE_integer("batch", 4096, "Examples per batch.", lower_bound=1)
+_FIELDS = flags.DEFINE_integer("fields", 26, "Ids per example.", lower_bound=1)
+_ZIPF = flags.DEFINE_float("zipf_a", 1.2, "Zipf exponent of the id distribution.")
+_THREADS = flags.DEFINE_integer("threads", 2, "TF intra/inter-op threads.", lower_bound=1)
+_SKIP_BASELINE = flags.DEFINE_bool("skip_baseline", False, "Skip the tf.Variable baseline.")
+_JSON = flags.DEFINE_string("json", "benchmarks/table_bench.json", "Where to write results.")
+
+_MUL = np.uint64(0x9E3779B97F4A7C15)
+
+
+def _raw_keys(ranks: np.ndarray) -> np.ndarray:
+    """Rank -> a scattered raw 63-bit id (a bijection)."""
+    with np.errstate(over="ignore"):
+        return ((ranks.astype(np.uint64) * _MUL) >> np.uint64(1)).astype(np.int64)
+
+
+def _rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _zipf_ranks(rng, n_keys, count):
+    return (rng.zipf(_ZIPF.value, size=count) - 1) % n_keys
+
+
+def _interleaved(cases, steps, warmup, block=5):
+    """Times several step functions in alternating blocks of `block` steps.
+
+    Other load on a shared machine then hits every case alike, so their
+    ratios stay meaningful. `cases`: name -> (fn, args_list, between or None).
+    Returns name -> seconds for `steps` steps.
+    """
+    for fn, args_list, _ in cases.values():
+        for i in range(warmup):
+            fn(*args_list[i % len(args_list)])
+    spent = dict.fromkeys(cases, 0.0)
+    for first in range(0, steps, block):
+        for name, (fn, args_list, between) in cases.items():
+            start = time.perf_counter()
+            for i in range(first, min(steps, first + block)):
+                out = fn(*args_list[i % len(args_list)])
+                if between is not None:
+                    between(i)
+            if hasattr(out, "numpy"):
+                out.numpy()
+            spent[name] += time.perf_counter() - start
+    return spent
+
+
+def bench_table(tf, npu_rec, n_keys, dim, mode, rng, baseline):
+    npu_rec._table_registry.clear()
+    on = mode == "on"
+    rss0 = _rss()
+    table = npu_rec.create_table(
+        f"bench_{n_keys}_{dim}_{mode}", dim, optimizer=npu_rec.optimizers.Adagrad(0.05),
+        capacity=n_keys + n_keys // 8 + 1024, dynamic_expansion=True,
+        access_threshold=2 if on else -1, eviction_threshold=3600 if on else -1)
+    ids_per_batch = _BATCH.value * _FIELDS.value
+
+    @tf.function(reduce_retracing=True)
+    def fill(keys):
+        # Two sightings, so keys pass admission (threshold 2) in one lookup.
+        return tf.reduce_sum(npu_rec.sparse_lookup(table, tf.concat([keys, keys], 0))[:1])
+
+    t0 = time.perf_counter()
+    for start in range(0, n_keys, ids_per_batch):
+        fill(tf.constant(_raw_keys(np.arange(start, min(n_keys, start + ids_per_batch)))))
+    fill_s = time.perf_counter() - t0
+    gc.collect()
+    live = int(table.size())
+    var_bytes = sum(int(np.prod(tf.shape(v).numpy())) * v.dtype.size for v in table.variables())
+    rss_per_key = (_rss() - rss0) / live
+
+    batches = []
+    for _ in range(8):
+        ranks = _zipf_ranks(rng, n_keys, ids_per_batch)
+        keys = _raw_keys(ranks)
+        if on:
+            fresh = rng.random(ids_per_batch) < 0.01
+            keys[fresh] = _raw_keys(rng.integers(n_keys, 1 << 40, size=int(fresh.sum())))
+        batches.append((tf.constant(keys.reshape(_BATCH.value, _FIELDS.value)),))
+
+    @tf.function
+    def lookup_only(ids):
+        return tf.reduce_sum(npu_rec.sparse_lookup(table, ids)[0])
+
+    @tf.function
+    def train_step(ids):
+        with tf.GradientTape() as tape, npu_rec.record_lookups(tape) as recs:
+            loss = tf.reduce_sum(tf.square(npu_rec.sparse_lookup(table, ids)))
+        npu_rec.apply_recorded_gradients(recs, tape.gradient(loss, [r.embeddings for r in recs]))
+        return loss
+
+    evict = (lambda i: table.evict() if i % 20 == 19 else None) if on else None
+    if on:
+        table.evict()  # compile the eviction scan outside the timed loop
+    rows = [(_zipf_ranks(rng, n_keys, ids_per_batch),) for _ in range(8)]
+    values = table._storage.values.numpy()[:n_keys]
+    cases = {"lookup": (lookup_only, batches, None), "step": (train_step, batches, evict),
+             "numpy": (lambda r: np.take(values, r, axis=0), rows, None)}
+    if baseline is not None:
+        cases["baseline"] = baseline
+    spent = _interleaved(cases, _STEPS.value, _WARMUP.value)
+    steps = _STEPS.value
+    result = {
+        "keys": n_keys, "dim": dim, "admission_eviction": mode, "live_keys": live,
+        "fill_seconds": round(fill_s, 2),
+        "table_lookup_keys_per_s": ids_per_batch * steps / spent["lookup"],
+        "table_step_keys_per_s": ids_per_batch * steps / spent["step"],
+        "numpy_take_rows_per_s": ids_per_batch * steps / spent["numpy"],
+        "baseline_step_keys_per_s": (ids_per_batch * steps / spent["baseline"]
+                                     if baseline is not None else None),
+        "variable_bytes_per_live_key": var_bytes / live,
+        "rss_bytes_per_live_key": rss_per_key,
+        "raw_row_plus_slot_bytes": 2 * 4 * dim,
+    }
+
+    npu_rec._table_registry.clear()
+    gc.collect()
+    return result
+
+
+def bench_baseline(tf, n_keys, dim, rng):
+    values = tf.Variable(tf.random.uniform([n_keys, dim], -0.05, 0.05), trainable=False)
+    accum = tf.Variable(tf.fill([n_keys, dim], 0.1), trainable=False)
+    ids_per_batch = _BATCH.value * _FIELDS.value
+
+    @tf.function
+    def step(rows):
+        flat = tf.reshape(rows, [-1])
+        uniq, idx = tf.unique(flat, out_idx=tf.int64)
+        with tf.GradientTape() as tape:
+            emb_u = tf.gather(values, uniq)
+            tape.watch(emb_u)
+            loss = tf.reduce_sum(tf.square(tf.gather(emb_u, idx)))
+        grad = tf.convert_to_tensor(tape.gradient(loss, emb_u))
+        tf.raw_ops.ResourceSparseApplyAdagradV2(
+            var=values.handle, accum=accum.handle, lr=tf.constant(0.05), epsilon=tf.constant(1e-7),
+            grad=grad, indices=uniq)
+        return loss
+
+    batches = [(tf.constant(_zipf_ranks(rng, n_keys, ids_per_batch).reshape(
+        _BATCH.value, _FIELDS.value)),) for _ in range(8)]
+    return step, batches, None
+
+
+def main(argv):
+    del argv
+    import tensorflow as tf
+
+    tf.config.threading.set_intra_op_parallelism_threads(_THREADS.value)
+    tf.config.threading.set_inter_op_parallelism_threads(_THREADS.value)
+    import npu_rec
+
+    rng = np.random.default_rng(0)
+    results = []
+    header = (f"{'keys':>10} {'dim':>4} {'adm+ev':>6} {'lookup k/s':>12} {'step k/s':>11} "
+              f"{'baseline k/s':>13} {'step/base':>9} {'lookup/np':>9} {'np rows/s':>11} "
+              f"{'var B/key':>9} {'rss B/key':>9}")
+    print(header)
+    for n_keys in map(int, _SIZES.value):
+        for dim in map(int, _DIMS.value):
+            baseline = None if _SKIP_BASELINE.value else bench_baseline(tf, n_keys, dim, rng)
+            for mode in _MODES.value:
+                r = bench_table(tf, npu_rec, n_keys, dim, mode, rng, baseline)
+                base = r["baseline_step_keys_per_s"]
+                r["step_over_baseline"] = r["table_step_keys_per_s"] / base if base else None
+                r["lookup_over_numpy"] = r["table_lookup_keys_per_s"] / r["numpy_take_rows_per_s"]
+                results.append(r)
+                print(f"{n_keys:>10} {dim:>4} {mode:>6} {r['table_lookup_keys_per_s']:>12.3g} "
+                      f"{r['table_step_keys_per_s']:>11.3g} {base or float('nan'):>13.3g} "
+                      f"{r['step_over_baseline'] or float('nan'):>9.2f} "
+                      f"{r['lookup_over_numpy']:>9.2f} {r['numpy_take_rows_per_s']:>11.3g} "
+                      f"{r['variable_bytes_per_live_key']:>9.1f} "
+                      f"{r['rss_bytes_per_live_key']:>9.1f}", flush=True)
+    out = {"machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
+                       "load_average_at_end": os.getloadavg(),
+                       "python": platform.python_version(), "tensorflow": tf.__version__},
+           "command": " ".join(sys.argv), "batch": _BATCH.value, "fields": _FIELDS.value,
+           "zipf_a": _ZIPF.value, "steps": _STEPS.value, "results": results}
+    os.makedirs(os.path.dirname(os.path.abspath(_JSON.value)), exist_ok=True)
+    with open(_JSON.value, "w") as f:
+        json.dump(out, f, indent=2)
+    print(f"wrote {_JSON.value}")
+
+
+if __name__ == "__main__":
+    app.run(main)

@@ -1,0 +1,184 @@
+"""Moving a table's state in and out: export, snapshot files, graph-mode ops.
+
+`TableStateMixin` is the part of `SparseTable` that reads the whole state
+into NumPy (sorted by key) and writes it back, for `export`, `save`,
+`restore` and `npu_rec.checkpoint`. In a `tf.compat.v1` graph it builds
+the ops once, with placeholders, when the table is created (before a
+`MonitoredTrainingSession` finalises the graph) and runs them in a session.
+
+The state dict (NumPy) has: `keys` int64 [n], `values` float32 [n, dim],
+`slot/<name>` float32 [n, dim], `counts` and `last_seen` int64 [n],
+`pending_keys`, `pending_counts`, `pending_last_seen` int64 [p],
+`deleted_keys` int64 [d] (evicted since the last checkpoint save), and the
+scalars `max_seen` (int64), `ts_feature` (bool), `opt_step` (int64).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+from npu_rec._table_storage import META_COUNT, META_LAST_SEEN
+
+_NO_NOW = np.iinfo(np.int64).min
+
+
+class TableStateMixin:
+    """State export / import of `SparseTable` (see module docstring)."""
+
+    def _build_state(self, min_period) -> dict[str, tf.Tensor]:
+        s = self._storage
+        rows = s.live_rows(min_period)
+        meta = tf.gather(s.meta, rows)
+        pkeys, pstate = self._pending.export()
+        out = {"keys": tf.gather(s.row_keys, rows), "values": tf.gather(s.values, rows),
+               "counts": meta[:, META_COUNT], "last_seen": meta[:, META_LAST_SEEN],
+               "pending_keys": pkeys, "pending_counts": pstate[:, 0],
+               "pending_last_seen": pstate[:, 1], "deleted_keys": self._deleted.export()[0],
+               "max_seen": self._max_seen.read_value(),
+               "ts_feature": self._ts_feature.read_value(),
+               "opt_step": self._opt_step.read_value()}
+        for name, var in s.slots.items():
+            out[f"slot/{name}"] = tf.gather(var, rows)
+        return out
+
+    def _build_load(self, st: dict[str, tf.Tensor]) -> tf.Operation:
+        slots = {n: st[f"slot/{n}"] for n in self._storage.slots}
+        old_keys, _ = self._index.export()
+        removed = self._index.remove(old_keys)
+        old_deleted, _ = self._deleted.export()
+        ops = [self._storage.load(st["keys"], st["values"], slots, st["counts"], st["last_seen"]),
+               self._pending.load(st["pending_keys"],
+                                  tf.stack([st["pending_counts"], st["pending_last_seen"]], 1)),
+               self._deleted.remove(old_deleted),
+               self._max_seen.assign(st["max_seen"], read_value=False),
+               self._ts_feature.assign(st["ts_feature"], read_value=False),
+               self._opt_step.assign(st["opt_step"], read_value=False)]
+        with tf.control_dependencies([removed]):
+            n = tf.size(st["keys"], out_type=tf.int64)
+            ops.append(self._index.insert(st["keys"], tf.range(n)))
+        return tf.group(*ops)
+
+    def _build_end_period(self) -> tf.Operation:
+        keys, _ = self._deleted.export()
+        return tf.group(self._storage.reset_period(), self._deleted.remove(keys))
+
+    def _state_signature(self) -> dict[str, tuple[tf.DType, list]]:
+        sig = {"keys": (tf.int64, [None]), "values": (tf.float32, [None, self.dim]),
+               "counts": (tf.int64, [None]), "last_seen": (tf.int64, [None]),
+               "pending_keys": (tf.int64, [None]), "pending_counts": (tf.int64, [None]),
+               "pending_last_seen": (tf.int64, [None]), "deleted_keys": (tf.int64, [None]),
+               "max_seen": (tf.int64, []), "ts_feature": (tf.bool, []),
+               "opt_step": (tf.int64, [])}
+        sig.update({f"slot/{n}": (tf.float32, [None, self.dim]) for n in self._storage.slots})
+        return sig
+
+    def _build_graph_ops(self) -> dict[str, Any]:
+        ph = tf.compat.v1.placeholder
+        min_period = ph(tf.int64, [], name="min_period")
+        now = tf.compat.v1.placeholder_with_default(tf.constant(_NO_NOW, tf.int64), [], "now")
+        feeds = {k: ph(d, s, name=k.replace("/", "_")) for k, (d, s) in
+                 self._state_signature().items()}
+        return {"size": self._storage.live_count(), "evict": (now, self._build_evict(now)),
+                "state": (min_period, self._build_state(min_period)),
+                "load": (feeds, self._build_load(feeds)), "end_period": self._build_end_period()}
+
+    def _session(self, session):
+        sess = session or tf.compat.v1.get_default_session()
+        if sess is None:
+            raise ValueError(
+                f"Sparse table {self.name!r} lives in a tf.compat.v1 graph: pass `session=` "
+                "(e.g. run_context.session in a SessionRunHook) or use a default session. "
+                "Received: session=None")
+        return sess
+
+    def _read_state(self, min_period: int = 0, session=None) -> dict[str, np.ndarray]:
+        """All state as numpy (rows with >= `min_period` sightings this period), sorted by key."""
+        if self._graph_mode:
+            ph, tensors = self._graph_ops["state"]
+            st = self._session(session).run(tensors, {ph: min_period})
+        else:
+            st = {k: v.numpy() for k, v in self._build_state(min_period).items()}
+        order = np.argsort(st["keys"], kind="stable")
+        for k in ("keys", "values", "counts", "last_seen", *[f"slot/{n}" for n in self.slot_names]):
+            st[k] = st[k][order]
+        porder = np.argsort(st["pending_keys"], kind="stable")
+        for k in ("pending_keys", "pending_counts", "pending_last_seen"):
+            st[k] = st[k][porder]
+        st["deleted_keys"] = np.sort(st["deleted_keys"])
+        return st
+
+    def _write_state(self, st: dict[str, np.ndarray], session=None) -> None:
+        sig = self._state_signature()
+        st = {**st, "deleted_keys": np.zeros([0], np.int64)}  # a restore starts a new period
+        st = {k: np.asarray(st[k], d.as_numpy_dtype).reshape(
+            [-1 if x is None else x for x in s]) if s else np.asarray(st[k], d.as_numpy_dtype)
+            for k, (d, s) in sig.items()}
+        if self._graph_mode:
+            feeds, op = self._graph_ops["load"]
+            self._session(session).run(op, {feeds[k]: v for k, v in st.items()})
+        else:
+            self._build_load({k: tf.constant(v) for k, v in st.items()})
+
+    def _end_period(self, session=None) -> None:
+        if self._graph_mode:
+            self._session(session).run(self._graph_ops["end_period"])
+        else:
+            self._build_end_period()
+
+    def export(self, session=None) -> dict[str, Any]:
+        """The live rows as numpy, sorted by key.
+
+        Args:
+          session: graph mode only (see `evict`).
+
+        Returns:
+          dict with `keys` [n] (key dtype), `values` float32 [n, dim], `slots`
+          (slot name -> float32 [n, dim]), `counts` int64 [n], `last_seen` int64 [n].
+        """
+        st = self._read_state(0, session)
+        return {"keys": st["keys"].astype(self.key_dtype.as_numpy_dtype),
+                "values": st["values"], "counts": st["counts"], "last_seen": st["last_seen"],
+                "slots": {n: st[f"slot/{n}"] for n in self.slot_names}}
+
+    def save(self, path: str, session=None) -> None:
+        """Writes a full snapshot of this table to the file `path` (atomic, checksummed).
+
+        Does not reset the delta tracking of `npu_rec.checkpoint.TableCheckpointManager`.
+        """
+        from npu_rec.checkpoint import _file_format  # noqa: PLC0415
+
+        st = self._read_state(0, session)
+        _file_format.write_file(path, _file_format.table_arrays(self.name, st),
+                                {"tables": {self.name: self.describe()}, "kind": "full"})
+
+    def restore(self, path: str, session=None) -> None:
+        """Replaces this table's state by the snapshot in `path` (written by `save`).
+
+        Raises:
+          npu_rec.checkpoint.CheckpointCorruptedError: the file is truncated or altered.
+          ValueError: the file holds no table of this name, or a different dim.
+        """
+        from npu_rec.checkpoint import _file_format  # noqa: PLC0415
+
+        arrays, meta = _file_format.read_file(path)
+        self.check_compatible(meta, path)
+        self._write_state(_file_format.table_state(self.name, arrays), session)
+
+    def describe(self) -> dict[str, Any]:
+        """JSON-able description stored with checkpoints."""
+        return {"dim": self.dim, "key_dtype": self.key_dtype.name, "slots": self.slot_names}
+
+    def check_compatible(self, meta: dict[str, Any], path: str) -> None:
+        """Raises ValueError unless checkpoint `meta` has this table with the same layout."""
+        desc = meta.get("tables", {}).get(self.name)
+        if desc is None:
+            raise ValueError(f"Checkpoint file {path!r} has no table named {self.name!r}; "
+                             f"it holds {sorted(meta.get('tables', {}))}.")
+        if desc["dim"] != self.dim or list(desc["slots"]) != self.slot_names:
+            raise ValueError(
+                f"Checkpoint file {path!r} holds table {self.name!r} with dim={desc['dim']} "
+                f"and slots={desc['slots']}, but the table has dim={self.dim} and "
+                f"slots={self.slot_names} (is the optimizer the same?).")

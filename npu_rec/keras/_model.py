@@ -1,0 +1,322 @@
+"""`RecModel`: a `keras.Model` whose train step also trains its sparse tables."""
+
+from __future__ import annotations
+
+import logging
+
+import keras
+import tensorflow as tf
+from keras.src.models.functional import Functional
+from keras.src.models.model import functional_init_arguments
+from keras.src.saving import object_registration
+from keras.src.trainers.trainer import Trainer
+
+from npu_rec import _lookup
+from npu_rec.keras import _amp, _online
+from npu_rec.keras._layers import model_tables
+
+_REC_ARGS = ("network", "loss_fn", "optimizer", "metrics", "eval_network", "eval_indexes",
+             "amp_level", "boost_level")
+
+
+@keras.saving.register_keras_serializable(package="npu_rec")
+class RecModel(keras.Model):
+    """A Keras model whose `fit` trains dense weights and sparse tables together.
+
+    Three ways to build one:
+
+    * functional: `RecModel(inputs, outputs)`, then `compile` and `fit`;
+    * subclassed: `class MyModel(RecModel)` with `SparseEmbedding` layers in `call`;
+    * MindSpore Rec's wrapper: `RecModel(network=net, loss_fn=..., optimizer=...,
+      metrics=..., eval_network=..., eval_indexes=..., amp_level=..., boost_level=...)`;
+      with `optimizer` given it is compiled at once.
+
+    Each training step records the lookups of its `SparseEmbedding` layers,
+    differentiates the loss with respect to the dense weights and to the rows
+    looked up, applies the compiled Keras optimizer to the dense weights and
+    each table's own sparse optimizer to the rows of this batch, in one
+    compiled step. `jit_compile` defaults to False (hash tables have no XLA
+    kernels).
+
+    Args (wrapper form):
+      network: The Keras layer/model to train (inputs -> predictions, or the
+        loss itself when `loss_fn` is None).
+      loss_fn: A Keras loss; None means `network(data)` returns the loss.
+      optimizer: A Keras optimizer for the dense weights (None: call `compile`).
+      metrics: Metrics as a list, set or dict of names/objects, e.g. {"auc"}.
+      eval_network: Network used by `evaluate` instead of `network` + `loss_fn`;
+        called as `eval_network(x, y)`.
+      eval_indexes: With `eval_network`: positions of (loss, prediction, label)
+        in its outputs. None: its outputs are (prediction, label).
+      amp_level: "O0", "O2", "O3" or "auto" (see docs/keras.md); any form.
+      boost_level: "O0", "O1", "O2"; accepted for MindSpore compatibility,
+        no effect on CPU (logged); any form.
+
+    Example:
+      >>> ids = keras.Input(shape=(), dtype="int64")
+      >>> emb = SparseEmbedding("item", 8, optimizer=npu_rec.optimizers.Adagrad(0.05))(ids)
+      >>> model = RecModel(ids, keras.layers.Dense(1, activation="sigmoid")(emb))
+      >>> model.compile(optimizer="adam", loss="binary_crossentropy", metrics=["auc"])
+    """
+
+    def __new__(cls, *args, **kwargs):
+        if functional_init_arguments(args, kwargs) and not issubclass(cls, Functional):
+            cls = _functional_class(cls)
+        return super().__new__(cls, *args, **kwargs)
+
+    def __init__(self, *args, **kwargs):
+        rec = {k: kwargs.pop(k) for k in _REC_ARGS if k in kwargs}
+        if args and isinstance(args[0], keras.layers.Layer):
+            rec.update(zip(_REC_ARGS, args, strict=False))
+            args = ()
+        self._wrapper = rec.get("network") is not None
+        if not self._wrapper:
+            extra = sorted(k for k in rec if k not in ("amp_level", "boost_level"))
+            if extra:
+                raise ValueError(f"{extra} are arguments of the wrapper form and need "
+                                 f"`network`. Received: network=None, {extra}")
+        if functional_init_arguments(args, kwargs):
+            Trainer.__init__(self)
+            Functional.__init__(self, *args, **kwargs)
+        else:
+            keras.Model.__init__(self, *args, **kwargs)
+        self.amp_level = _amp.check_level("amp_level", rec.get("amp_level", "O0"),
+                                          _amp.AMP_LEVELS)
+        self.boost_level = _amp.check_level("boost_level", rec.get("boost_level", "O0"),
+                                            _amp.BOOST_LEVELS)
+        if self.boost_level != "O0":
+            logging.info("npu_rec: boost_level=%s has no effect on this platform.",
+                         self.boost_level)
+        self._global_step = tf.Variable(0, dtype=tf.int64, trainable=False,
+                                        name="npu_rec_global_step")
+        self.network = rec.get("network")
+        self.eval_network = rec.get("eval_network")
+        self.eval_indexes = rec.get("eval_indexes")
+        self.loss_fn = rec.get("loss_fn")
+        if self.eval_indexes is not None:
+            if self.eval_network is None or len(self.eval_indexes) != 3:
+                raise ValueError("`eval_indexes` needs `eval_network` and must list 3 positions "
+                                 "(loss, prediction, label). Received: "
+                                 f"eval_indexes={self.eval_indexes!r}")
+        self._loss_in_network = self._wrapper and self.loss_fn is None
+        self._resolved_amp = _amp.apply_amp_level(self.network or self, self.amp_level)
+        if self._wrapper and rec.get("optimizer") is not None:
+            metrics = rec.get("metrics")
+            if isinstance(metrics, (set, frozenset)):
+                metrics = sorted(metrics)
+            elif isinstance(metrics, dict):
+                metrics = list(metrics.values())
+            self.compile(optimizer=rec["optimizer"], loss=self.loss_fn, metrics=metrics)
+
+    # ------------------------------------------------------------------ basics
+    @property
+    def global_step(self) -> int:
+        """Training steps run so far (restored by `SparseCheckpoint`)."""
+        return int(self._global_step.numpy())
+
+    @property
+    def tables(self) -> list:
+        """The distinct `SparseTable`s of this model's `SparseEmbedding` layers."""
+        return model_tables(self)
+
+    def build(self, input_shape=None):
+        if not self._wrapper:
+            return super().build(input_shape)
+        if not self.network.built and input_shape is not None:
+            self.network.build(input_shape)
+        self.built = True
+
+    def call(self, inputs, training=None):
+        if not self._wrapper:
+            return super().call(inputs, training=training)
+        return self.network(inputs, training=training)
+
+    def compile(self, optimizer="rmsprop", loss=None, *args, jit_compile=False, **kwargs):
+        """`keras.Model.compile`, with `jit_compile=False` by default.
+
+        With amp_level "O2" the optimizer is wrapped in a dynamic
+        `keras.optimizers.LossScaleOptimizer`.
+
+        Raises:
+          ValueError: `jit_compile=True`: the sparse tables' hash-map kernels
+            cannot be compiled with XLA.
+        """
+        if jit_compile not in (False, "auto"):
+            raise ValueError("RecModel cannot use XLA: sparse table lookups are hash-map ops "
+                             f"without XLA kernels. Use jit_compile=False. Received: "
+                             f"jit_compile={jit_compile!r}")
+        super().compile(optimizer, loss, *args, jit_compile=False, **kwargs)
+        if self._resolved_amp == "O2":
+            self.optimizer = _amp.wrap_loss_scale(self.optimizer)
+
+    def compile_from_config(self, config):
+        """Re-compiles a loaded model from its saved compile config."""
+        config = keras.saving.deserialize_keras_object(config)
+        self.compile(**config)
+        if self.built and self.optimizer is not None:
+            self.optimizer.build(self.trainable_variables)
+
+    # -------------------------------------------------------------- the steps
+    def _forward_loss(self, data, training: bool):
+        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+        if self._loss_in_network:
+            loss = tf.reduce_mean(tf.cast(self.network(data, training=training), tf.float32))
+            return x, y, None, sample_weight, loss
+        y_pred = self(x, training=training)
+        y_pred = tf.nest.map_structure(lambda t: tf.cast(t, tf.float32)
+                                       if t.dtype.is_floating else t, y_pred)
+        loss = self.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight,
+                                 training=training)
+        return x, y, y_pred, sample_weight, loss
+
+    def train_step(self, data):
+        with tf.GradientTape() as tape, _lookup.record_lookups(tape) as records:
+            x, y, y_pred, sample_weight, loss = self._forward_loss(data, training=True)
+            self._loss_tracker.update_state(loss, sample_weight=_batch_size(x))
+            scaled = self.optimizer.scale_loss(loss)
+        records = [r for r in records if r.table.optimizer is not None]
+        dense_vars = list(self.trainable_variables)
+        grads = tape.gradient(scaled, dense_vars + [r.embeddings for r in records])
+        dense_grads, sparse_grads = grads[:len(dense_vars)], grads[len(dense_vars):]
+        sparse_grads = [None if g is None else tf.convert_to_tensor(g) for g in sparse_grads]
+        apply_sparse = True
+        if isinstance(self.optimizer, keras.optimizers.LossScaleOptimizer):
+            if not self.optimizer.built:
+                self.optimizer.build(dense_vars)
+            scale = tf.convert_to_tensor(self.optimizer.dynamic_scale)
+            sparse_grads = [None if g is None else g / scale for g in sparse_grads]
+            apply_sparse = self.optimizer.check_finite(
+                [g for g in dense_grads + sparse_grads if g is not None])
+            if dense_grads:  # a non-finite table gradient also skips the dense step
+                poison = tf.where(apply_sparse, 0.0, float("nan"))
+                dense_grads = [None if g is None else g + tf.cast(poison, g.dtype)
+                               for g in dense_grads]
+        if dense_vars:
+            self.optimizer.apply_gradients(zip(dense_grads, dense_vars, strict=False))
+        if records:
+            if apply_sparse is True:
+                _lookup.apply_recorded_gradients(records, sparse_grads)
+            else:
+                tf.cond(apply_sparse, lambda: _sparse_update(records, sparse_grads),
+                        lambda: tf.constant(False))
+        self._global_step.assign_add(1)
+        if self._loss_in_network:
+            return self._metric_results()
+        return self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+
+    def test_step(self, data):
+        if self.eval_network is None and not self._loss_in_network:
+            return super().test_step(data)
+        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+        if self.eval_network is None:
+            _, _, _, _, loss = self._forward_loss(data, training=False)
+            self._loss_tracker.update_state(loss, sample_weight=_batch_size(x))
+            return self._metric_results()
+        outputs = self.eval_network(x, y, training=False)
+        if self.eval_indexes is None:
+            y_pred, y_true = outputs
+        else:
+            i_loss, i_pred, i_label = self.eval_indexes
+            self._loss_tracker.update_state(outputs[i_loss], sample_weight=_batch_size(x))
+            y_pred, y_true = outputs[i_pred], outputs[i_label]
+        return self.compute_metrics(x, y_true, y_pred, sample_weight=sample_weight)
+
+    def _metric_results(self):
+        return {"loss": self._loss_tracker.result()}
+
+    # ---------------------------------------------------------------- training
+    def fit(self, *args, callbacks=None, **kwargs):
+        """`keras.Model.fit`; also checks `npu_rec.init`'s step settings (`StepConsistency`)."""
+        from npu_rec.keras.callbacks import StepConsistency  # noqa: PLC0415
+
+        callbacks = list(callbacks or [])
+        if not getattr(self, "_online", False) and not any(
+                isinstance(c, StepConsistency) for c in callbacks):
+            callbacks.append(StepConsistency())
+        return super().fit(*args, callbacks=callbacks, **kwargs)
+
+    def online_train(self, train_dataset, callbacks=None, dataset_sink_mode: bool = True,
+                     sink_size: int = 1):
+        """Trains on an unbounded dataset until a callback or `init(max_steps)` stops it.
+
+        Args:
+          train_dataset: A `tf.data.Dataset` (may repeat forever), a generator
+            or a `keras.utils.PyDataset` yielding `(x, y)` batches (or whole
+            data tuples when `loss_fn` is None).
+          callbacks: Keras callbacks (e.g. `SparseCheckpoint`, `Evict`).
+          dataset_sink_mode: True: run `sink_size` steps per compiled call
+            (Keras `steps_per_execution`) and call per-batch callbacks once per
+            call; False: one step per call, callbacks after every step.
+          sink_size: Steps per compiled call in sink mode (>= 1; MindSpore
+            needs 1 on its devices, any value works here). Ignored when
+            `dataset_sink_mode=False`.
+
+        Returns:
+          The `keras.callbacks.History` of the run.
+
+        Raises:
+          ValueError: `sink_size` or `dataset_sink_mode` is invalid, or the
+            model is not compiled.
+        """
+        return _online.online_train(self, train_dataset, callbacks, dataset_sink_mode,
+                                    sink_size)
+
+    # ------------------------------------------------------------------ config
+    def get_config(self):
+        rec = {"amp_level": self.amp_level, "boost_level": self.boost_level}
+        if not self._wrapper:
+            return {**super().get_config(), **rec}
+        ser = keras.saving.serialize_keras_object
+        return {"name": self.name, "network": ser(self.network),
+                "eval_network": None if self.eval_network is None else ser(self.eval_network),
+                "eval_indexes": self.eval_indexes, **rec}
+
+    @classmethod
+    def from_config(cls, config, custom_objects=None):
+        config = dict(config)
+        rec = {k: config.pop(k) for k in ("amp_level", "boost_level") if k in config}
+        if "network" in config:
+            de = keras.saving.deserialize_keras_object
+            network = de(config["network"], custom_objects=custom_objects)
+            eval_network = (None if config.get("eval_network") is None else
+                            de(config["eval_network"], custom_objects=custom_objects))
+            return cls(network=network, eval_network=eval_network,
+                       eval_indexes=config.get("eval_indexes"), name=config.get("name"), **rec)
+        model = super().from_config(config, custom_objects=custom_objects)
+        if rec.get("amp_level", "O0") != "O0" or rec.get("boost_level", "O0") != "O0":
+            model.amp_level = rec.get("amp_level", "O0")
+            model.boost_level = rec.get("boost_level", "O0")
+            model._resolved_amp = _amp.apply_amp_level(model, model.amp_level)
+        return model
+
+
+_FUNCTIONAL_CLASSES: dict[type, type] = {}
+
+
+def _functional_class(cls: type) -> type:
+    """A `Functional` subclass of `cls`, so `cls` itself stays a subclassed model.
+
+    Keras would otherwise rewrite the bases of `cls` to include `Functional` the
+    first time it is built from inputs and outputs, breaking later wrapper or
+    subclassed instances. The subclass saves under the registered name of `cls`.
+    """
+    if cls not in _FUNCTIONAL_CLASSES:
+        sub = type(cls.__name__, (cls, Functional), {"__module__": cls.__module__,
+                                                     "__doc__": cls.__doc__})
+        object_registration.GLOBAL_CUSTOM_NAMES[sub] = keras.saving.get_registered_name(cls)
+        _FUNCTIONAL_CLASSES[cls] = sub
+    return _FUNCTIONAL_CLASSES[cls]
+
+
+def _sparse_update(records, grads):
+    with tf.control_dependencies([_lookup.apply_recorded_gradients(records, grads)]):
+        return tf.constant(True)
+
+
+def _batch_size(x):
+    first = next(t for t in tf.nest.flatten(x) if t is not None)
+    if isinstance(first, tf.SparseTensor):
+        return first.dense_shape[0]
+    if isinstance(first, tf.RaggedTensor):
+        return first.nrows()
+    return tf.shape(first)[0]

@@ -1,0 +1,107 @@
+"""`export_for_serving`: a SavedModel that serves raw ids with plain TensorFlow.
+
+Each `SparseEmbedding` is frozen into a static lookup: a
+`tf.lookup.StaticHashTable` from the table's keys (those holding a row) to
+row numbers, and a variable of their rows. Ids without a row (never
+admitted, evicted, or unseen) read as zeros, exactly as a non-training
+lookup of the live table does. The SavedModel holds only standard
+TensorFlow ops, so `tf.saved_model.load` works in a process that never
+imports npu_rec.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from npu_rec.keras._layers import sparse_embeddings
+
+
+def _input_specs(model, input_signature):
+    if input_signature is not None:
+        specs = input_signature
+    elif getattr(model, "inputs", None):
+        specs = tf.nest.map_structure(
+            lambda t: tf.TensorSpec(t.shape, t.dtype, name=getattr(t, "name", None)),
+            model._inputs_struct if hasattr(model, "_inputs_struct") else model.inputs)
+    else:
+        raise ValueError("export_for_serving needs `input_signature` for a model without "
+                         "symbolic inputs (subclassed or wrapper RecModel). Received: "
+                         "input_signature=None")
+    return specs
+
+
+def _freeze(layer) -> tuple[tf.lookup.StaticHashTable, tf.Variable]:
+    state = layer.table.export()
+    keys = np.asarray(state["keys"], np.int64)
+    values = np.asarray(state["values"], np.float32).reshape([-1, layer.dim])
+    index = tf.lookup.StaticHashTable(
+        tf.lookup.KeyValueTensorInitializer(tf.constant(keys, tf.int64),
+                                            tf.range(len(keys), dtype=tf.int64)),
+        default_value=-1, name=f"{layer.table_name}_index")
+    return index, tf.Variable(values, trainable=False, name=f"{layer.table_name}_rows")
+
+
+@contextlib.contextmanager
+def _serving(layers, frozen):
+    for layer, snap in zip(layers, frozen, strict=False):
+        layer._serving = snap
+    try:
+        yield
+    finally:
+        for layer in layers:
+            layer._serving = None
+
+
+def export_for_serving(model: keras.Model, export_dir: str, *, input_signature=None) -> str:
+    """Writes `model` as a SavedModel whose `serving_default` signature takes raw ids.
+
+    Args:
+      model: A (trained) `RecModel` or Keras model with `SparseEmbedding` layers.
+      export_dir: Output directory.
+      input_signature: The model's input structure as `tf.TensorSpec`s (a dict
+        of named specs for dict inputs); default from a functional model's inputs.
+
+    Returns:
+      `export_dir`. Load it with `tf.saved_model.load(export_dir)`; call
+      `.signatures["serving_default"](**named_inputs)` (outputs are named
+      `output_0`, ...) or `.serve(inputs)` with the model's input structure.
+
+    Raises:
+      ValueError: no input signature can be derived.
+
+    Example:
+      >>> npu_rec.keras.export_for_serving(model, "/tmp/serving")
+      >>> tf.saved_model.load("/tmp/serving").serve({"user": tf.constant([42], tf.int64)})
+    """
+    specs = _input_specs(model, input_signature)
+    layers = sparse_embeddings(model)
+    frozen = [_freeze(layer) for layer in layers]
+    flat_specs = tf.nest.flatten(specs)
+    names = [s.name or f"input_{i}" for i, s in enumerate(flat_specs)]
+    if len(set(names)) != len(names):
+        names = [f"input_{i}" for i in range(len(flat_specs))]
+    flat_specs = [tf.TensorSpec(s.shape, s.dtype, name=n) for s, n in zip(flat_specs, names, strict=False)]
+
+    def run(inputs):
+        with _serving(layers, frozen):
+            out = model(inputs, training=False)
+        return tf.nest.map_structure(lambda t: tf.cast(t, tf.float32), out)
+
+    serve = tf.function(run, input_signature=[tf.nest.pack_sequence_as(specs, flat_specs)])
+
+    def signature(*flat):
+        outputs = tf.nest.flatten(run(tf.nest.pack_sequence_as(specs, list(flat))))
+        return {f"output_{i}": t for i, t in enumerate(outputs)}
+
+    module = tf.Module()
+    module.dense_variables = [v.value if hasattr(v, "value") else v for v in model.variables]
+    module.indexes = [f[0] for f in frozen]
+    module.rows = [f[1] for f in frozen]
+    module.serve = serve
+    sig_fn = tf.function(signature, input_signature=flat_specs).get_concrete_function()
+    tf.saved_model.save(module, export_dir, signatures={"serving_default": sig_fn})
+    return export_dir

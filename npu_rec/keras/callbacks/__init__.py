@@ -1,0 +1,13 @@
+"""Keras callbacks of npu_rec: precision switch, eviction, table checkpoints, step checks.
+
+The decisions (when to switch precision, evict or save) are the shared core
+objects `npu_rec._precision.PrecisionSwitch`, `npu_rec._policies.EvictPolicy`
+and `npu_rec._policies.SavePolicy`, which the Estimator hooks use too.
+"""
+
+from npu_rec.keras.callbacks._accelerate import AccelerateTrain
+from npu_rec.keras.callbacks._checkpoint import SparseCheckpoint
+from npu_rec.keras.callbacks._evict import Evict
+from npu_rec.keras.callbacks._steps import StepConsistency
+
+__all__ = ["AccelerateTrain", "Evict", "SparseCheckpoint", "StepConsistency"]

@@ -1,0 +1,200 @@
+"""`SparseCheckpoint`: full and delta table checkpoints with the dense state, and resume."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections.abc import Callable
+
+import keras
+import numpy as np
+
+from npu_rec._config import get_config
+from npu_rec._policies import DELTA, FULL, SavePolicy
+from npu_rec._steps import check_keras_fit
+from npu_rec.checkpoint import TableCheckpointManager
+from npu_rec.keras.callbacks._common import global_step, tables_of
+
+
+class SparseCheckpoint(keras.callbacks.Callback):
+    """Saves the sparse tables (full and delta) with the dense state; resumes from them.
+
+    After every training call the shared `SavePolicy` (built from
+    `npu_rec.get_config()`: `save_steps`, or `save_freq` here, plus the timed
+    full/delta saves of `is_incremental_checkpoint`) decides what to save.
+    A version `<step>` is written as:
+
+    * `dense-<step>.npz`: the model's weights, the optimizer's variables and
+      the global step (small, always complete);
+    * `state-<step>.json`: the data source's reading position, if any;
+    * `tables/ckpt-<step>.<full|delta>.nrc`: the tables
+      (`npu_rec.checkpoint.TableCheckpointManager`; written last, so a version
+      exists only once all its parts do).
+
+    Training end writes a full save unless the last step was just saved.
+    At train start, with `restore=True` (or `restore=None` and
+    `npu_rec.init(if_load=True)`), the version `init(restore_model_version)`
+    (default the latest) is restored: tables (its full save plus the deltas
+    up to it), dense weights, optimizer, global step and data position.
+
+    Args:
+      directory: Checkpoint directory (created if missing).
+      save_freq: Steps between full saves; None = `init(save_steps)`. Checked
+        against `init(save_steps)` (they must agree when both are set).
+      data_source: Optional object with `get_checkpoint_state() -> dict` and
+        `restore_from_checkpoint(dict)` (an `npu_rec.data.MinibatchSource`).
+      reading_position: The `reading_position` of the `npu_rec.data.as_dataset`
+        dataset being trained on (built for this `fit`/`online_train` call).
+        tf.data reads ahead, so the source's own state is ahead of training:
+        with it, the saved position is `state_after(steps trained in this
+        call)`, the first batch the model did not consume. Without it the
+        source's `get_checkpoint_state()` is saved.
+      restore: True / False / None (follow `init(if_load)`).
+      tables: Tables to checkpoint; default the model's.
+      clock: Time source of the timed saves (default `time.monotonic`).
+
+    Attributes:
+      saves: `(step, kind)` of every save of this callback, in order.
+      restored_step: The step restored at start, or None.
+
+    Example:
+      >>> npu_rec.init(save_steps=100)
+      >>> model.fit(ds, epochs=1, steps_per_epoch=300, callbacks=[SparseCheckpoint("/ckpt")])
+    """
+
+    def __init__(self, directory: str, save_freq: int | None = None, *, data_source=None,
+                 reading_position=None, restore: bool | None = None, tables=None,
+                 clock: Callable[[], float] = time.monotonic):
+        super().__init__()
+        if not isinstance(directory, (str, os.PathLike)) or not str(directory):
+            raise ValueError(f"`directory` must be a path. Received: directory={directory!r}")
+        if save_freq is not None and (isinstance(save_freq, bool) or not isinstance(
+                save_freq, int) or save_freq < 1):
+            raise ValueError("`save_freq` must be None or an integer >= 1. "
+                             f"Received: save_freq={save_freq!r}")
+        if restore not in (None, True, False):
+            raise ValueError(f"`restore` must be None, True or False. Received: restore={restore!r}")
+        self.directory = str(directory)
+        self.save_freq = save_freq
+        self.data_source = data_source
+        self.reading_position = reading_position
+        self._start_step = 0
+        self.restore = restore
+        self._tables = tables
+        self._clock = clock
+        self.saves: list[tuple[int, str]] = []
+        self.restored_step: int | None = None
+        self._manager: TableCheckpointManager | None = None
+        self._prepared_for = None
+        self.policy: SavePolicy | None = None
+
+    # ---------------------------------------------------------------- helpers
+    def manager(self) -> TableCheckpointManager:
+        if self._manager is None:
+            self._manager = TableCheckpointManager(os.path.join(self.directory, "tables"),
+                                                   tables_of(self.model, self._tables))
+        return self._manager
+
+    def _dense_path(self, step: int) -> str:
+        return os.path.join(self.directory, f"dense-{step:012d}.npz")
+
+    def _state_path(self, step: int) -> str:
+        return os.path.join(self.directory, f"state-{step:012d}.json")
+
+    def prepare(self, model) -> int | None:
+        """Restores `model` if asked (once per model); returns the step restored or None.
+
+        `RecModel.online_train` calls it before training, to know the step it
+        resumes from; `on_train_begin` calls it otherwise.
+        """
+        self.set_model(model)
+        if self._prepared_for is model:
+            return self.restored_step
+        self._prepared_for = model
+        self._manager = None
+        restore = get_config().if_load if self.restore is None else self.restore
+        if restore and self.manager().versions():
+            self.restore_version(get_config().restore_model_version)
+        elif restore:
+            logging.info("npu_rec: nothing to restore in %s; starting fresh.", self.directory)
+        return self.restored_step
+
+    def restore_version(self, version: int | None = None) -> int:
+        """Restores tables, dense state and data position of `version` (default latest)."""
+        step = self.manager().restore(version)
+        data = np.load(self._dense_path(step))
+        weights = self.model.weights
+        for i, v in enumerate(weights):
+            v.assign(data[f"w{i}"])
+        opt = self.model.optimizer
+        if opt is not None:
+            if not opt.built:
+                opt.build(self.model.trainable_variables)
+            for i, v in enumerate(opt.variables):
+                if f"o{i}" in data:
+                    v.assign(data[f"o{i}"])
+        if hasattr(self.model, "_global_step"):
+            self.model._global_step.assign(int(data["global_step"]))
+        if self.data_source is not None and os.path.exists(self._state_path(step)):
+            with open(self._state_path(step)) as f:
+                state = json.load(f)
+            if state.get("data") is not None:
+                self.data_source.restore_from_checkpoint(state["data"])
+        self.restored_step = step
+        logging.info("npu_rec: restored checkpoint step %d from %s", step, self.directory)
+        return step
+
+    def save(self, step: int | None = None, kind: str = FULL) -> str:
+        """Writes version `step` (default the global step); returns the table file."""
+        step = global_step(self.model) if step is None else step
+        opt = self.model.optimizer
+        arrays = {f"w{i}": np.asarray(v.numpy()) for i, v in enumerate(self.model.weights)}
+        if opt is not None and opt.built:
+            arrays.update({f"o{i}": np.asarray(v.numpy()) for i, v in enumerate(opt.variables)})
+        arrays["global_step"] = np.asarray(step, np.int64)
+        os.makedirs(self.directory, exist_ok=True)
+        tmp = self._dense_path(step) + ".tmp.npz"
+        np.savez(tmp, **arrays)
+        os.replace(tmp, self._dense_path(step))
+        data = None
+        if self.reading_position is not None:
+            data = self.reading_position.state_after(step - self._start_step)
+        elif self.data_source is not None:
+            data = self.data_source.get_checkpoint_state()
+        with open(self._state_path(step) + ".tmp", "w") as f:
+            json.dump({"step": step, "kind": kind, "data": data}, f)
+        os.replace(self._state_path(step) + ".tmp", self._state_path(step))
+        path = self.manager().save(step, delta=kind == DELTA)
+        done = DELTA if path.endswith(".delta.nrc") else FULL  # a first delta becomes full
+        if self.policy is not None:
+            self.policy.mark_saved(done, step)
+        self.saves.append((step, done))
+        return path
+
+    # -------------------------------------------------------------- callbacks
+    def on_train_begin(self, logs=None):
+        online = getattr(self.model, "_online", False)
+        steps = None if online else self.params.get("steps")
+        resolved = check_keras_fit(epochs=1 if online else (self.params.get("epochs") or 1),
+                                   steps_per_epoch=steps, save_freq=self.save_freq,
+                                   callback_label="SparseCheckpoint")
+        self.prepare(self.model)
+        self.policy = SavePolicy.from_config(get_config(), save_steps=resolved.save_steps,
+                                             clock=self._clock)
+        self._start_step = global_step(self.model)
+        self.policy.start(global_step(self.model),
+                          has_full_save=bool(self.manager().versions()))
+
+    def on_train_batch_end(self, batch, logs=None):
+        step = global_step(self.model)
+        kind = self.policy.decide(step)
+        if kind is not None:
+            self.save(step, kind)
+
+    def on_train_end(self, logs=None):
+        step = global_step(self.model)
+        if not self.saves or self.saves[-1][0] != step:
+            self.save(step, FULL)
+        self._prepared_for = None

@@ -1,0 +1,96 @@
+"""model.save / load_model round-trips with tables; the serving SavedModel in a fresh process."""
+
+import json
+import subprocess
+import sys
+
+import keras
+import numpy as np
+
+import npu_rec
+from npu_rec.keras import RecModel, SparseEmbedding, export_for_serving
+
+
+def trained_model():
+    keras.utils.set_random_seed(0)
+    user = keras.Input(shape=(), dtype="int64", name="user")
+    tags = keras.Input(shape=(3,), dtype="int64", name="tags")
+    dense = keras.Input(shape=(2,), dtype="float32", name="feats")
+    u = SparseEmbedding("user", 4, optimizer=npu_rec.optimizers.Adagrad(0.1),
+                        access_threshold=2)(user)
+    t = SparseEmbedding("tag", 4, combiner="mean", optimizer=npu_rec.optimizers.Adam(0.01))(tags)
+    h = keras.layers.Concatenate()([u, t, dense])
+    out = keras.layers.Dense(1, activation="sigmoid")(keras.layers.Dense(8, "relu")(h))
+    model = RecModel({"user": user, "tags": tags, "feats": dense}, out)
+    model.compile(optimizer="adam", loss="binary_crossentropy", metrics=["auc"])
+    rng = np.random.default_rng(0)
+    x = {"user": rng.integers(0, 50, 256) * 1_000_003 + 2**40,
+         "tags": rng.integers(0, 30, (256, 3)),
+         "feats": rng.normal(size=(256, 2)).astype("float32")}
+    model.fit(x, (x["user"] % 2).astype("float32"), batch_size=32, epochs=2, verbose=0)
+    probe = {"user": np.concatenate([x["user"][:8], [12345]]),  # the last id is unknown
+             "tags": np.concatenate([x["tags"][:8], [[999, 998, 1]]]),
+             "feats": np.concatenate([x["feats"][:8], [[0.5, -0.5]]]).astype("float32")}
+    return model, x, probe
+
+
+def test_save_and_load_model_give_identical_predictions_and_tables(tmp_path):
+    model, x, probe = trained_model()
+    expected = model.predict(probe, verbose=0)
+    path = str(tmp_path / "model.keras")
+    model.save(path)
+    loaded = keras.models.load_model(path)  # same process: takes over the table names
+    assert isinstance(loaded, RecModel)
+    np.testing.assert_array_equal(loaded.predict(probe, verbose=0), expected)
+    for old, new in zip(model.tables, loaded.tables, strict=True):
+        assert old is not new and old.name == new.name
+        a, b = old.export(), new.export()
+        np.testing.assert_array_equal(a["keys"], b["keys"])
+        np.testing.assert_array_equal(a["values"], b["values"])
+        for slot in a["slots"]:
+            np.testing.assert_array_equal(a["slots"][slot], b["slots"][slot])
+    assert npu_rec._table_registry.get("user") is loaded.tables[0]
+    # The loaded model is compiled and keeps training its tables.
+    before = loaded.tables[0].export()["values"].copy()
+    loaded.fit(x, (x["user"] % 2).astype("float32"), batch_size=32, epochs=1, verbose=0)
+    assert not np.array_equal(loaded.tables[0].export()["values"], before)
+
+
+def test_wrapper_form_round_trips(tmp_path):
+    keras.utils.set_random_seed(0)
+    ids = keras.Input(shape=(), dtype="int64", name="ids")
+    net = keras.Model(ids, keras.layers.Dense(1)(SparseEmbedding(
+        "w", 2, optimizer=npu_rec.optimizers.SGD(0.1))(ids)))
+    model = RecModel(network=net, loss_fn="mse", optimizer="sgd", amp_level="O0")
+    model.fit(np.arange(16), np.ones(16), epochs=1, verbose=0)
+    model.save(str(tmp_path / "w.keras"))
+    loaded = keras.models.load_model(str(tmp_path / "w.keras"))
+    np.testing.assert_array_equal(loaded.predict(np.arange(20), verbose=0),
+                                  model.predict(np.arange(20), verbose=0))
+
+
+SERVE = """
+import json, sys
+import numpy as np
+import tensorflow as tf
+served = tf.saved_model.load(sys.argv[1])
+probe = {k: np.asarray(v) for k, v in json.loads(sys.argv[2]).items()}
+out = served.signatures["serving_default"](
+    user=tf.constant(probe["user"], tf.int64), tags=tf.constant(probe["tags"], tf.int64),
+    feats=tf.constant(probe["feats"], tf.float32))["output_0"].numpy()
+print(json.dumps({"npu_rec_imported": "npu_rec" in sys.modules, "out": out.tolist()}))
+"""
+
+
+def test_exported_saved_model_serves_raw_ids_without_npu_rec(tmp_path):
+    model, _, probe = trained_model()
+    expected = model.predict(probe, verbose=0)
+    export_dir = export_for_serving(model, str(tmp_path / "serving"))
+    arg = json.dumps({k: v.tolist() for k, v in probe.items()})
+    result = subprocess.run([sys.executable, "-c", SERVE, export_dir, arg], capture_output=True,
+                            text=True, timeout=120, env={"TF_CPP_MIN_LOG_LEVEL": "3",
+                                                         "PATH": "/usr/bin:/bin"})
+    assert result.returncode == 0, result.stderr[-2000:]
+    served = json.loads(result.stdout.strip().splitlines()[-1])
+    assert served["npu_rec_imported"] is False
+    np.testing.assert_allclose(np.array(served["out"]), expected, rtol=1e-5, atol=1e-6)

@@ -1,0 +1,171 @@
+"""A dict-based NumPy model of a sparse table, for property tests.
+
+Deliberately naive: one Python dict entry per key, loops over keys, float32
+NumPy arithmetic. It defines the behaviour the real table must match.
+"""
+
+from __future__ import annotations
+
+import copy
+import zlib
+
+import numpy as np
+
+_M64 = (1 << 64) - 1
+
+
+def _splitmix(z: int) -> int:
+    z = (z + 0x9E3779B97F4A7C15) & _M64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _M64
+    return z ^ (z >> 31)
+
+
+def keyed_uniform(key: int, dim: int, name: str, scale: float = 0.05) -> np.ndarray:
+    """Initial row of `key` in table `name` (same definition as npu_rec)."""
+    seed = zlib.crc32(name.encode("utf-8"))
+    base = _splitmix((key & _M64) ^ seed)
+    out = np.empty(dim, np.float32)
+    for j in range(dim):
+        unit = np.float32(_splitmix((base + j) & _M64) >> 40) * np.float32(1.0 / (1 << 24))
+        out[j] = (unit * np.float32(2.0) - np.float32(1.0)) * np.float32(scale)
+    return out
+
+
+class RefOptimizer:
+    """Per-row optimizer math (float32). `kind` in sgd/adagrad/adam/ftrl."""
+
+    def __init__(self, kind: str, **hp):
+        self.kind, self.hp = kind, hp
+
+    def slots(self, dim):
+        f = np.full
+        if self.kind == "adagrad":
+            return {"accumulator": f(dim, self.hp["initial_accumulator_value"], np.float32)}
+        if self.kind == "adam":
+            return {"m": np.zeros(dim, np.float32), "v": np.zeros(dim, np.float32)}
+        if self.kind == "ftrl":
+            return {"accumulator": f(dim, self.hp["initial_accumulator_value"], np.float32),
+                    "linear": np.zeros(dim, np.float32)}
+        return {}
+
+    def update(self, row, g, t):
+        hp, f32 = self.hp, np.float32
+        lr = f32(hp["learning_rate"])
+        if self.kind == "sgd":
+            row["value"] = row["value"] - lr * g
+        elif self.kind == "adagrad":
+            acc = row["slots"]["accumulator"] + g * g
+            row["slots"]["accumulator"] = acc
+            row["value"] = row["value"] - lr * g / (np.sqrt(acc) + f32(hp["epsilon"]))
+        elif self.kind == "adam":
+            b1, b2 = f32(hp["beta_1"]), f32(hp["beta_2"])
+            s = row["slots"]
+            s["m"] = b1 * s["m"] + (f32(1) - b1) * g
+            s["v"] = b2 * s["v"] + (f32(1) - b2) * g * g
+            lr_t = lr * np.sqrt(f32(1) - b2 ** f32(t)) / (f32(1) - b1 ** f32(t))
+            row["value"] = row["value"] - lr_t * s["m"] / (np.sqrt(s["v"]) + f32(hp["epsilon"]))
+        elif self.kind == "ftrl":
+            s, p = row["slots"], f32(-hp["learning_rate_power"])
+            acc_new = s["accumulator"] + g * g
+            lin = s["linear"] + g - (acc_new ** p - s["accumulator"] ** p) / lr * row["value"]
+            quad = acc_new ** p / lr + f32(2 * hp["l2"])
+            l1 = f32(hp["l1"])
+            row["value"] = ((np.clip(lin, -l1, l1) - lin) / quad).astype(np.float32)
+            s["accumulator"], s["linear"] = acc_new, lin
+
+
+class ReferenceTable:
+    """The table semantics of npu_rec, written out key by key."""
+
+    def __init__(self, name, dim, optimizer=None, access_threshold=-1, eviction_threshold=-1,
+                 max_pending_keys=1 << 20):
+        self.name, self.dim, self.opt = name, dim, optimizer
+        self.access, self.evict_after, self.max_pending = (
+            access_threshold, eviction_threshold, max_pending_keys)
+        self.rows: dict[int, dict] = {}
+        self.pending: dict[int, list] = {}
+        self.deleted: set[int] = set()
+        self.max_seen, self.opt_step = 0, 0
+
+    def lookup(self, ids, times, training=True):
+        """ids, times: int sequences of equal length. Returns float32 [n, dim]."""
+        ids = [int(k) for k in ids]
+        if training:
+            counts, newest = {}, {}
+            for k, t in zip(ids, times, strict=True):
+                counts[k] = counts.get(k, 0) + 1
+                newest[k] = max(newest.get(k, int(t)), int(t))
+            for k, c in counts.items():
+                t = newest[k]
+                if k in self.rows:
+                    r = self.rows[k]
+                    r["count"] += c
+                    r["period"] += c
+                    r["last"] = max(r["last"], t)
+                    continue
+                total, prior_last = c, 0
+                if self.access > 0:
+                    prior = self.pending.get(k, [0, 0])
+                    total, prior_last = prior[0] + c, prior[1]
+                    if total < self.access:
+                        self.pending[k] = [total, max(prior_last, t)]
+                        continue
+                    self.pending.pop(k, None)
+                self.rows[k] = {"value": keyed_uniform(k, self.dim, self.name),
+                                "slots": self.opt.slots(self.dim) if self.opt else {},
+                                "count": total, "period": total, "last": max(0, t)}
+            if len(self.pending) > self.max_pending:
+                order = sorted(self.pending, key=lambda k: (-self.pending[k][1], k))
+                for k in order[self.max_pending // 2:]:
+                    del self.pending[k]
+            self.max_seen = max([self.max_seen, 0, *[int(t) for t in times]])
+        zero = np.zeros(self.dim, np.float32)
+        return np.stack([self.rows[k]["value"].copy() if k in self.rows else zero
+                         for k in ids]).reshape(len(ids), self.dim)
+
+    def apply(self, ids, grads):
+        summed = {}
+        for k, g in zip(ids, np.asarray(grads, np.float32), strict=True):
+            summed[int(k)] = summed.get(int(k), np.zeros(self.dim, np.float32)) + g
+        self.opt_step += 1
+        for k, g in summed.items():
+            if k in self.rows:
+                self.opt.update(self.rows[k], g, self.opt_step)
+
+    def evict(self, now):
+        if self.evict_after < 0:
+            return 0
+        gone = [k for k, r in self.rows.items() if now - r["last"] > self.evict_after]
+        for k in gone:
+            del self.rows[k]
+            self.deleted.add(k)
+        for k in [k for k, p in self.pending.items() if now - p[1] > self.evict_after]:
+            del self.pending[k]
+        return len(gone)
+
+    def end_period(self):
+        for r in self.rows.values():
+            r["period"] = 0
+        self.deleted.clear()
+
+    def snapshot(self):
+        return copy.deepcopy((self.rows, self.pending, self.max_seen, self.opt_step))
+
+    def load(self, snap):
+        self.rows, self.pending, self.max_seen, self.opt_step = copy.deepcopy(snap)
+        self.end_period()
+
+    def export(self):
+        keys = sorted(self.rows)
+        slot_names = list(self.opt.slots(1)) if self.opt else []
+        return {
+            "keys": np.array(keys, np.int64),
+            "values": np.array([self.rows[k]["value"] for k in keys], np.float32).reshape(
+                -1, self.dim),
+            "counts": np.array([self.rows[k]["count"] for k in keys], np.int64),
+            "last_seen": np.array([self.rows[k]["last"] for k in keys], np.int64),
+            "slots": {n: np.array([self.rows[k]["slots"][n] for k in keys],
+                                  np.float32).reshape(-1, self.dim) for n in slot_names},
+            "pending": {k: tuple(v) for k, v in self.pending.items()},
+        }
