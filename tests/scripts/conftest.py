@@ -1,5 +1,5 @@
 import pytest
-from absl import flags
+from absl import flags, logging
 
 
 @pytest.fixture(autouse=True)
@@ -7,3 +7,11 @@ def _parsed_flags():
     """Scripts read absl flags; tests set them with flagsaver, not a command line."""
     if not flags.FLAGS.is_parsed():
         flags.FLAGS.mark_as_parsed()
+
+
+@pytest.fixture(autouse=True)
+def _keep_log_verbosity():
+    """Scripts set absl's verbosity for their run; other tests must not inherit it."""
+    verbosity = logging.get_verbosity()
+    yield
+    logging.set_verbosity(verbosity)
