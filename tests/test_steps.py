@@ -77,7 +77,7 @@ def test_estimator_rejects_bad_loop_values():
 
 
 def test_unset_value_taken_from_loop_is_logged_once(caplog):
-    with caplog.at_level(pylog.INFO):
+    with caplog.at_level(pylog.INFO, logger="absl"):
         for _ in range(3):
             _steps.check_estimator_train(config=cfg(), save_checkpoints_steps=50)
     assert _messages(caplog, "npu_rec.init(save_steps=-1)") == [
@@ -85,7 +85,7 @@ def test_unset_value_taken_from_loop_is_logged_once(caplog):
         "`NPURunConfig(save_checkpoints_steps=50)`: save_steps=50"]
     npu_rec.shutdown()  # forgets what was logged
     caplog.clear()
-    with caplog.at_level(pylog.INFO):
+    with caplog.at_level(pylog.INFO, logger="absl"):
         _steps.check_estimator_train(config=cfg(), save_checkpoints_steps=50)
     assert len(_messages(caplog, "npu_rec.init(save_steps=-1)")) == 1
 

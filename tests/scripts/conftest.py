@@ -12,6 +12,7 @@ def _parsed_flags():
 @pytest.fixture(autouse=True)
 def _keep_log_verbosity():
     """Scripts set absl's verbosity for their run; other tests must not inherit it."""
-    verbosity = logging.get_verbosity()
+    absl_logger = logging.get_absl_logger()
+    level = absl_logger.level
     yield
-    logging.set_verbosity(verbosity)
+    absl_logger.setLevel(level)
