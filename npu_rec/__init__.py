@@ -9,6 +9,17 @@ from npu_rec import _compat
 
 _compat.check_installed()
 
+from npu_rec import _table_registry, checkpoint, optimizers  # noqa: E402, F401
+from npu_rec._lookup import (  # noqa: E402
+    LOOKUP_COLLECTION,
+    LookupRecord,
+    apply_recorded_gradients,
+    record_lookups,
+    sparse_lookup,
+)
+from npu_rec._sparse_table import SparseTable, create_table  # noqa: E402
+from npu_rec._table_config import TableConfig  # noqa: E402
+
 __version__ = "0.1.0"
 
 from npu_rec._config import ConfigError, RecConfig, get_config, init, shutdown  # noqa: E402
@@ -27,4 +38,15 @@ __all__ = [
     "get_cpu_binding",
     "init",
     "shutdown",
+    # Sparse tables.
+    "LOOKUP_COLLECTION",
+    "LookupRecord",
+    "SparseTable",
+    "TableConfig",
+    "apply_recorded_gradients",
+    "checkpoint",
+    "create_table",
+    "optimizers",
+    "record_lookups",
+    "sparse_lookup",
 ]

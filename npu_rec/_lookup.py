@@ -1,0 +1,240 @@
+"""`sparse_lookup` and the front-end hook to collect lookups and apply their gradients.
+
+A training lookup deduplicates the ids once (`tf.unique_with_counts`), looks
+up only the unique keys in the hash map, gathers one row per unique key (the
+"unique-row tensor") and expands it to the ids' shape with a plain
+`tf.gather`. Autodiff of that gather sums the gradients of repeated ids, and
+flows through the combiners, so d loss / d unique-row tensor is exactly the
+gradient the sparse optimizer needs, with no second hash lookup.
+
+Front ends collect these unique-row tensors with `record_lookups`:
+
+    with tf.GradientTape() as tape, npu_rec.record_lookups(tape) as records:
+        loss = model(features)
+    grads = tape.gradient(loss, [r.embeddings for r in records])
+    npu_rec.apply_recorded_gradients(records, grads)
+
+In a `tf.compat.v1` graph each training lookup is also added to the graph
+collection `npu_rec.LOOKUP_COLLECTION`, so a model_fn can do
+`records = tf.compat.v1.get_collection(npu_rec.LOOKUP_COLLECTION)` and use
+`tf.gradients(loss, [r.embeddings for r in records])`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from typing import Any, NamedTuple
+
+import tensorflow as tf
+
+from npu_rec._sparse_table import SparseTable, _flat_keys
+
+#: Graph collection of `LookupRecord`s of training lookups in a v1 graph.
+LOOKUP_COLLECTION = "npu_rec_sparse_lookups"
+_COMBINERS = (None, "sum", "mean", "sqrtn")
+_STATE = threading.local()
+
+
+class LookupRecord(NamedTuple):
+    """One training lookup, as collected by `record_lookups`.
+
+    Attributes:
+      table: The `SparseTable` looked up.
+      keys: int64 [u], the unique keys of the batch.
+      rows: int64 [u], their rows (-1 = not admitted: zeros, no update).
+      embeddings: float32 [u, dim], the unique-row tensor; differentiate the
+        loss with respect to it.
+    """
+
+    table: SparseTable
+    keys: tf.Tensor
+    rows: tf.Tensor
+    embeddings: tf.Tensor
+
+
+def _recorders() -> list:
+    if not hasattr(_STATE, "stack"):
+        _STATE.stack = []
+    return _STATE.stack
+
+
+@contextlib.contextmanager
+def record_lookups(tape: tf.GradientTape | None = None):
+    """Collects every training `sparse_lookup` made inside the block.
+
+    Args:
+      tape: Optional active `tf.GradientTape`; each recorded unique-row tensor
+        is `tape.watch`ed so that `tape.gradient` can reach it.
+
+    Yields:
+      A list that fills with one `LookupRecord` per training lookup.
+    """
+    records: list[LookupRecord] = []
+    _recorders().append((records, tape))
+    try:
+        yield records
+    finally:
+        _recorders().pop()
+
+
+@tf.autograph.experimental.do_not_convert
+def apply_recorded_gradients(records, grads) -> tf.Operation | None:
+    """Applies each table's sparse optimizer to recorded lookups.
+
+    Records of the same table are merged (duplicate rows summed) into one
+    optimizer step per table. The hash map is not consulted again.
+
+    Args:
+      records: `LookupRecord`s (from `record_lookups` or `LOOKUP_COLLECTION`).
+      grads: One gradient per record, d loss / d `record.embeddings` (float32
+        [u, dim], a `tf.IndexedSlices`, or None to skip the record).
+
+    Returns:
+      A grouped op in graph mode and inside `tf.function`; None in eager mode.
+
+    Raises:
+      ValueError: `records` and `grads` differ in length.
+    """
+    records, grads = list(records), list(grads)
+    if len(records) != len(grads):
+        raise ValueError("`grads` must have one entry per record. Received: "
+                         f"len(records)={len(records)}, len(grads)={len(grads)}")
+    by_table: dict[int, tuple[SparseTable, list, list]] = {}
+    for rec, grad in zip(records, grads):
+        if grad is None:
+            continue
+        if isinstance(grad, tf.IndexedSlices):
+            grad = tf.math.unsorted_segment_sum(
+                grad.values, grad.indices, tf.shape(rec.rows, out_type=tf.int64)[0])
+        entry = by_table.setdefault(id(rec.table), (rec.table, [], []))
+        entry[1].append(rec.rows)
+        entry[2].append(grad)
+    ops = []
+    for table, rows, gs in by_table.values():
+        if len(rows) == 1:
+            ops.append(table._apply_rows(rows[0], gs[0]))
+            continue
+        uniq, idx = tf.unique(tf.concat(rows, 0), out_idx=tf.int64)
+        summed = tf.math.unsorted_segment_sum(tf.concat(gs, 0), idx,
+                                              tf.size(uniq, out_type=tf.int64))
+        ops.append(table._apply_rows(uniq, summed))
+    return None if tf.executing_eagerly() else tf.group(*ops)
+
+
+def _times(timestamps, ids, n: tf.Tensor) -> tf.Tensor:
+    """int64 [n] timestamp of each id (per-id or per-example timestamps)."""
+    if timestamps is None:
+        return tf.fill(tf.reshape(n, [1]), tf.cast(tf.timestamp(), tf.int64))
+    if isinstance(timestamps, tf.RaggedTensor):
+        return tf.cast(tf.reshape(timestamps.flat_values, [-1]), tf.int64)
+    if isinstance(timestamps, tf.SparseTensor):
+        return tf.cast(timestamps.values, tf.int64)
+    ts = tf.cast(tf.convert_to_tensor(timestamps), tf.int64)
+    if isinstance(ids, tf.RaggedTensor):
+        rowids = ids.nested_value_rowids()
+        per_value = rowids[-1]
+        for level in reversed(rowids[:-1]):
+            per_value = tf.gather(level, per_value)
+        return tf.gather(tf.reshape(ts, [-1]), per_value)
+    if isinstance(ids, tf.SparseTensor):
+        return tf.gather(tf.reshape(ts, [-1]), ids.indices[:, 0])
+    ids = tf.convert_to_tensor(ids)
+    if ts.shape.rank == 0:
+        return tf.fill(tf.reshape(n, [1]), ts)
+    if ts.shape.rank == 1 and ids.shape.rank is not None and ids.shape.rank > 1:
+        ts = tf.reshape(ts, [-1] + [1] * (ids.shape.rank - 1))
+    return tf.reshape(tf.broadcast_to(ts, tf.shape(ids)), [-1])
+
+
+def _combine(emb: tf.Tensor, segments: tf.Tensor, nsegments, combiner: str) -> tf.Tensor:
+    total = tf.math.unsorted_segment_sum(emb, segments, nsegments)
+    if combiner == "sum":
+        return total
+    count = tf.math.unsorted_segment_sum(tf.ones_like(segments, tf.float32), segments, nsegments)
+    count = tf.maximum(count, 1.0)[:, None]
+    return total / (count if combiner == "mean" else tf.sqrt(count))
+
+
+@tf.autograph.experimental.do_not_convert
+def sparse_lookup(table: SparseTable, ids, *, combiner: str | None = None, timestamps=None,
+                  is_training: bool = True, name: str | None = None):
+    """Looks up rows of `table` for raw ids (admitting and counting when training).
+
+    Args:
+      table: A `SparseTable`.
+      ids: int32/int64 ids: a dense tensor [...], a `tf.RaggedTensor`, or a
+        rank-2 `tf.SparseTensor` [batch, k] (needs `combiner`).
+      combiner: None, or "sum" / "mean" / "sqrtn" over the last (ragged) axis.
+      timestamps: Optional int seconds per id (same shape as `ids`) or per
+        example ([batch]); default the wall clock. Used for eviction.
+      is_training: When True the lookup counts sightings, admits keys, records
+        last-seen times and is recorded for `record_lookups`. When False it only
+        reads (unknown keys read as zeros).
+      name: Optional name scope.
+
+    Returns:
+      float32 [..., dim] for dense ids (without combiner), a `tf.RaggedTensor`
+      [batch, (k), dim] for ragged ids without combiner, or the combined
+      [batch, dim] (dense [..., k] ids combine over the last axis).
+
+    Raises:
+      TypeError: `table` is not a SparseTable, or ids are not integers.
+      ValueError: unknown combiner, or a SparseTensor without combiner.
+    """
+    if not isinstance(table, SparseTable):
+        raise TypeError(f"`table` must be an npu_rec.SparseTable. Received: table={table!r}")
+    if combiner not in _COMBINERS:
+        raise ValueError(f"`combiner` must be one of {_COMBINERS}. Received: combiner={combiner!r}")
+    if isinstance(ids, tf.SparseTensor) and combiner is None:
+        raise ValueError("SparseTensor ids need a `combiner` ('sum', 'mean' or 'sqrtn'). "
+                         "Received: combiner=None")
+    with tf.name_scope(name or f"sparse_lookup_{table.name}"):
+        flat = _flat_keys(ids)
+        if is_training:
+            uniq, idx, counts = tf.unique_with_counts(flat, out_idx=tf.int64)
+            times = tf.math.unsorted_segment_max(
+                _times(timestamps, ids, tf.size(flat)), idx, tf.size(uniq, out_type=tf.int64))
+            rows, emb_u = table._lookup_unique(uniq, tf.cast(counts, tf.int64), times, True,
+                                               from_feature=timestamps is not None)
+            _record(LookupRecord(table, uniq, rows, emb_u))
+        else:
+            uniq, idx = tf.unique(flat, out_idx=tf.int64)
+            _, emb_u = table._lookup_unique(uniq, None, None, False)
+        emb = tf.gather(emb_u, idx)
+        return _shape_output(emb, ids, combiner, table.dim)
+
+
+def _record(rec: LookupRecord) -> None:
+    for records, tape in _recorders():
+        if tape is not None:
+            tape.watch(rec.embeddings)
+        records.append(rec)
+    if not tf.executing_eagerly() and not tf.compat.v1.get_default_graph().building_function:
+        tf.compat.v1.add_to_collection(LOOKUP_COLLECTION, rec)
+
+
+def _shape_output(emb: tf.Tensor, ids, combiner, dim: int) -> Any:
+    if isinstance(ids, tf.SparseTensor):
+        if ids.shape.rank is not None and ids.shape.rank != 2:
+            raise ValueError(f"SparseTensor ids must have rank 2. Received: rank={ids.shape.rank}")
+        return _combine(emb, ids.indices[:, 0], ids.dense_shape[0], combiner)
+    if isinstance(ids, tf.RaggedTensor):
+        splits = ids.nested_row_splits
+        if combiner is None:
+            return tf.RaggedTensor.from_nested_row_splits(emb, splits, validate=False)
+        inner = splits[-1]
+        segments = tf.ragged.row_splits_to_segment_ids(inner, out_type=tf.int64)
+        combined = _combine(emb, segments, tf.shape(inner, out_type=tf.int64)[0] - 1, combiner)
+        if len(splits) == 1:
+            return combined
+        return tf.RaggedTensor.from_nested_row_splits(combined, splits[:-1], validate=False)
+    ids = tf.convert_to_tensor(ids)
+    out_shape = tf.concat([tf.shape(ids), [dim]], 0)
+    if combiner is None:
+        return tf.reshape(emb, out_shape)
+    lead = tf.shape(ids)[:-1]
+    k = tf.shape(ids)[-1]
+    segments = tf.range(tf.size(ids)) // tf.maximum(k, 1)
+    combined = _combine(emb, segments, tf.reduce_prod(lead), combiner)
+    return tf.reshape(combined, tf.concat([lead, [dim]], 0))

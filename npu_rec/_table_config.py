@@ -1,0 +1,124 @@
+"""The validated settings of one sparse table (`TableConfig`)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import tensorflow as tf
+
+#: Rows allocated up front by a table with dynamic expansion and no `capacity`.
+DEFAULT_DYNAMIC_CAPACITY = 1024
+#: Rows of a fixed-size table created without `capacity`.
+DEFAULT_FIXED_CAPACITY = 1 << 16
+#: Bound on the not-yet-admitted keys whose sightings a table counts.
+DEFAULT_MAX_PENDING_KEYS = 1 << 20
+
+
+def global_use_dynamic_expansion() -> bool:
+    """`use_dynamic_expansion` of `npu_rec.init`, or False before that module exists.
+
+    The single place the table core reads the framework settings, so that it
+    keeps working while the config module is absent or not initialised.
+    """
+    try:
+        from npu_rec._config import get_config  # noqa: PLC0415
+    except ImportError:
+        return False
+    try:
+        return bool(getattr(get_config(), "use_dynamic_expansion", False))
+    except Exception:  # noqa: BLE001  (not initialised: use the default)
+        return False
+
+
+def _check_int(name: str, value: Any, low: int, rule: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"`{name}` must be {rule}. Received: {name}={value!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class TableConfig:
+    """Settings of one `SparseTable`; validated on construction.
+
+    Attributes:
+      name: Unique table name (non-empty, no "/").
+      dim: Embedding width, >= 1.
+      key_dtype: `tf.int64` or `tf.int32`.
+      initializer: None (keyed uniform(-0.05, 0.05), see `npu_rec.keyed_uniform`),
+        a Keras/TF initializer, or a callable `(shape, dtype) -> tensor`.
+      optimizer: An `npu_rec.optimizers.SparseOptimizer` or None (not trainable).
+      capacity: Initial rows; the fixed size when dynamic expansion is off.
+      access_threshold: Sightings before a key gets a row; -1 = admission off.
+      eviction_threshold: Idle seconds before a key's row is freed; -1 = off.
+      dynamic_expansion: Grow storage on demand (doubling).
+      max_pending_keys: Bound on the counted not-yet-admitted keys.
+    """
+
+    name: str
+    dim: int
+    key_dtype: tf.DType = tf.int64
+    initializer: Callable[..., Any] | None = None
+    optimizer: Any = None
+    capacity: int = DEFAULT_FIXED_CAPACITY
+    access_threshold: int = -1
+    eviction_threshold: int = -1
+    dynamic_expansion: bool = False
+    max_pending_keys: int = DEFAULT_MAX_PENDING_KEYS
+
+    def __post_init__(self):
+        self._validate()
+
+    def _validate(self) -> None:
+        """The table of rules of `create_table`'s arguments."""
+        if not isinstance(self.name, str) or not self.name or "/" in self.name:
+            raise ValueError(
+                "`name` must be a non-empty string without '/'. "
+                f"Received: name={self.name!r}"
+            )
+        _check_int("dim", self.dim, 1, "an integer >= 1")
+        if tf.as_dtype(self.key_dtype) not in (tf.int64, tf.int32):
+            raise TypeError(
+                f"`key_dtype` must be tf.int64 or tf.int32. Received: key_dtype={self.key_dtype!r}"
+            )
+        _check_int("capacity", self.capacity, 1, "an integer >= 1 (or None)")
+        _check_int("access_threshold", self.access_threshold, -1, "an integer >= -1 (-1 = off)")
+        _check_int(
+            "eviction_threshold", self.eviction_threshold, -1, "an integer >= -1 (-1 = off)"
+        )
+        _check_int("max_pending_keys", self.max_pending_keys, 2, "an integer >= 2")
+        if self.eviction_threshold >= 0 and self.access_threshold < 0:
+            raise ValueError(
+                "Eviction needs admission: `eviction_threshold` >= 0 requires "
+                "`access_threshold` >= 0 (0 admits every key at once). Received: "
+                f"eviction_threshold={self.eviction_threshold}, "
+                f"access_threshold={self.access_threshold}"
+            )
+        if not isinstance(self.dynamic_expansion, bool):
+            raise TypeError(
+                "`dynamic_expansion` must be a bool or None. "
+                f"Received: dynamic_expansion={self.dynamic_expansion!r}"
+            )
+        if self.initializer is not None and not callable(self.initializer):
+            raise TypeError(
+                "`initializer` must be None, a Keras/TF initializer or a callable "
+                f"(shape, dtype) -> tensor. Received: initializer={self.initializer!r}"
+            )
+        if self.optimizer is not None:
+            from npu_rec.optimizers import SparseOptimizer  # noqa: PLC0415
+
+            if not isinstance(self.optimizer, SparseOptimizer):
+                raise TypeError(
+                    "`optimizer` must be an npu_rec.optimizers sparse optimizer "
+                    "(SGD, Adagrad, Adam, Ftrl) or None. "
+                    f"Received: optimizer={self.optimizer!r}"
+                )
+
+    @property
+    def admission(self) -> bool:
+        """True when admission counting is on (`access_threshold >= 0`)."""
+        return self.access_threshold >= 0
+
+    @property
+    def eviction(self) -> bool:
+        """True when eviction is on (`eviction_threshold >= 0`)."""
+        return self.eviction_threshold >= 0

@@ -1,0 +1,178 @@
+"""Row storage of a sparse table: rows, slots, per-row metadata and a free list.
+
+All state lives in non-trainable resource variables (so Keras never treats a
+table as dense weights). Per-row variables share their first dimension, the
+capacity. Rows are handed out from a free-list stack (rows freed by eviction)
+first, then from the high-water mark `next_row`. With dynamic expansion the
+per-row variables have shape `[None, ...]` and grow by doubling (one copy per
+doubling, so amortised O(1) per admitted key), also inside `tf.function` and
+v1 graphs; without it, running out of rows raises an error naming the table.
+
+Per-row metadata `meta` is int64 [capacity, 3]: column 0 the sighting count
+(0 marks a free row; a live row has count >= 1), column 1 the sightings since
+the last checkpoint save, column 2 the last-seen time in seconds.
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+META_COUNT, META_PERIOD, META_LAST_SEEN = 0, 1, 2
+
+
+class RowStorage:
+    """The variables holding a table's rows (see module docstring).
+
+    Args:
+      table_name: For variable names and error messages.
+      dim: Row width.
+      slot_specs: `(slot_name, initial_value)` pairs of the optimizer.
+      capacity: Initial number of rows.
+      dynamic: Grow on demand (True) or fail when full (False).
+    """
+
+    def __init__(self, table_name: str, dim: int, slot_specs, capacity: int, dynamic: bool):
+        self.table_name = table_name
+        self.dim = dim
+        self.dynamic = dynamic
+        self.initial_capacity = capacity
+        self.slot_init = dict(slot_specs)
+        lead = None if dynamic else capacity
+
+        def var(name, value, shape):
+            return tf.Variable(value, trainable=False, name=name, shape=tf.TensorShape(shape))
+
+        self.values = var("values", tf.zeros([capacity, dim]), [lead, dim])
+        self.slots = {n: var(f"slot_{n}", tf.zeros([capacity, dim]), [lead, dim])
+                      for n, _ in slot_specs}
+        self.meta = var("meta", tf.zeros([capacity, 3], tf.int64), [lead, 3])
+        self.row_keys = var("row_keys", tf.zeros([capacity], tf.int64), [lead])
+        self.free = var("free_rows", tf.zeros([capacity], tf.int64), [lead])
+        self.next_row = var("next_row", tf.constant(0, tf.int64), [])
+        self.num_free = var("num_free", tf.constant(0, tf.int64), [])
+
+    def per_row_variables(self) -> list[tf.Variable]:
+        """Every variable whose first dimension is the capacity."""
+        return [self.values, *self.slots.values(), self.meta, self.row_keys, self.free]
+
+    def capacity(self) -> tf.Tensor:
+        """int64 scalar: rows currently allocated."""
+        return tf.shape(self.values, out_type=tf.int64)[0]
+
+    def live_count(self) -> tf.Tensor:
+        """int64 scalar: rows holding a key."""
+        return self.next_row.read_value() - self.num_free.read_value()
+
+    def _ensure_capacity(self, needed: tf.Tensor) -> tf.Tensor:
+        """Makes room for `needed` rows (grows or asserts); returns the capacity."""
+        cap = self.capacity()
+        if not self.dynamic:
+            check = tf.debugging.assert_less_equal(
+                needed, cap,
+                message=(f"Sparse table '{self.table_name}' is full: its capacity is "
+                         f"{self.initial_capacity} rows and this batch needs more. Raise "
+                         "`capacity` in npu_rec.create_table, or turn on dynamic expansion "
+                         "(npu_rec.init(use_dynamic_expansion=True) or "
+                         "create_table(..., dynamic_expansion=True))."))
+            with tf.control_dependencies([check] if check is not None else []):
+                return tf.identity(cap)
+
+        def grow():
+            new_cap = tf.maximum(needed, cap * 2)
+            ops = []
+            for v in self.per_row_variables():
+                pad_shape = tf.concat([[new_cap - cap], tf.shape(v, out_type=tf.int64)[1:]], 0)
+                ops.append(v.assign(tf.concat([v.read_value(), tf.zeros(pad_shape, v.dtype)], 0),
+                                    read_value=False))
+            with tf.control_dependencies(ops):
+                return tf.identity(new_cap)
+
+        return tf.cond(needed > cap, grow, lambda: tf.identity(cap))
+
+    def allocate(self, n: tf.Tensor) -> tuple[tf.Tensor, tf.Operation]:
+        """Takes `n` free rows (free list first, then fresh rows).
+
+        Args:
+          n: int64 scalar.
+
+        Returns:
+          (rows int64 [n], op updating the allocator state). Rows are valid
+          (storage grown) once `rows` is computed.
+        """
+        num_free = self.num_free.read_value()
+        next_row = self.next_row.read_value()
+        take = tf.minimum(n, num_free)
+        needed = next_row + (n - take)
+        cap = self._ensure_capacity(needed)
+        with tf.control_dependencies([cap]):
+            from_free = tf.gather(self.free, tf.range(num_free - take, num_free))
+            rows = tf.concat([from_free, tf.range(next_row, needed)], 0)
+        with tf.control_dependencies([rows]):
+            update = tf.group(self.num_free.assign(num_free - take, read_value=False),
+                              self.next_row.assign(needed, read_value=False))
+        return rows, update
+
+    def init_rows(self, rows: tf.Tensor, keys: tf.Tensor, values: tf.Tensor) -> tf.Operation:
+        """Writes fresh `values` [n, dim], initial slots and `keys` into `rows`."""
+        n = tf.size(rows)
+        ops = [self.values.scatter_update(tf.IndexedSlices(values, rows)),
+               self.row_keys.scatter_update(tf.IndexedSlices(keys, rows))]
+        for name, var in self.slots.items():
+            fill = tf.fill(tf.stack([n, self.dim]), tf.constant(self.slot_init[name], tf.float32))
+            ops.append(var.scatter_update(tf.IndexedSlices(fill, rows)))
+        return tf.group(*ops)
+
+    def release(self, rows: tf.Tensor) -> tf.Operation:
+        """Frees `rows` (int64 [n], live, unique): zero metadata, push on the free list."""
+        n = tf.size(rows, out_type=tf.int64)
+        num_free = self.num_free.read_value()
+        zeros = tf.zeros(tf.stack([n, 3]), tf.int64)
+        push = self.free.scatter_update(tf.IndexedSlices(rows, tf.range(num_free, num_free + n)))
+        wipe = self.meta.scatter_update(tf.IndexedSlices(zeros, rows))
+        with tf.control_dependencies([push, wipe]):
+            return self.num_free.assign(num_free + n, read_value=False)
+
+    def live_rows(self, min_period: tf.Tensor | int = 0) -> tf.Tensor:
+        """int64 [k]: live rows with at least `min_period` sightings this period."""
+        meta = self.meta.read_value()
+        live = (meta[:, META_COUNT] > 0) & (meta[:, META_PERIOD] >= min_period)
+        return tf.where(live)[:, 0]
+
+    def reset_period(self) -> tf.Operation:
+        """Zeroes every row's since-last-save sighting count."""
+        meta = self.meta.read_value()
+        keep = tf.constant([1, 0, 1], tf.int64)
+        return self.meta.assign(meta * keep, read_value=False)
+
+    def load(self, keys, values, slots, counts, last_seen) -> tf.Operation:
+        """Replaces the whole storage by `n` rows (rows 0..n-1, in the given order).
+
+        Args:
+          keys: int64 [n]; values and each of `slots`: float32 [n, dim];
+          counts, last_seen: int64 [n].
+        """
+        n = tf.size(keys, out_type=tf.int64)
+        if self.dynamic:
+            cap = tf.maximum(n, self.initial_capacity)
+        else:
+            cap = tf.constant(self.initial_capacity, tf.int64)
+            check = tf.debugging.assert_less_equal(
+                n, cap, message=(f"Cannot restore sparse table '{self.table_name}': the "
+                                 f"checkpoint holds more keys than its capacity "
+                                 f"({self.initial_capacity}). Raise `capacity`."))
+            with tf.control_dependencies([check] if check is not None else []):
+                cap = tf.identity(cap)
+
+        def pad(x):
+            shape = tf.concat([[cap - n], tf.shape(x, out_type=tf.int64)[1:]], 0)
+            return tf.concat([x, tf.zeros(shape, x.dtype)], 0)
+
+        meta = tf.stack([counts, tf.zeros_like(counts), last_seen], 1)
+        ops = [self.values.assign(pad(values), read_value=False),
+               self.meta.assign(pad(meta), read_value=False),
+               self.row_keys.assign(pad(keys), read_value=False),
+               self.free.assign(tf.zeros(tf.reshape(cap, [1]), tf.int64), read_value=False),
+               self.next_row.assign(n, read_value=False),
+               self.num_free.assign(tf.constant(0, tf.int64), read_value=False)]
+        ops += [var.assign(pad(slots[name]), read_value=False) for name, var in self.slots.items()]
+        return tf.group(*ops)

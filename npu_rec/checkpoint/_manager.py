@@ -1,0 +1,191 @@
+"""`TableCheckpointManager`: full and delta checkpoints of a set of sparse tables.
+
+Each save writes one file `ckpt-<step:012d>.<full|delta>.nrc` holding every
+managed table (format in `_file_format`). A full save holds every live key
+with its row, optimizer slots, count and last-seen time; a delta save holds
+only the keys sighted since the previous save of this manager (skipping keys
+sighted fewer than `recent_key_count_threshold` times in that period), the
+keys deleted (evicted) since then, and, in both kinds, the counters of
+not-yet-admitted keys and the table clocks. Every delta names its parent (the
+previous save), so a restore can check that its chain is complete.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from typing import NamedTuple, Sequence
+
+import numpy as np
+
+from npu_rec.checkpoint import _file_format
+
+_NAME = re.compile(r"^ckpt-(\d{12})\.(full|delta)\.nrc$")
+_ROW_FIELDS = ("keys", "values", "counts", "last_seen")
+
+
+class CheckpointVersion(NamedTuple):
+    """One saved version: global `step`, `kind` ("full" or "delta") and file `path`."""
+
+    step: int
+    kind: str
+    path: str
+
+
+def _default_threshold() -> int:
+    try:
+        from npu_rec._config import get_config  # noqa: PLC0415
+
+        return int(getattr(get_config(), "recent_key_count_threshold", 0) or 0)
+    except Exception:  # noqa: BLE001  (config module absent or not initialised)
+        return 0
+
+
+class TableCheckpointManager:
+    """Saves and restores full and delta checkpoints of sparse tables.
+
+    Args:
+      directory: Where checkpoint files go (created if missing).
+      tables: The `SparseTable`s to manage (names must be unique).
+      recent_key_count_threshold: Delta saves skip keys sighted fewer times
+        than this since the previous save; None = `npu_rec.init`'s value (0).
+
+    Example:
+      >>> manager = npu_rec.checkpoint.TableCheckpointManager("/tmp/ckpt", [table])
+      >>> manager.save(100)                 # full
+      >>> manager.save(200, delta=True)     # keys changed since step 100
+      >>> manager.restore(version=200)      # full@100 + delta@200
+    """
+
+    def __init__(self, directory: str, tables: Sequence, recent_key_count_threshold=None):
+        if recent_key_count_threshold is None:
+            recent_key_count_threshold = _default_threshold()
+        if (isinstance(recent_key_count_threshold, bool)
+                or not isinstance(recent_key_count_threshold, int)
+                or recent_key_count_threshold < 0):
+            raise ValueError("`recent_key_count_threshold` must be an integer >= 0. Received: "
+                             f"recent_key_count_threshold={recent_key_count_threshold!r}")
+        self.directory = directory
+        self.tables = list(tables)
+        names = [t.name for t in self.tables]
+        if len(set(names)) != len(names):
+            raise ValueError(f"`tables` must have unique names. Received: {names}")
+        self.recent_key_count_threshold = recent_key_count_threshold
+        self._last_step: int | None = None
+        os.makedirs(directory, exist_ok=True)
+
+    def versions(self) -> list[CheckpointVersion]:
+        """Saved versions in this directory, by increasing step."""
+        found = []
+        for fname in os.listdir(self.directory):
+            m = _NAME.match(fname)
+            if m:
+                found.append(CheckpointVersion(int(m.group(1)), m.group(2),
+                                               os.path.join(self.directory, fname)))
+        return sorted(found)
+
+    def latest_version(self) -> int | None:
+        """The newest saved step, or None when nothing is saved."""
+        v = self.versions()
+        return v[-1].step if v else None
+
+    def save(self, step: int, delta: bool = False, session=None) -> str:
+        """Saves every table as of global `step`; returns the file written.
+
+        A delta needs a base: if this manager has not saved or restored yet,
+        the save is made full (and logged).
+
+        Args:
+          step: Global step (int >= 0), the version's name.
+          delta: Delta save (changes since this manager's previous save).
+          session: For tables in a tf.compat.v1 graph (see `SparseTable.evict`).
+        """
+        if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
+            raise ValueError(f"`step` must be an integer >= 0. Received: step={step!r}")
+        step = int(step)
+        if delta and self._last_step is None:
+            logging.info("npu_rec: no previous save or restore; making step %d a full save.",
+                         step)
+            delta = False
+        kind = "delta" if delta else "full"
+        min_period = max(1, self.recent_key_count_threshold) if delta else 0
+        arrays = {}
+        for t in self.tables:
+            arrays.update(_file_format.table_arrays(t.name, t._read_state(min_period, session)))
+        meta = {"step": step, "kind": kind, "parent": self._last_step if delta else None,
+                "tables": {t.name: t.describe() for t in self.tables},
+                "recent_key_count_threshold": self.recent_key_count_threshold}
+        path = os.path.join(self.directory, f"ckpt-{step:012d}.{kind}.nrc")
+        _file_format.write_file(path, arrays, meta)
+        other = os.path.join(self.directory,
+                             f"ckpt-{step:012d}.{'full' if delta else 'delta'}.nrc")
+        if os.path.exists(other):
+            os.remove(other)
+        for t in self.tables:
+            t._end_period(session)
+        self._last_step = step
+        return path
+
+    def restore(self, version: int | None = None, session=None) -> int:
+        """Restores every table to `version` (default: the latest).
+
+        Loads the newest full save at or before `version`, then the deltas
+        after it up to `version`, verifying every file and the delta chain.
+
+        Args:
+          version: A global step; None = the latest saved one.
+          session: For tables in a tf.compat.v1 graph.
+
+        Returns:
+          The step of the last file applied.
+
+        Raises:
+          FileNotFoundError: no full save at or before `version`.
+          npu_rec.checkpoint.CheckpointCorruptedError: a file of the chain is
+            damaged (the message names it); earlier versions still restore.
+          ValueError: a broken delta chain, or a table missing from the files.
+        """
+        found = self.versions()
+        if version is None:
+            if not found:
+                raise FileNotFoundError(f"No table checkpoint in {self.directory!r}.")
+            version = found[-1].step
+        fulls = [v for v in found if v.kind == "full" and v.step <= version]
+        if not fulls:
+            raise FileNotFoundError(f"No full table checkpoint at or before step {version} in "
+                                    f"{self.directory!r}; versions: {[v.step for v in found]}")
+        base = fulls[-1]
+        chain = [base] + [v for v in found if v.kind == "delta" and base.step < v.step <= version]
+        states: dict[str, dict] = {}
+        prev = None
+        for v in chain:
+            arrays, meta = _file_format.read_file(v.path)
+            if v.kind == "delta" and meta.get("parent") != prev:
+                raise ValueError(
+                    f"Delta checkpoint {v.path!r} continues step {meta.get('parent')}, but the "
+                    f"previous file of the chain is step {prev}: the chain is broken. Restore "
+                    f"version={prev} or an earlier full save.")
+            for t in self.tables:
+                t.check_compatible(meta, v.path)
+                st = _file_format.table_state(t.name, arrays)
+                states[t.name] = st if v.kind == "full" else _merge(states[t.name], st)
+            prev = v.step
+        for t in self.tables:
+            t._write_state(states[t.name], session)
+        self._last_step = prev
+        return prev
+
+
+def _merge(base: dict, delta: dict) -> dict:
+    """Applies a delta state (deletions, then upserts) to a full state."""
+    row_fields = [*_ROW_FIELDS, *[k for k in base if k.startswith("slot/")]]
+    gone = np.concatenate([delta["deleted_keys"], delta["keys"]])
+    keep = ~np.isin(base["keys"], gone)
+    out = dict(delta)
+    for f in row_fields:
+        out[f] = np.concatenate([base[f][keep], delta[f]])
+    order = np.argsort(out["keys"], kind="stable")
+    for f in row_fields:
+        out[f] = out[f][order]
+    return out

@@ -1,0 +1,225 @@
+"""Sparse optimizers: update only the rows a batch touched, slots live in the table.
+
+An optimizer object holds hyperparameters only. Its per-row state (slots)
+lives in the table beside the rows, so it is allocated, moved, evicted and
+checkpointed with them, and one optimizer object can serve several tables.
+The table sums the gradients of duplicate keys before calling `apply_sparse`,
+so `rows` are always unique.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import tensorflow as tf
+
+
+def _check_float(name: str, value: Any, low: float, high: float | None = None,
+                 low_open: bool = False) -> float:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if ok:
+        value = float(value)
+        ok = (value > low if low_open else value >= low) and (high is None or value < high)
+    if not ok:
+        rng = f"{'>' if low_open else '>='} {low}" + (f" and < {high}" if high is not None else "")
+        raise ValueError(f"`{name}` must be a number {rng}. Received: {name}={value!r}")
+    return value
+
+
+class SparseOptimizer:
+    """Base class of the sparse (per-row) optimizers of npu_rec tables.
+
+    Subclasses define `slot_specs`, a tuple of `(slot_name, initial_value)`,
+    and `apply_sparse`.
+    """
+
+    slot_specs: tuple[tuple[str, float], ...] = ()
+
+    def __init__(self, learning_rate: float, name: str):
+        self.learning_rate = _check_float("learning_rate", learning_rate, 0.0, low_open=True)
+        self.name = name
+
+    def get_config(self) -> dict[str, Any]:
+        """Returns the hyperparameters as a dict (JSON-serialisable)."""
+        return {"learning_rate": self.learning_rate, "name": self.name}
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{k}={v!r}" for k, v in self.get_config().items())
+        return f"{type(self).__name__}({args})"
+
+    def apply_sparse(self, values: tf.Variable, slots: dict[str, tf.Variable],
+                     rows: tf.Tensor, grads: tf.Tensor, step: tf.Tensor) -> tf.Operation:
+        """Updates `values[rows]` (and the slots of those rows) from `grads`.
+
+        Args:
+          values: float32 variable [capacity, dim], the table rows.
+          slots: slot name -> float32 variable [capacity, dim].
+          rows: int64 [n], unique row indices.
+          grads: float32 [n, dim], summed gradients of those rows.
+          step: int64 scalar, 1-based count of updates of this table.
+
+        Returns:
+          The update op.
+        """
+        raise NotImplementedError
+
+
+class SGD(SparseOptimizer):
+    """Plain sparse gradient descent: `row -= learning_rate * grad`.
+
+    Example:
+      >>> opt = npu_rec.optimizers.SGD(learning_rate=0.1)
+    """
+
+    def __init__(self, learning_rate: float = 0.01, name: str = "SGD"):
+        super().__init__(learning_rate, name)
+
+    def apply_sparse(self, values, slots, rows, grads, step):
+        return values.scatter_sub(tf.IndexedSlices(self.learning_rate * grads, rows))
+
+
+class Adagrad(SparseOptimizer):
+    """Sparse Adagrad: `acc += g*g; row -= lr * g / (sqrt(acc) + epsilon)`.
+
+    Uses TF's `ResourceSparseApplyAdagradV2` kernel on the touched rows.
+
+    Example:
+      >>> opt = npu_rec.optimizers.Adagrad(learning_rate=0.05)
+    """
+
+    def __init__(self, learning_rate: float = 0.001, initial_accumulator_value: float = 0.1,
+                 epsilon: float = 1e-7, name: str = "Adagrad"):
+        super().__init__(learning_rate, name)
+        self.initial_accumulator_value = _check_float(
+            "initial_accumulator_value", initial_accumulator_value, 0.0)
+        self.epsilon = _check_float("epsilon", epsilon, 0.0)
+        self.slot_specs = (("accumulator", self.initial_accumulator_value),)
+
+    def get_config(self):
+        return {**super().get_config(), "initial_accumulator_value":
+                self.initial_accumulator_value, "epsilon": self.epsilon}
+
+    def apply_sparse(self, values, slots, rows, grads, step):
+        return tf.raw_ops.ResourceSparseApplyAdagradV2(
+            var=values.handle, accum=slots["accumulator"].handle,
+            lr=tf.constant(self.learning_rate, tf.float32),
+            epsilon=tf.constant(self.epsilon, tf.float32),
+            grad=grads, indices=rows, use_locking=False, update_slots=True)
+
+
+class Adam(SparseOptimizer):
+    """Lazy Adam: only rows in the batch move (their m, v and value).
+
+    `m = b1*m + (1-b1)*g; v = b2*v + (1-b2)*g*g;`
+    `row -= lr * sqrt(1 - b2**t) / (1 - b1**t) * m / (sqrt(v) + epsilon)`, where
+    `t` counts this table's updates.
+
+    Example:
+      >>> opt = npu_rec.optimizers.Adam(learning_rate=0.001)
+    """
+
+    def __init__(self, learning_rate: float = 0.001, beta_1: float = 0.9,
+                 beta_2: float = 0.999, epsilon: float = 1e-7, name: str = "LazyAdam"):
+        super().__init__(learning_rate, name)
+        self.beta_1 = _check_float("beta_1", beta_1, 0.0, 1.0)
+        self.beta_2 = _check_float("beta_2", beta_2, 0.0, 1.0)
+        self.epsilon = _check_float("epsilon", epsilon, 0.0)
+        self.slot_specs = (("m", 0.0), ("v", 0.0))
+
+    def get_config(self):
+        return {**super().get_config(), "beta_1": self.beta_1, "beta_2": self.beta_2,
+                "epsilon": self.epsilon}
+
+    def apply_sparse(self, values, slots, rows, grads, step):
+        t = tf.cast(step, tf.float32)
+        b1, b2 = self.beta_1, self.beta_2
+        lr_t = self.learning_rate * tf.sqrt(1.0 - tf.pow(b2, t)) / (1.0 - tf.pow(b1, t))
+        m = b1 * tf.gather(slots["m"], rows) + (1.0 - b1) * grads
+        v = b2 * tf.gather(slots["v"], rows) + (1.0 - b2) * tf.square(grads)
+        delta = lr_t * m / (tf.sqrt(v) + self.epsilon)
+        ops = [slots["m"].scatter_update(tf.IndexedSlices(m, rows)),
+               slots["v"].scatter_update(tf.IndexedSlices(v, rows)),
+               values.scatter_sub(tf.IndexedSlices(delta, rows))]
+        return tf.group(*ops)
+
+
+class Ftrl(SparseOptimizer):
+    """Sparse FTRL-proximal (McMahan et al.), as TF's Ftrl without shrinkage.
+
+    With `p = -learning_rate_power`: `acc' = acc + g*g`;
+    `lin += g - (acc'**p - acc**p) / lr * row`; `quad = acc'**p / lr + 2*l2`;
+    `row = (clip(lin, -l1, l1) - lin) / quad`.
+
+    Example:
+      >>> opt = npu_rec.optimizers.Ftrl(learning_rate=0.05, l1=0.001)
+    """
+
+    def __init__(self, learning_rate: float = 0.001, learning_rate_power: float = -0.5,
+                 initial_accumulator_value: float = 0.1, l1: float = 0.0, l2: float = 0.0,
+                 name: str = "Ftrl"):
+        super().__init__(learning_rate, name)
+        if (isinstance(learning_rate_power, bool)
+                or not isinstance(learning_rate_power, (int, float)) or learning_rate_power > 0):
+            raise ValueError("`learning_rate_power` must be a number <= 0. "
+                             f"Received: learning_rate_power={learning_rate_power!r}")
+        self.learning_rate_power = float(learning_rate_power)
+        self.initial_accumulator_value = _check_float(
+            "initial_accumulator_value", initial_accumulator_value, 0.0, low_open=True)
+        self.l1 = _check_float("l1", l1, 0.0)
+        self.l2 = _check_float("l2", l2, 0.0)
+        self.slot_specs = (("accumulator", self.initial_accumulator_value), ("linear", 0.0))
+
+    def get_config(self):
+        return {**super().get_config(), "learning_rate_power": self.learning_rate_power,
+                "initial_accumulator_value": self.initial_accumulator_value,
+                "l1": self.l1, "l2": self.l2}
+
+    def apply_sparse(self, values, slots, rows, grads, step):
+        lr, p = self.learning_rate, -self.learning_rate_power
+        acc = tf.gather(slots["accumulator"], rows)
+        lin = tf.gather(slots["linear"], rows)
+        row = tf.gather(values, rows)
+        acc_new = acc + tf.square(grads)
+        lin = lin + grads - (tf.pow(acc_new, p) - tf.pow(acc, p)) / lr * row
+        quad = tf.pow(acc_new, p) / lr + 2.0 * self.l2
+        new_row = (tf.clip_by_value(lin, -self.l1, self.l1) - lin) / quad
+        ops = [slots["accumulator"].scatter_update(tf.IndexedSlices(acc_new, rows)),
+               slots["linear"].scatter_update(tf.IndexedSlices(lin, rows)),
+               values.scatter_update(tf.IndexedSlices(new_row, rows))]
+        return tf.group(*ops)
+
+
+# Rec SDK (mx_rec) compatibility names.
+SGDByAddr = SGD
+LazyAdam = Adam
+LazyAdamByAddress = Adam
+
+
+def create_hash_optimizer(learning_rate: float = 0.001, beta1: float = 0.9,
+                          beta2: float = 0.999, epsilon: float = 1e-8,
+                          name: str = "LazyAdam") -> Adam:
+    """Rec SDK's `lazy_adam.create_hash_optimizer`: returns a lazy `Adam`.
+
+    Args:
+      learning_rate: Step size (> 0).
+      beta1: First-moment decay in [0, 1).
+      beta2: Second-moment decay in [0, 1).
+      epsilon: Denominator fuzz (>= 0).
+      name: Optimizer name.
+
+    Returns:
+      An `Adam` sparse optimizer.
+    """
+    return Adam(learning_rate, beta_1=beta1, beta_2=beta2, epsilon=epsilon, name=name)
+
+
+def create_hash_optimizer_by_address(learning_rate: float = 0.001, beta1: float = 0.9,
+                                     beta2: float = 0.999, epsilon: float = 1e-8,
+                                     name: str = "LazyAdamByAddress") -> Adam:
+    """Rec SDK's `create_hash_optimizer_by_address` (dynamic expansion): a lazy `Adam`.
+
+    npu_rec tables use the same optimizers with and without dynamic expansion;
+    this alias exists so that Rec SDK code runs unchanged. Arguments as in
+    `create_hash_optimizer`.
+    """
+    return Adam(learning_rate, beta_1=beta1, beta_2=beta2, epsilon=epsilon, name=name)
