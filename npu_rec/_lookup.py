@@ -101,7 +101,7 @@ def apply_recorded_gradients(records, grads) -> tf.Operation | None:
         raise ValueError("`grads` must have one entry per record. Received: "
                          f"len(records)={len(records)}, len(grads)={len(grads)}")
     by_table: dict[int, tuple[SparseTable, list, list]] = {}
-    for rec, grad in zip(records, grads):
+    for rec, grad in zip(records, grads, strict=True):
         if grad is None:
             continue
         if isinstance(grad, tf.IndexedSlices):

@@ -15,7 +15,8 @@ from __future__ import annotations
 import logging
 import os
 import re
-from typing import NamedTuple, Sequence
+from collections.abc import Sequence
+from typing import NamedTuple
 
 import numpy as np
 
