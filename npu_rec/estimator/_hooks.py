@@ -31,9 +31,14 @@ SessionRunHook = tf.compat.v1.train.SessionRunHook
 def _tensor(graph: tf.Graph, value, name: str):
     """A tensor of `graph` from a tensor or a tensor name."""
     if isinstance(value, str):
-        return graph.as_graph_element(value if ":" in value else value + ":0")
-    if getattr(value, "graph", graph) is not graph:
-        return graph.as_graph_element(value.name)
+        value = graph.as_graph_element(value if ":" in value else value + ":0")
+    elif getattr(value, "graph", graph) is not graph:
+        value = graph.as_graph_element(value.name)
+    if isinstance(value, tf.Tensor) and value.dtype == tf.resource:
+        # A resource variable's handle ("global_step:0"): read the variable.
+        for v in tf.compat.v1.global_variables():
+            if v.handle.name == value.name:
+                return v.read_value()
     return value
 
 
@@ -78,6 +83,7 @@ class TellMeStepOrLossHook(SessionRunHook):
         self.step, self.total_step = step, total_step
         self.loss, self.final_loss = loss, final_loss
         self.history: list[tuple[int, str]] = []
+        self.last_value = None
         self._tensor = None
 
     def begin(self):
@@ -90,11 +96,11 @@ class TellMeStepOrLossHook(SessionRunHook):
             return tf.compat.v1.train.SessionRunArgs(self._tensor)
         return None
 
-    def value(self, run_context, run_values) -> float:
-        """The step after the run (step trigger) or the loss of the run (loss trigger)."""
+    def after_run(self, run_context, run_values):
         if self.trigger == "loss":
-            return float(run_values.results)
-        return int(run_context.session.run(self._tensor))
+            self.last_value = float(run_values.results)
+        else:
+            self.last_value = int(run_context.session.run(self._tensor))
 
 
 class _PrecisionHook(SessionRunHook):
@@ -140,10 +146,10 @@ class _PrecisionHook(SessionRunHook):
         if not self.low:
             return
         if self.switch.mode.trigger == "loss":
-            self.switch.observe_loss(end - 1, self.tell.value(run_context, run_values))
+            self.switch.observe_loss(end - 1, self.tell.last_value)
             next_step = end
         else:
-            next_step = end if self.tell is None else self.tell.value(run_context, run_values)
+            next_step = end if self.tell is None else self.tell.last_value
         if not self.switch.is_low_precision(next_step):
             self.switch.switched_at = end
             logging.info("npu_rec: accelerated training switches from %s to float32 at "

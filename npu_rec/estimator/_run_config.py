@@ -27,8 +27,8 @@ _UNSET: Any = object()
 DEFAULT_SAVE_CHECKPOINTS_STEPS = 100
 
 # Precision setting -> what TensorFlow does: None (float32 / origin dtypes),
-# "float16" (Grappler auto_mixed_precision for float16; on CPU the
-# auto_mixed_precision_cpu variant) or "bfloat16" (Grappler oneDNN bfloat16 AMP).
+# "float16" (Grappler auto_mixed_precision, GPU only) or "bfloat16" (Grappler
+# oneDNN bfloat16 AMP, CPU).
 PRECISION_MODES = {
     "force_fp32": None, "must_keep_origin_dtype": None, "allow_fp32_to_fp16": None,
     "allow_fp32_to_bf16": None, "force_fp16": "float16", "allow_mix_precision": "float16",
@@ -131,6 +131,22 @@ def precision_dtype(precision_mode=None, precision_mode_v2=None) -> str | None:
     return None
 
 
+def float16_available() -> bool:
+    """float16 AMP needs a GPU: Grappler's CPU float16 rewrite crashes on npu_rec graphs."""
+    return bool(tf.config.list_physical_devices("GPU"))
+
+
+def check_dtype_available(setting: str, value, dtype: str | None) -> None:
+    """Raises `ValueError` when `dtype` cannot run on this machine."""
+    if dtype == "float16" and not float16_available():
+        raise ValueError(
+            f"`{setting}`={value!r} needs float16 mixed precision, which TensorFlow runs on "
+            "GPUs only (its CPU float16 rewrite, auto_mixed_precision_cpu, crashes on "
+            "these graphs); this machine has no GPU. Use a bfloat16 setting "
+            "(fast1, allow_mix_precision_bf16, mixed_bfloat16) or float32. "
+            f"Received: {setting}={value!r}")
+
+
 def session_config_for(base, dtype: str | None):
     """A copy of `base` (a ConfigProto or None) with the AMP rewrite for `dtype` on."""
     config = tf.compat.v1.ConfigProto()
@@ -141,7 +157,7 @@ def session_config_for(base, dtype: str | None):
     if dtype == "bfloat16":
         rw.auto_mixed_precision_onednn_bfloat16 = on
     elif dtype == "float16":
-        rw.auto_mixed_precision_cpu = on
+        rw.auto_mixed_precision = on
     return config
 
 
@@ -349,6 +365,8 @@ class NPURunConfig(RunConfig):
         super()._validate()
         self.iterations_per_loop = check_int("iterations_per_loop", self.iterations_per_loop, 1)
         self.compute_dtype = precision_dtype(self.precision_mode, self.precision_mode_v2)
+        check_dtype_available("precision_mode" if self.precision_mode else "precision_mode_v2",
+                              self.precision_mode or self.precision_mode_v2, self.compute_dtype)
         exp = self.experimental_config
         if exp is not None and not isinstance(exp, ExperimentalConfig):
             raise ValueError("`experimental_config` must be None or an ExperimentalConfig. "
@@ -357,6 +375,8 @@ class NPURunConfig(RunConfig):
         if self.accelerate_mode is not None:
             check_precision_compatibility(self.accelerate_mode, self.precision_mode,
                                           self.precision_mode_v2)
+            check_dtype_available("accelerate_train_mode", str(self.accelerate_mode),
+                                  self.accelerate_mode.dtype)
 
     def _kwargs(self) -> dict:
         return {f: getattr(self, "tf_random_seed" if f == "random_seed" else f)
