@@ -19,6 +19,7 @@ import time
 import tensorflow as tf
 from absl import logging
 
+from npu_rec import _table_registry
 from npu_rec.estimator._graph import call_model_fn, dense_saver
 from npu_rec.estimator._spec import ModeKeys
 
@@ -70,6 +71,20 @@ def build_raw_serving_input_receiver_fn(features, default_batch_size=None):
     return receiver_fn
 
 
+def _index_variables(sess, table) -> tf.Operation:
+    """Variables holding `table`'s live keys and rows, and the op re-inserting them."""
+    keys, rows = sess.run(table._index.export())
+    live = rows >= 0
+    with tf.name_scope(f"npu_rec_export_{table.name}"):
+        feeds = [tf.compat.v1.placeholder(tf.int64, [None]) for _ in range(2)]
+        k = tf.compat.v1.Variable(feeds[0], trainable=False, validate_shape=False,
+                                  name="keys", shape=tf.TensorShape([None]))
+        r = tf.compat.v1.Variable(feeds[1], trainable=False, validate_shape=False,
+                                  name="rows", shape=tf.TensorShape([None]))
+        sess.run([k.initializer, r.initializer], {feeds[0]: keys[live], feeds[1]: rows[live]})
+        return table._index.insert(k.read_value(), r.read_value())
+
+
 def _export_dir(base: str) -> str:
     stamp = int(time.time())
     while os.path.exists(os.path.join(base, str(stamp))):
@@ -102,9 +117,12 @@ def export_saved_model(est, export_dir_base, serving_input_receiver_fn, *, as_te
             plan.init_fn(saver, manager)(None, sess)
             signature = tf.compat.v1.saved_model.predict_signature_def(
                 receiver.receiver_tensors, preds)
-            # The saver covers variables and the tables' hash maps (saveables);
-            # then only the variable collections stay in the exported MetaGraph.
-            export_saver = tf.compat.v1.train.Saver(sharded=True, allow_empty=True)
+            # Each table's key -> row map is rebuilt at load time by the main op
+            # from two variables (standard ops only), so the SavedModel needs no
+            # hash-table saveables and no npu_rec.
+            rebuild = [_index_variables(sess, t) for t in _table_registry.tables()]
+            export_saver = tf.compat.v1.train.Saver(
+                var_list=tf.compat.v1.global_variables(), sharded=True, allow_empty=True)
             for key in graph.get_all_collection_keys():
                 if key not in (tf.compat.v1.GraphKeys.GLOBAL_VARIABLES,
                                tf.compat.v1.GraphKeys.TRAINABLE_VARIABLES):
@@ -113,7 +131,8 @@ def export_saved_model(est, export_dir_base, serving_input_receiver_fn, *, as_te
             builder.add_meta_graph_and_variables(
                 sess, saver=export_saver, tags=[tf.saved_model.SERVING],
                 signature_def_map={"serving_default": signature, "predict": signature},
-                main_op=tf.compat.v1.tables_initializer(), strip_default_attrs=True)
+                main_op=tf.group(tf.compat.v1.tables_initializer(), *rebuild),
+                strip_default_attrs=True)
             builder.save(as_text=as_text)
     logging.info("npu_rec: exported step %d to %s", plan.step, export_dir)
     return export_dir.encode()
