@@ -119,6 +119,7 @@ class RestorePlan:
     dense_path: str | None = None
     step: int = 0
     version: int | None = None
+    from_restore_model_version: bool = False
 
     def init_fn(self, saver, manager):
         def init(scaffold, session):
@@ -146,7 +147,7 @@ def plan_restore(model_dir: str, checkpoint_path: str | None = None,
             raise ConfigError(
                 f"`npu_rec.init(restore_model_version={version})` names no saved version in "
                 f"{model_dir!r}. Existing versions: dense {dense}, tables {tables}.")
-        return RestorePlan(path, version, version if tables else None)
+        return RestorePlan(path, version, version if tables else None, True)
     path = checkpoint_path
     if path is None:
         path = tf.train.latest_checkpoint(model_dir)

@@ -103,7 +103,7 @@ def train(est, input_fn, hooks, steps, max_steps, resolved=None):
             logging.info("npu_rec: steps from %d run in float32.", start)
         switched = _run_session(est, input_fn, hooks, last_step, save_steps, switch, tell,
                                 low, plan)
-        est._version_used = True
+        est._version_used = est._version_used or plan.from_restore_model_version
         if not switched:
             return est
         plan = est._restore_plan(training=True)
