@@ -1,3 +1,34 @@
-"""The estimator front end of npu_rec (see docs/)."""
+"""The Estimator front end of npu_rec: tf.estimator / npu_bridge on `tf.compat.v1` graphs.
 
-__all__: list[str] = []
+See docs/estimator.md. A `model_fn` written for `tf.estimator` ports by
+changing its imports to `npu_rec.estimator`.
+"""
+
+from npu_rec.estimator._estimator import NPUEstimator
+from npu_rec.estimator._export import ServingInputReceiver, build_raw_serving_input_receiver_fn
+from npu_rec.estimator._hooks import EvictHook, SparseCheckpointSaverHook, TellMeStepOrLossHook
+from npu_rec.estimator._run_config import ExperimentalConfig, NPURunConfig, RunConfig
+from npu_rec.estimator._sparse_train import sparse_train_op
+from npu_rec.estimator._spec import EstimatorSpec, EvalSpec, ModeKeys, TrainSpec
+from npu_rec.estimator._train_and_evaluate import train_and_evaluate
+
+Estimator = NPUEstimator
+
+__all__ = [
+    "Estimator",
+    "EstimatorSpec",
+    "EvalSpec",
+    "EvictHook",
+    "ExperimentalConfig",
+    "ModeKeys",
+    "NPUEstimator",
+    "NPURunConfig",
+    "RunConfig",
+    "ServingInputReceiver",
+    "SparseCheckpointSaverHook",
+    "TellMeStepOrLossHook",
+    "TrainSpec",
+    "build_raw_serving_input_receiver_fn",
+    "sparse_train_op",
+    "train_and_evaluate",
+]

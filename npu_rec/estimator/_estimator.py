@@ -1,0 +1,294 @@
+"""`NPUEstimator`: tf.estimator's train / evaluate / predict on `tf.compat.v1` graphs.
+
+Each call builds a fresh graph, calls the `model_fn` in it, restores the
+latest (or requested) checkpoint, dense variables and sparse tables at the
+same step, when the session is created, and runs a `MonitoredTrainingSession`
+(training) or `MonitoredSession` (evaluation, prediction). Export lives in
+`_export.py`, accelerated training's phases in `_training.py`.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+import numpy as np
+import tensorflow as tf
+from absl import logging
+
+from npu_rec._config import check_int
+from npu_rec.estimator import _export, _training
+from npu_rec.estimator._graph import (
+    call_input_fn,
+    call_model_fn,
+    dense_saver,
+    plan_restore,
+)
+from npu_rec.estimator._run_config import NPURunConfig, RunConfig, session_config_for
+from npu_rec.estimator._spec import ModeKeys
+
+
+def _check_hooks(hooks) -> list:
+    hooks = list(hooks or [])
+    for h in hooks:
+        if not isinstance(h, tf.compat.v1.train.SessionRunHook):
+            raise TypeError(f"`hooks` must hold tf.compat.v1.train.SessionRunHook objects. "
+                            f"Received: {h!r}")
+    return hooks
+
+
+class NPUEstimator:
+    """npu_bridge's `NPUEstimator` (tf.estimator's `Estimator`) for npu_rec models.
+
+    Args:
+      model_fn: `model_fn(features, labels, mode, params, config)` returning an
+        `EstimatorSpec` (it may name only the arguments it uses).
+      model_dir: Checkpoint / event directory; None = the config's, or a new
+        temporary directory (logged).
+      config: An `NPURunConfig` (or `RunConfig`); None = defaults.
+      params: dict passed to `model_fn`.
+      warm_start_from: A checkpoint path or directory whose dense variables
+        initialise a model that has no checkpoint yet.
+
+    Raises:
+      TypeError: `model_fn` is not callable, or `config` is not a RunConfig.
+      ValueError: `model_dir` differs from `config.model_dir`.
+
+    Example:
+      >>> est = NPUEstimator(model_fn, config=NPURunConfig(model_dir="/tmp/m"))
+      >>> est.train(input_fn, max_steps=1000)
+      >>> est.evaluate(eval_input_fn, steps=10)["loss"]
+    """
+
+    def __init__(self, model_fn, model_dir=None, config=None, params=None,
+                 warm_start_from=None):
+        if not callable(model_fn):
+            raise TypeError(f"`model_fn` must be callable. Received: model_fn={model_fn!r}")
+        config = NPURunConfig() if config is None else config
+        if not isinstance(config, RunConfig):
+            raise TypeError(f"`config` must be an NPURunConfig. Received: config={config!r}")
+        if model_dir is not None and config.model_dir is not None and (
+                os.path.abspath(model_dir) != os.path.abspath(config.model_dir)):
+            raise ValueError(
+                "`model_dir` are set both in constructor and `NPURunConfig`, but with "
+                f"different values. In constructor: '{model_dir}', in NPURunConfig: "
+                f"'{config.model_dir}'.")
+        model_dir = model_dir or config.model_dir
+        if model_dir is None:
+            model_dir = tempfile.mkdtemp(prefix="npu_rec_model_")
+            logging.warning("Using temporary folder as model directory: %s", model_dir)
+        os.makedirs(model_dir, exist_ok=True)
+        self._config = config.replace(model_dir=os.fspath(model_dir))
+        self._model_fn = model_fn
+        self._params = dict(params or {})
+        self._warm_start_from = warm_start_from
+        self._version_used = False
+        #: `(step, dtype)` of every training step run by this estimator.
+        self.precision_history: list[tuple[int, str]] = []
+
+    @property
+    def model_dir(self) -> str:
+        return self._config.model_dir
+
+    @property
+    def config(self):
+        return self._config
+
+    @property
+    def params(self) -> dict:
+        return dict(self._params)
+
+    @property
+    def model_fn(self):
+        return self._model_fn
+
+    def latest_checkpoint(self) -> str | None:
+        """The path prefix of the newest dense checkpoint in `model_dir`, or None."""
+        return tf.train.latest_checkpoint(self.model_dir)
+
+    def get_variable_names(self) -> list[str]:
+        return [name for name, _ in tf.train.list_variables(self.latest_checkpoint())]
+
+    def get_variable_value(self, name: str) -> np.ndarray:
+        return tf.train.load_variable(self.latest_checkpoint(), name)
+
+    # ------------------------------------------------------------ graph building
+    def _build(self, input_fn, mode, build_hook=None):
+        """A new graph with global step, input and the model_fn's spec."""
+        graph = tf.Graph()
+        with graph.as_default():
+            if self._config.tf_random_seed is not None:
+                tf.compat.v1.set_random_seed(self._config.tf_random_seed)
+            tf.compat.v1.train.get_or_create_global_step()
+            features, labels, hooks = call_input_fn(input_fn, mode, self._params, self._config)
+            if build_hook is not None:
+                build_hook(graph)
+            spec = call_model_fn(self._model_fn, features, labels, mode, self._params,
+                                 self._config)
+        return graph, spec, features, hooks
+
+    def _restore_plan(self, checkpoint_path=None, training=False):
+        from npu_rec._config import get_config
+
+        cfg = get_config()
+        version = None
+        if training and cfg.if_load and cfg.restore_model_version is not None and (
+                not self._version_used):
+            version = cfg.restore_model_version
+        plan = plan_restore(self.model_dir, checkpoint_path, version)
+        if plan.dense_path is None and self._warm_start_from is not None and training:
+            plan.dense_path = self._warm_start_path()
+            plan.step = 0
+        return plan
+
+    def _warm_start_path(self):
+        src = self._warm_start_from
+        return tf.train.latest_checkpoint(src) if os.path.isdir(src) else src
+
+    def _scaffold(self, plan, saver, manager, **kwargs):
+        if plan.dense_path is not None and plan.dense_path == self._warm_start_path_or_none():
+            names = {n for n, _ in tf.train.list_variables(plan.dense_path)}
+            saver = tf.compat.v1.train.Saver(
+                var_list=[v for v in saver._var_list if v.op.name in names
+                          and v.op.name != "global_step"])
+        return tf.compat.v1.train.Scaffold(saver=None if saver is None else saver,
+                                           init_fn=plan.init_fn(saver, manager), **kwargs)
+
+    def _warm_start_path_or_none(self):
+        return None if self._warm_start_from is None else self._warm_start_path()
+
+    def _session_config(self, dtype=_training.UNSET):
+        dtype = self._config_dtype() if dtype is _training.UNSET else dtype
+        return session_config_for(self._config.session_config, dtype)
+
+    def _config_dtype(self):
+        return getattr(self._config, "compute_dtype", None)
+
+    # ------------------------------------------------------------------ train
+    def train(self, input_fn, hooks=None, steps=None, max_steps=None, saving_listeners=None):
+        """Trains the model (see `_training.train`).
+
+        Args:
+          input_fn: Returns `(features, labels)` or a dataset of them.
+          hooks: `SessionRunHook`s, called in order after npu_rec's own.
+          steps: Steps to train from the current global step (int >= 1).
+          max_steps: Global step to train to (int >= 1). Not with `steps`.
+          saving_listeners: Not supported (must be None or empty).
+
+        Returns:
+          self.
+
+        Raises:
+          ValueError: both `steps` and `max_steps`, one of them < 1, or
+            accelerated training without what it needs.
+          npu_rec.ConfigError: the step settings of `npu_rec.init` disagree.
+        """
+        if steps is not None and max_steps is not None:
+            raise ValueError("Can not provide both steps and max_steps. "
+                             f"Received: steps={steps}, max_steps={max_steps}")
+        steps = check_int("steps", steps, 1, optional=True)
+        max_steps = check_int("max_steps", max_steps, 1, optional=True)
+        if saving_listeners:
+            raise ValueError("`saving_listeners` are not supported by npu_rec; use a hook.")
+        return _training.train(self, input_fn, _check_hooks(hooks), steps, max_steps)
+
+    # --------------------------------------------------------------- evaluate
+    def evaluate(self, input_fn, steps=None, hooks=None, checkpoint_path=None, name=None):
+        """Evaluates the model on `input_fn` for `steps` batches (or until its end).
+
+        Returns:
+          dict with `loss` (mean over batches), `global_step` and every
+          `eval_metric_ops` value.
+
+        Raises:
+          ValueError: `steps` < 1.
+        """
+        steps = check_int("steps", steps, 1, optional=True)
+        hooks = _check_hooks(hooks)
+        graph, spec, _, data_hooks = self._build(input_fn, ModeKeys.EVAL)
+        with graph.as_default():
+            metrics = {"loss": tf.compat.v1.metrics.mean(spec.loss)}
+            metrics.update(spec.eval_metric_ops)
+            values = {k: m[0] for k, m in metrics.items()}
+            values["global_step"] = tf.compat.v1.train.get_global_step()
+            update = tf.group(*[m[1] for m in metrics.values()])
+            saver, manager = dense_saver(self._config)
+            plan = self._restore_plan(checkpoint_path)
+            if plan.dense_path is None:
+                logging.warning("Could not find trained model in model_dir: %s, running "
+                                "initialization to evaluate.", self.model_dir)
+            final = tf.compat.v1.train.FinalOpsHook(values)
+            creator = tf.compat.v1.train.ChiefSessionCreator(
+                scaffold=self._scaffold(plan, saver, manager), config=self._session_config())
+            done = 0
+            all_hooks = data_hooks + hooks + list(spec.evaluation_hooks) + [final]
+            with tf.compat.v1.train.MonitoredSession(creator, hooks=all_hooks) as sess:
+                while not sess.should_stop() and (steps is None or done < steps):
+                    sess.run(update)
+                    done += 1
+        results = {k: (v.item() if isinstance(v, np.generic) else v)
+                   for k, v in final.final_ops_values.items()}
+        self._write_eval_summaries(results, name)
+        logging.info("Saving dict for global step %d: %s", results["global_step"], results)
+        return results
+
+    def _write_eval_summaries(self, results, name):
+        directory = os.path.join(self.model_dir, "eval" if not name else f"eval_{name}")
+        with tf.Graph().as_default():
+            writer = tf.compat.v1.summary.FileWriterCache.get(directory)
+        values = [tf.compat.v1.Summary.Value(tag=k, simple_value=float(v))
+                  for k, v in results.items() if k != "global_step" and np.ndim(v) == 0]
+        writer.add_summary(tf.compat.v1.Summary(value=values), results["global_step"])
+        writer.flush()
+
+    # ---------------------------------------------------------------- predict
+    def predict(self, input_fn, predict_keys=None, hooks=None, checkpoint_path=None,
+                yield_single_examples=True):
+        """Yields predictions: one dict per example (or per batch) when predictions are a dict.
+
+        Raises:
+          ValueError: a `predict_keys` entry is not a prediction key.
+        """
+        hooks = _check_hooks(hooks)
+        graph, spec, _, data_hooks = self._build(input_fn, ModeKeys.PREDICT)
+        with graph.as_default():
+            preds = spec.predictions
+            if predict_keys is not None:
+                keys = [predict_keys] if isinstance(predict_keys, str) else list(predict_keys)
+                if not isinstance(preds, dict) or any(k not in preds for k in keys):
+                    known = sorted(preds) if isinstance(preds, dict) else []
+                    raise ValueError(f"`predict_keys` must name prediction keys {known}. "
+                                     f"Received: predict_keys={predict_keys!r}")
+                preds = {k: preds[k] for k in keys}
+            saver, manager = dense_saver(self._config)
+            plan = self._restore_plan(checkpoint_path)
+            if plan.dense_path is None:
+                logging.warning("Could not find trained model in model_dir: %s, running "
+                                "initialization to predict.", self.model_dir)
+            creator = tf.compat.v1.train.ChiefSessionCreator(
+                scaffold=self._scaffold(plan, saver, manager), config=self._session_config())
+            all_hooks = data_hooks + hooks + list(spec.prediction_hooks)
+            with tf.compat.v1.train.MonitoredSession(creator, hooks=all_hooks) as sess:
+                while not sess.should_stop():
+                    out = sess.run(preds)
+                    if not yield_single_examples:
+                        yield out
+                        continue
+                    n = len(next(iter(out.values()))) if isinstance(out, dict) else len(out)
+                    for i in range(n):
+                        yield ({k: v[i] for k, v in out.items()} if isinstance(out, dict)
+                               else out[i])
+
+    # ----------------------------------------------------------------- export
+    def export_saved_model(self, export_dir_base, serving_input_receiver_fn,
+                           assets_extra=None, as_text=False, checkpoint_path=None):
+        """Exports a SavedModel for serving (see `npu_rec.estimator` docs, "Export").
+
+        Returns:
+          The export directory as bytes.
+
+        Raises:
+          ValueError: no checkpoint to export.
+        """
+        return _export.export_saved_model(self, export_dir_base, serving_input_receiver_fn,
+                                          as_text=as_text, checkpoint_path=checkpoint_path)

@@ -1,0 +1,184 @@
+"""The training loop of `NPUEstimator.train`, with accelerated training's two phases.
+
+Accelerated training (`accelerate_train_mode`) runs the low-precision phase
+in a session whose Grappler config turns on TensorFlow's automatic mixed
+precision (oneDNN bfloat16 for `fast1`, float16 for `fast`, plus dynamic
+loss scaling in `sparse_train_op`); the variables stay float32, so the weights,
+optimizer slots and table rows are the same objects in both phases. When the
+`PrecisionSwitch` says so, the phase stops, the saver hook writes a full
+checkpoint (dense + tables), and a fresh float32 graph restores it and
+trains on: the Estimator's own "recompile", like npu_bridge's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import tensorflow as tf
+from absl import logging
+
+from npu_rec._config import get_config
+from npu_rec._policies import SavePolicy
+from npu_rec._precision import PrecisionSwitch
+from npu_rec._steps import check_estimator_train
+from npu_rec.estimator import _hooks
+from npu_rec.estimator._graph import batch_size_of, dense_saver
+from npu_rec.estimator._sparse_train import add_missing_sparse_updates, enable_loss_scaling
+from npu_rec.estimator._spec import ModeKeys
+
+UNSET = object()
+_logged: set[str] = set()
+
+
+def _log_once(message: str) -> None:
+    if message not in _logged:
+        _logged.add(message)
+        logging.info(message)
+
+
+def _make_switch(est, hooks, last_step):
+    """The `PrecisionSwitch` of this run and the user's TellMeStepOrLossHook (or None)."""
+    mode = getattr(est.config, "accelerate_mode", None)
+    if mode is None:
+        return None, None
+    tells = [h for h in hooks if isinstance(h, _hooks.TellMeStepOrLossHook)]
+    tell = tells[0] if tells else None
+    if tell is not None and tell.trigger != mode.trigger:
+        raise ValueError(f"accelerate_train_mode={str(mode)!r} uses the {mode.trigger!r} "
+                         f"trigger but TellMeStepOrLossHook was given the {tell.trigger!r} "
+                         "values. Give it " + ("step= and total_step=." if mode.trigger ==
+                                               "step" else "loss= and final_loss="))
+    if mode.trigger == "loss":
+        if tell is None:
+            raise ValueError(
+                f"accelerate_train_mode={str(mode)!r} (loss trigger) needs a "
+                "TellMeStepOrLossHook(loss=..., final_loss=...) in `hooks` of train(); "
+                "Received: no TellMeStepOrLossHook.")
+        switch = PrecisionSwitch(mode, final_loss=tell.final_loss,
+                                 iterations_per_loop=est.config.iterations_per_loop)
+    else:
+        total = tell.total_step if tell is not None else last_step
+        if total is None:
+            raise ValueError(f"accelerate_train_mode={str(mode)!r} (step trigger) needs the "
+                             "total step count: pass max_steps or steps to train(), or a "
+                             "TellMeStepOrLossHook(step=..., total_step=...). "
+                             "Received: max_steps=None")
+        if tell is None:
+            _log_once(f"npu_rec: accelerate_train_mode={str(mode)!r} without "
+                      f"TellMeStepOrLossHook: step = global step, total_step = {total}.")
+        switch = PrecisionSwitch(mode, total_step=total,
+                                 iterations_per_loop=est.config.iterations_per_loop)
+    _hooks.load_switch_state(est.model_dir, switch)
+    return switch, tell
+
+
+def train(est, input_fn, hooks, steps, max_steps, resolved=None):
+    """Trains `est`; `resolved` (from train_and_evaluate's checks) skips the step checks."""
+    config = est.config
+    if resolved is None:
+        resolved = check_estimator_train(
+            save_checkpoints_steps=config.save_checkpoints_steps,
+            save_checkpoints_secs=config.save_checkpoints_secs, max_steps=max_steps)
+    else:
+        resolved = dataclasses.replace(resolved, max_steps=max_steps)
+    plan = est._restore_plan(training=True)
+    start = plan.step
+    if steps is not None:
+        last_step = start + steps
+        if resolved.max_steps is not None:
+            last_step = min(last_step, resolved.max_steps)
+    else:
+        last_step = resolved.max_steps
+    if last_step is not None and start >= last_step:
+        logging.info("Skipping training since max_steps has already saved.")
+        return est
+    save_steps = resolved.save_steps or config.checkpoint_steps
+    switch, tell = _make_switch(est, hooks, last_step)
+    while True:
+        low = switch is not None and switch.is_low_precision(start)
+        if low:
+            logging.info("npu_rec: steps from %d run in %s (accelerate_train_mode=%s).",
+                         start, switch.low_dtype, switch.mode)
+        elif switch is not None:
+            logging.info("npu_rec: steps from %d run in float32.", start)
+        switched = _run_session(est, input_fn, hooks, last_step, save_steps, switch, tell,
+                                low, plan)
+        est._version_used = est._version_used or plan.from_restore_model_version
+        if not switched:
+            return est
+        plan = est._restore_plan(training=True)
+        start = plan.step
+
+
+def _run_session(est, input_fn, hooks, last_step, save_steps, switch, tell, low, plan):
+    """One MonitoredTrainingSession; returns whether it stopped to switch precision."""
+    config = est.config
+    loss_scaling = low and switch.mode.loss_scaling
+
+    def build_hook(graph):
+        if loss_scaling:
+            enable_loss_scaling(graph)
+
+    graph, spec, features, data_hooks = est._build(input_fn, ModeKeys.TRAIN, build_hook)
+    with graph.as_default():
+        train_op = add_missing_sparse_updates(spec.loss, spec.train_op)
+        global_step = tf.compat.v1.train.get_global_step()
+        if not any(s.op.name.endswith("loss") for s in
+                   tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.SUMMARIES)):
+            tf.compat.v1.summary.scalar("loss", spec.loss)
+        summary_op = tf.compat.v1.summary.merge_all()
+        saver, manager = dense_saver(config)
+        policy = SavePolicy.from_config(get_config(), save_steps=save_steps or 0,
+                                        clock=lambda: _hooks.clock())
+        saver_hook = _hooks.SparseCheckpointSaverHook(
+            config.model_dir, saver, manager, policy, save_secs=config.save_checkpoints_secs,
+            has_full_save=plan.version is not None)
+        own = list(data_hooks)
+        if last_step is not None:
+            own.append(tf.compat.v1.train.StopAtStepHook(last_step=last_step))
+        own.append(tf.compat.v1.train.NanTensorHook(spec.loss))
+        if config.log_step_count_steps:
+            own.append(_hooks._StepRateHook(config.log_step_count_steps,
+                                            batch_size_of(features), config.model_dir))
+        tail = []
+        precision_hook = None
+        if switch is not None:
+            precision_hook = _hooks._PrecisionHook(switch, low, tell, est.precision_history,
+                                                   config.model_dir, config.save_summary_steps)
+            tail.append(precision_hook)
+        if config.save_summary_steps and summary_op is not None:
+            tail.append(tf.compat.v1.train.SummarySaverHook(
+                save_steps=config.save_summary_steps, output_dir=config.model_dir,
+                summary_op=summary_op))
+        tail.append(saver_hook)
+        all_hooks = own + hooks + list(spec.training_hooks) + tail
+        scaffold = est._scaffold(plan, saver, manager)
+        dtype = (switch.low_dtype if low else None) if switch is not None else UNSET
+        loop = getattr(config, "iterations_per_loop", 1)
+        with tf.compat.v1.train.MonitoredTrainingSession(
+                checkpoint_dir=None, scaffold=scaffold, hooks=all_hooks,
+                chief_only_hooks=list(spec.training_chief_hooks),
+                save_checkpoint_secs=None, save_checkpoint_steps=None,
+                save_summaries_steps=None, save_summaries_secs=None,
+                log_step_count_steps=None, config=est._session_config(dtype)) as sess:
+            while not sess.should_stop():
+                if loop == 1:
+                    sess.run(train_op)
+                else:
+                    sess.run_step_fn(_loop_step(train_op, global_step, loop, last_step))
+    tf.compat.v1.summary.FileWriterCache.get(config.model_dir).flush()
+    return precision_hook is not None and precision_hook.switch_requested
+
+
+def _loop_step(train_op, global_step, loop, last_step):
+    """`iterations_per_loop` steps per hooked run: hooks see one run per loop."""
+
+    def step_fn(step_context):
+        n = loop
+        if last_step is not None:
+            n = min(loop, last_step - int(step_context.session.run(global_step)))
+        for _ in range(max(n, 1) - 1):
+            step_context.session.run(train_op)
+        return step_context.run_with_hooks(train_op)
+
+    return step_fn

@@ -1,0 +1,127 @@
+"""Accelerated training: low precision first, one switch to float32, nothing lost."""
+
+import glob
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from npu_rec import estimator as E
+from tests.estimator import models
+
+PARAMS = {"dim": 4, "hidden": (16,), "lr": 0.01}
+
+
+def _estimator(tmp_path, mode=None, **config):
+    exp = None if mode is None else E.ExperimentalConfig(accelerate_train_mode=mode)
+    return E.NPUEstimator(models.deepfm_model_fn, params=PARAMS, config=E.NPURunConfig(
+        model_dir=str(tmp_path), random_seed=1, experimental_config=exp,
+        save_summary_steps=1, log_step_count_steps=None, **config))
+
+
+def _input_fn():
+    return models.synthetic_input_fn(0, 6400, batch_size=64, epochs=2)
+
+
+def _loss_history(est, input_fn):
+    return est.evaluate(input_fn, steps=20)["loss"]
+
+
+def test_step_trigger_runs_half_in_bfloat16_then_float32(tmp_path):
+    est = _estimator(tmp_path, "fast1|step|0.5")
+    hook = E.TellMeStepOrLossHook(step="global_step:0", total_step=100)
+    est.train(_input_fn(), hooks=[hook], max_steps=100)
+    assert hook.history == [(s, "bfloat16") for s in range(50)] + \
+        [(s, "float32") for s in range(50, 100)]
+    assert est.precision_history == hook.history
+    # The TensorBoard scalar npu_rec/low_precision holds the same per-step record.
+    scalars = {}
+    for path in glob.glob(str(tmp_path / "events.out.tfevents.*")):
+        for event in tf.compat.v1.train.summary_iterator(path):
+            for v in event.summary.value:
+                if v.tag == "npu_rec/low_precision":
+                    scalars[event.step] = v.simple_value
+    assert scalars == {s: (1.0 if s < 50 else 0.0) for s in range(100)}
+    assert tf.train.load_variable(est.latest_checkpoint(), "global_step") == 100
+
+
+def test_step_trigger_without_hook_uses_global_step_and_max_steps(tmp_path):
+    est = _estimator(tmp_path, "fast1|step|0.3")
+    est.train(_input_fn(), max_steps=20)
+    assert [d for _, d in est.precision_history] == ["bfloat16"] * 6 + ["float32"] * 14
+
+
+def test_switch_loses_no_weight_slot_or_row(tmp_path):
+    """The float32 phase starts from exactly the state the low phase ended with."""
+    est = _estimator(tmp_path, "fast1|step|0.5")
+    est.train(_input_fn(), max_steps=10)   # switch at step 5: checkpoint 5 is the hand-over
+    ckpt5 = str(tmp_path / "model.ckpt-5")
+    names = [n for n, _ in tf.train.list_variables(ckpt5)]
+    assert any("Adam" in n for n in names)          # optimizer slots are in the hand-over
+    assert sorted(glob.glob(str(tmp_path / "tables" / "*.nrc")))[0].endswith("000005.full.nrc")
+    est_f32 = _estimator(tmp_path / "f32")
+    # Resuming at 5 in float32 from the hand-over checkpoint gives the same step 10.
+    import shutil
+    shutil.copytree(tmp_path, tmp_path / "f32", dirs_exist_ok=True,
+                    ignore=lambda d, names: [n for n in names if "-10" in n or "000010" in n
+                                             or n == "f32" or n == "npu_rec_precision.json"])
+    (tmp_path / "f32" / "checkpoint").write_text(
+        'model_checkpoint_path: "model.ckpt-5"\nall_model_checkpoint_paths: "model.ckpt-5"\n')
+    est_f32.train(_input_fn(), max_steps=10)
+    for name in names:
+        np.testing.assert_allclose(est_f32.get_variable_value(name),
+                                   est.get_variable_value(name), atol=1e-6)
+
+
+def test_loss_trigger_switches_after_first_step_at_or_below_target(tmp_path):
+    est = _estimator(tmp_path, "fast1|loss|1.5")
+    losses = []
+
+    class Record(tf.compat.v1.train.SessionRunHook):
+        def before_run(self, run_context):
+            return tf.compat.v1.train.SessionRunArgs("loss:0")
+
+        def after_run(self, run_context, run_values):
+            losses.append(run_values.results)
+
+    hook = E.TellMeStepOrLossHook(loss="loss:0", final_loss=0.35)
+    est.train(_input_fn(), hooks=[Record(), hook], max_steps=60)
+    target = 1.5 * 0.35
+    first = next(i for i, v in enumerate(losses) if 0 < v <= target)
+    dtypes = [d for _, d in hook.history]
+    assert dtypes == ["bfloat16"] * (first + 1) + ["float32"] * (60 - first - 1)
+
+
+def test_fast1_converges_like_float32(tmp_path):
+    f32 = _estimator(tmp_path / "f32")
+    f32.train(_input_fn(), max_steps=150)
+    fast = _estimator(tmp_path / "fast1", "fast1|step|0.9")
+    fast.train(_input_fn(), max_steps=150)
+    eval_fn = models.synthetic_input_fn(6400, 9600)
+    ref, got = _loss_history(f32, eval_fn), _loss_history(fast, eval_fn)
+    assert abs(got - ref) / ref < 0.05
+
+
+@pytest.mark.skipif(bool(tf.config.list_physical_devices("GPU")), reason="CPU-only rule")
+def test_fast_float16_is_a_clear_error_without_gpu(tmp_path):
+    with pytest.raises(ValueError, match="needs float16 mixed precision, which TensorFlow runs"):
+        _estimator(tmp_path, "fast|step|0.5")
+
+
+def test_loss_trigger_without_hook_is_an_error(tmp_path):
+    est = _estimator(tmp_path, "fast1|loss|1.05")
+    with pytest.raises(ValueError, match="needs a TellMeStepOrLossHook"):
+        est.train(_input_fn(), max_steps=5)
+
+
+def test_step_trigger_without_total_is_an_error(tmp_path):
+    est = _estimator(tmp_path, "fast1|step|0.5")
+    with pytest.raises(ValueError, match="needs the total step count"):
+        est.train(_input_fn())
+
+
+def test_hook_of_the_other_trigger_is_an_error(tmp_path):
+    est = _estimator(tmp_path, "fast1|step|0.5")
+    with pytest.raises(ValueError, match="uses the 'step' trigger"):
+        est.train(_input_fn(), hooks=[E.TellMeStepOrLossHook(loss="loss:0", final_loss=1.0)],
+                  max_steps=5)
