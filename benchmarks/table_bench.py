@@ -31,6 +31,7 @@ import gc
 import json
 import os
 import platform
+import resource
 import sys
 import time
 
@@ -51,6 +52,7 @@ _EVICT_EVERY = flags.DEFINE_integer("evict_every", 20, "Steps between evict() ca
                                     lower_bound=1)
 _THREADS = flags.DEFINE_integer("threads", 2, "TF intra/inter-op threads.", lower_bound=1)
 _SKIP_BASELINE = flags.DEFINE_bool("skip_baseline", False, "Skip the tf.Variable baseline.")
+_SKIP_NUMPY = flags.DEFINE_bool("skip_numpy", False, "Skip the np.take ceiling (saves a copy).")
 _JSON = flags.DEFINE_string("json", "benchmarks/table_bench.json", "Where to write results.")
 
 _MUL = np.uint64(0x9E3779B97F4A7C15)
@@ -144,9 +146,10 @@ def bench_table(tf, npu_rec, n_keys, dim, mode, rng, baseline):
     if on:
         table.evict()  # compile the eviction scan outside the timed loop
     rows = [(_zipf_ranks(rng, n_keys, ids_per_batch),) for _ in range(8)]
-    values = table._storage.values.numpy()[:n_keys]
-    cases = {"lookup": (lookup_only, batches, None), "step": (train_step, batches, evict),
-             "numpy": (lambda r: np.take(values, r, axis=0), rows, None)}
+    cases = {"lookup": (lookup_only, batches, None), "step": (train_step, batches, evict)}
+    if not _SKIP_NUMPY.value:
+        values = table._storage.values.numpy()[:n_keys]
+        cases["numpy"] = (lambda r: np.take(values, r, axis=0), rows, None)
     if baseline is not None:
         cases["baseline"] = baseline
     spent = _interleaved(cases, _STEPS.value, _WARMUP.value)
@@ -154,9 +157,11 @@ def bench_table(tf, npu_rec, n_keys, dim, mode, rng, baseline):
     result = {
         "keys": n_keys, "dim": dim, "admission_eviction": mode, "live_keys": live,
         "fill_seconds": round(fill_s, 2),
+        "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
         "table_lookup_keys_per_s": ids_per_batch * steps / spent["lookup"],
         "table_step_keys_per_s": ids_per_batch * steps / spent["step"],
-        "numpy_take_rows_per_s": ids_per_batch * steps / spent["numpy"],
+        "numpy_take_rows_per_s": (ids_per_batch * steps / spent["numpy"]
+                                  if "numpy" in spent else None),
         "baseline_step_keys_per_s": (ids_per_batch * steps / spent["baseline"]
                                      if baseline is not None else None),
         "variable_bytes_per_live_key": var_bytes / live,
@@ -243,12 +248,13 @@ def main(argv):
                 r = bench_table(tf, npu_rec, n_keys, dim, mode, rng, baseline)
                 base = r["baseline_step_keys_per_s"]
                 r["step_over_baseline"] = r["table_step_keys_per_s"] / base if base else None
-                r["lookup_over_numpy"] = r["table_lookup_keys_per_s"] / r["numpy_take_rows_per_s"]
+                npy = r["numpy_take_rows_per_s"]
+                r["lookup_over_numpy"] = r["table_lookup_keys_per_s"] / npy if npy else None
                 results.append(r)
                 print(f"{n_keys:>10} {dim:>4} {mode:>6} {r['table_lookup_keys_per_s']:>12.3g} "
                       f"{r['table_step_keys_per_s']:>11.3g} {base or float('nan'):>13.3g} "
                       f"{r['step_over_baseline'] or float('nan'):>9.2f} "
-                      f"{r['lookup_over_numpy']:>9.2f} {r['numpy_take_rows_per_s']:>11.3g} "
+                      f"{r['lookup_over_numpy'] or float('nan'):>9.2f} {npy or float('nan'):>11.3g} "
                       f"{r['variable_bytes_per_live_key']:>9.1f} "
                       f"{r['rss_bytes_per_live_key']:>9.1f}", flush=True)
                 _write_json(tf, results)
