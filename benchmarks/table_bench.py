@@ -14,7 +14,7 @@ shared machine affects them alike and their ratios stay meaningful.
 
 with admission+eviction off (`access_threshold=-1`) and on (threshold 2,
 eviction 3600 s; 1% of the ids are fresh keys that go through admission,
-and `evict()` runs every 20 steps inside the timed loop). It also reports
+and `evict()` runs every `--evict_every` steps inside the timed loop). It also reports
 bytes per live key: the table's variable bytes / live keys, and the growth
 of the process RSS while the table was filled.
 
@@ -31,6 +31,7 @@ import gc
 import json
 import os
 import platform
+import resource
 import sys
 import time
 
@@ -47,8 +48,11 @@ _WARMUP = flags.DEFINE_integer("warmup", 3, "Untimed steps first.", lower_bound=
 _BATCH = flags.DEFINE_integer("batch", 4096, "Examples per batch.", lower_bound=1)
 _FIELDS = flags.DEFINE_integer("fields", 26, "Ids per example.", lower_bound=1)
 _ZIPF = flags.DEFINE_float("zipf_a", 1.2, "Zipf exponent of the id distribution.")
+_EVICT_EVERY = flags.DEFINE_integer("evict_every", 20, "Steps between evict() calls (mode on).",
+                                    lower_bound=1)
 _THREADS = flags.DEFINE_integer("threads", 2, "TF intra/inter-op threads.", lower_bound=1)
 _SKIP_BASELINE = flags.DEFINE_bool("skip_baseline", False, "Skip the tf.Variable baseline.")
+_SKIP_NUMPY = flags.DEFINE_bool("skip_numpy", False, "Skip the np.take ceiling (saves a copy).")
 _JSON = flags.DEFINE_string("json", "benchmarks/table_bench.json", "Where to write results.")
 
 _MUL = np.uint64(0x9E3779B97F4A7C15)
@@ -137,13 +141,15 @@ def bench_table(tf, npu_rec, n_keys, dim, mode, rng, baseline):
         npu_rec.apply_recorded_gradients(recs, tape.gradient(loss, [r.embeddings for r in recs]))
         return loss
 
-    evict = (lambda i: table.evict() if i % 20 == 19 else None) if on else None
+    every = _EVICT_EVERY.value
+    evict = (lambda i: table.evict() if i % every == every - 1 else None) if on else None
     if on:
         table.evict()  # compile the eviction scan outside the timed loop
     rows = [(_zipf_ranks(rng, n_keys, ids_per_batch),) for _ in range(8)]
-    values = table._storage.values.numpy()[:n_keys]
-    cases = {"lookup": (lookup_only, batches, None), "step": (train_step, batches, evict),
-             "numpy": (lambda r: np.take(values, r, axis=0), rows, None)}
+    cases = {"lookup": (lookup_only, batches, None), "step": (train_step, batches, evict)}
+    if not _SKIP_NUMPY.value:
+        values = table._storage.values.numpy()[:n_keys]
+        cases["numpy"] = (lambda r: np.take(values, r, axis=0), rows, None)
     if baseline is not None:
         cases["baseline"] = baseline
     spent = _interleaved(cases, _STEPS.value, _WARMUP.value)
@@ -151,9 +157,11 @@ def bench_table(tf, npu_rec, n_keys, dim, mode, rng, baseline):
     result = {
         "keys": n_keys, "dim": dim, "admission_eviction": mode, "live_keys": live,
         "fill_seconds": round(fill_s, 2),
+        "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
         "table_lookup_keys_per_s": ids_per_batch * steps / spent["lookup"],
         "table_step_keys_per_s": ids_per_batch * steps / spent["step"],
-        "numpy_take_rows_per_s": ids_per_batch * steps / spent["numpy"],
+        "numpy_take_rows_per_s": (ids_per_batch * steps / spent["numpy"]
+                                  if "numpy" in spent else None),
         "baseline_step_keys_per_s": (ids_per_batch * steps / spent["baseline"]
                                      if baseline is not None else None),
         "variable_bytes_per_live_key": var_bytes / live,
@@ -161,14 +169,26 @@ def bench_table(tf, npu_rec, n_keys, dim, mode, rng, baseline):
         "raw_row_plus_slot_bytes": 2 * 4 * dim,
     }
 
+    _release(tf, table)
     npu_rec._table_registry.clear()
     gc.collect()
     return result
 
 
+def _release(tf, table):
+    """Frees a table's big buffers now (function caches may outlive the object)."""
+    keys, _ = table._index.export()
+    table._index.remove(keys)
+    for v in table._storage.per_row_variables():
+        shape = tf.concat([[0], tf.shape(v)[1:]], 0)
+        v.assign(tf.zeros(shape, v.dtype), read_value=False)
+
+
 def bench_baseline(tf, n_keys, dim, rng):
-    values = tf.Variable(tf.random.uniform([n_keys, dim], -0.05, 0.05), trainable=False)
-    accum = tf.Variable(tf.fill([n_keys, dim], 0.1), trainable=False)
+    values = tf.Variable(tf.random.uniform([n_keys, dim], -0.05, 0.05), trainable=False,
+                         shape=tf.TensorShape([None, dim]))
+    accum = tf.Variable(tf.fill([n_keys, dim], 0.1), trainable=False,
+                        shape=tf.TensorShape([None, dim]))
     ids_per_batch = _BATCH.value * _FIELDS.value
 
     @tf.function
@@ -187,7 +207,23 @@ def bench_baseline(tf, n_keys, dim, rng):
 
     batches = [(tf.constant(_zipf_ranks(rng, n_keys, ids_per_batch).reshape(
         _BATCH.value, _FIELDS.value)),) for _ in range(8)]
-    return step, batches, None
+    def release():
+        for v in (values, accum):
+            v.assign(tf.zeros([0, dim]), read_value=False)
+
+    return (step, batches, None), release
+
+
+def _write_json(tf, results):
+    out = {"machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
+                       "load_average": os.getloadavg(),
+                       "python": platform.python_version(), "tensorflow": tf.__version__},
+           "command": " ".join(sys.argv), "batch": _BATCH.value, "fields": _FIELDS.value,
+           "zipf_a": _ZIPF.value, "steps": _STEPS.value, "evict_every": _EVICT_EVERY.value,
+           "results": results}
+    os.makedirs(os.path.dirname(os.path.abspath(_JSON.value)), exist_ok=True)
+    with open(_JSON.value, "w") as f:
+        json.dump(out, f, indent=2)
 
 
 def main(argv):
@@ -206,27 +242,25 @@ def main(argv):
     print(header)
     for n_keys in map(int, _SIZES.value):
         for dim in map(int, _DIMS.value):
-            baseline = None if _SKIP_BASELINE.value else bench_baseline(tf, n_keys, dim, rng)
+            baseline, release = (None, None) if _SKIP_BASELINE.value else bench_baseline(
+                tf, n_keys, dim, rng)
             for mode in _MODES.value:
                 r = bench_table(tf, npu_rec, n_keys, dim, mode, rng, baseline)
                 base = r["baseline_step_keys_per_s"]
                 r["step_over_baseline"] = r["table_step_keys_per_s"] / base if base else None
-                r["lookup_over_numpy"] = r["table_lookup_keys_per_s"] / r["numpy_take_rows_per_s"]
+                npy = r["numpy_take_rows_per_s"]
+                r["lookup_over_numpy"] = r["table_lookup_keys_per_s"] / npy if npy else None
                 results.append(r)
                 print(f"{n_keys:>10} {dim:>4} {mode:>6} {r['table_lookup_keys_per_s']:>12.3g} "
                       f"{r['table_step_keys_per_s']:>11.3g} {base or float('nan'):>13.3g} "
                       f"{r['step_over_baseline'] or float('nan'):>9.2f} "
-                      f"{r['lookup_over_numpy']:>9.2f} {r['numpy_take_rows_per_s']:>11.3g} "
+                      f"{r['lookup_over_numpy'] or float('nan'):>9.2f} {npy or float('nan'):>11.3g} "
                       f"{r['variable_bytes_per_live_key']:>9.1f} "
                       f"{r['rss_bytes_per_live_key']:>9.1f}", flush=True)
-    out = {"machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
-                       "load_average_at_end": os.getloadavg(),
-                       "python": platform.python_version(), "tensorflow": tf.__version__},
-           "command": " ".join(sys.argv), "batch": _BATCH.value, "fields": _FIELDS.value,
-           "zipf_a": _ZIPF.value, "steps": _STEPS.value, "results": results}
-    os.makedirs(os.path.dirname(os.path.abspath(_JSON.value)), exist_ok=True)
-    with open(_JSON.value, "w") as f:
-        json.dump(out, f, indent=2)
+                _write_json(tf, results)
+            if release is not None:
+                release()
+            gc.collect()
     print(f"wrote {_JSON.value}")
 
 
