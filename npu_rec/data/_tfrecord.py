@@ -79,7 +79,11 @@ class TFRecordSource(_RowSource):
 
         path = self._files[i]
         if self._kinds is None:
-            first = list(self._records(path, 0).take(1).as_numpy_iterator())
+            try:
+                first = list(self._records(path, 0).take(1).as_numpy_iterator())
+            except (tf.errors.DataLossError, tf.errors.InvalidArgumentError) as err:
+                self._errors.record(path, "record", 0, f"corrupted record ({_first_line(err)})")
+                return
             if not first:
                 return
             self._kinds = self._detect_kinds(first[0])
@@ -146,7 +150,10 @@ class TFRecordSource(_RowSource):
     def _detect_kinds(self, raw: bytes) -> dict:
         import tensorflow as tf
 
-        example = tf.train.Example.FromString(raw)
+        try:
+            example = tf.train.Example.FromString(raw)
+        except Exception:  # noqa: BLE001 - not an Example: the parser will name the record
+            example = tf.train.Example()
         kinds = {}
         for c in (self.label_name, *self._roles[1], *self._roles[2], *self._roles[3]):
             feature = example.features.feature.get(c)

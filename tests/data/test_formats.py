@@ -110,3 +110,18 @@ def test_tfrecord_invalid_examples_are_named_and_skipped(tmp_path):
     )
     assert read_all(source)["d"].tolist() == [1.0, 2.0, 4.0]
     assert [e["record"] for e in source.error_report()["examples"]] == [2, 0]
+
+
+def test_tfrecord_first_record_invalid_is_named(tmp_path):
+    import tensorflow as tf
+
+    path = str(tmp_path / "x.tfrecord")
+    with tf.io.TFRecordWriter(path) as w:
+        w.write(b"garbage")
+    with pytest.raises(MalformedRecordError, match=r"x\.tfrecord, record 0: not a valid"):
+        read_all(TFRecordSource(path, label="y"))
+    data = bytearray(open(path, "rb").read())
+    data[2] ^= 0xFF  # break the length's checksum
+    open(path, "wb").write(bytes(data))
+    with pytest.raises(MalformedRecordError, match=r"x\.tfrecord, record 0: corrupted"):
+        read_all(TFRecordSource(path, label="y"))
