@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import csv
 import io
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pyarrow as pa
@@ -158,38 +159,61 @@ class CsvSource(_RowSource):
         return names
 
     def _read_file(self, i: int, loc, min_row: int):
+        """Yields the file's blocks; Arrow parses block k+1 in a thread while k is converted."""
         path = self._files[i]
-        with open(path, "rb") as f:
+        with open(path, "rb") as f, ThreadPoolExecutor(1) as pool:
             names = self._file_columns(path, f)
             if loc is None:
                 offset, line = f.tell(), 2 if self._header else 1
             else:
                 offset, line = loc["offset"], loc["line"]
                 f.seek(offset)
-            rest = b""
-            while True:
-                buf = f.read(self._block_bytes)
-                data = rest + buf
-                if not data:
-                    return
-                if buf:
-                    cut = data.rfind(b"\n") + 1
-                    if cut == 0:
-                        rest = data
-                        continue
-                    data, rest = data[:cut], data[cut:]
-                else:
-                    rest = b""
+            pending = None
+            for data, at_eof in self._blocks_of(f):
                 here = {"file": i, "offset": offset, "line": line}
-                cols, rownums = self._parse(path, names, data, line, min_row, not buf)
+                job = (here, data, at_eof, pool.submit(self._try_arrow, names, data))
+                if pending is not None:
+                    yield self._finish(path, names, min_row, *pending)
+                pending = job
                 offset += len(data)
                 line += data.count(b"\n") + (0 if data.endswith(b"\n") else 1)
-                yield cols, rownums, here
+            if pending is not None:
+                yield self._finish(path, names, min_row, *pending)
+
+    def _blocks_of(self, f):
+        """`(data, at_eof)`: about `block_bytes` of whole lines at a time."""
+        rest = b""
+        while True:
+            buf = f.read(self._block_bytes)
+            data = rest + buf
+            if not data:
+                return
+            if buf:
+                cut = data.rfind(b"\n") + 1
+                if cut == 0:
+                    rest = data
+                    continue
+                data, rest = data[:cut], data[cut:]
+            else:
+                rest = b""
+            yield data, not buf
+
+    def _finish(self, path, names, min_row, here, data, at_eof, parsed):
+        cols, rownums = self._parse(
+            path, names, data, here["line"], min_row, at_eof, parsed.result()
+        )
+        return cols, rownums, here
+
+    def _try_arrow(self, names, data: bytes):
+        try:
+            return self._arrow(names, data)
+        except pa.ArrowInvalid:
+            return None
 
     def _arrow(self, names, data: bytes) -> pa.Table:
         return pacsv.read_csv(
             io.BytesIO(data),
-            read_options=pacsv.ReadOptions(column_names=names, block_size=1 << 22),
+            read_options=pacsv.ReadOptions(column_names=names),
             parse_options=pacsv.ParseOptions(delimiter=self._delimiter),
             convert_options=pacsv.ConvertOptions(
                 column_types=self._types,
@@ -198,12 +222,9 @@ class CsvSource(_RowSource):
             ),
         )
 
-    def _parse(self, path, names, data, first_line, min_row, at_eof):
+    def _parse(self, path, names, data, first_line, min_row, at_eof, table):
+        """Converts a block that Arrow parsed (`table`), or finds its bad lines (`table=None`)."""
         n_lines = data.count(b"\n") + (0 if data.endswith(b"\n") else 1)
-        try:
-            table = self._arrow(names, data)
-        except pa.ArrowInvalid:
-            table = None
         if table is not None and table.num_rows == n_lines:
             rownums = first_line + np.arange(n_lines, dtype=np.int64)
         else:

@@ -11,6 +11,7 @@ from npu_rec.data._columns import Ragged
 from npu_rec.data._source import _RowSource
 
 BLOCK_RECORDS = 8192
+_CONVERTERS = {}  # graph functions by (column roles, feature kinds)
 
 
 class TFRecordSource(_RowSource):
@@ -77,31 +78,53 @@ class TFRecordSource(_RowSource):
         import tensorflow as tf
 
         path = self._files[i]
-        batches = iter(self._records(path, start).batch(BLOCK_RECORDS))
-        nbytes = 0 if start == 0 else None  # bytes of the records read, when known
-        while True:
+        if self._kinds is None:
             try:
-                raw = next(batches)
+                first = list(self._records(path, 0).take(1).as_numpy_iterator())
+            except (tf.errors.DataLossError, tf.errors.InvalidArgumentError) as err:
+                self._errors.record(path, "record", 0, f"corrupted record ({_first_line(err)})")
+                return
+            if not first:
+                return
+            self._kinds = self._detect_kinds(first[0])
+        nbytes = 0 if start == 0 else None  # bytes of the records read, when known
+        batches = None
+        while True:
+            if batches is None:
+                batches = iter(self._records(path, start).batch(BLOCK_RECORDS).prefetch(1))
+            try:
+                n, size, lengths, values = self._converter()(next(batches))
             except StopIteration:
                 self._check_complete(path, start, nbytes)
                 return
-            except (tf.errors.DataLossError, tf.errors.InvalidArgumentError) as err:
-                good, bad_at = self._salvage(path, start, err)
-                if len(good):
-                    yield (*self._parse(path, good, start, min_row), {"file": i, "record": start})
-                self._errors.record(
-                    path,
-                    "record",
-                    bad_at,
-                    f"corrupted or truncated record ({_first_line(err)}); "
-                    "the rest of the file cannot be read",
-                )
-                return
-            raw = raw.numpy()
+            except (tf.errors.DataLossError, tf.errors.InvalidArgumentError):
+                # Read the block again record by record to name the bad record(s).
+                raw, err = self._salvage(path, start)
+                if len(raw):
+                    cols, rownums = self._parse_slowly(path, raw, start, min_row)
+                    yield cols, rownums, {"file": i, "record": start}
+                if err is not None:
+                    self._errors.record(
+                        path,
+                        "record",
+                        start + len(raw),
+                        f"corrupted or truncated record ({_first_line(err)}); "
+                        "the rest of the file cannot be read",
+                    )
+                    return
+                start += len(raw)
+                nbytes = None if nbytes is None else nbytes + _size(raw)
+                batches = None
+                continue
+            n = int(n)
             if nbytes is not None:
-                nbytes += sum(len(r) for r in raw) + 16 * len(raw)
-            yield (*self._parse(path, raw, start, min_row), {"file": i, "record": start})
-            start += len(raw)
+                nbytes += int(size)
+            lengths = {c: v.numpy() for c, v in lengths.items()}
+            values = {c: v.numpy() for c, v in values.items()}
+            rownums = start + np.arange(n, dtype=np.int64)
+            cols, rownums = self._to_columns(path, n, lengths, values, rownums, rownums >= min_row)
+            yield cols, rownums, {"file": i, "record": start}
+            start += n
 
     def _check_complete(self, path: str, records: int, nbytes: int | None) -> None:
         """TensorFlow ends quietly at a truncated last record: compare sizes to notice it."""
@@ -114,20 +137,23 @@ class TFRecordSource(_RowSource):
                 path, "record", records, "truncated record: the file ends inside it"
             )
 
-    def _salvage(self, path, start, err):
-        """Reads records one by one from `start` up to the damage; returns them and its index."""
-        good = []
+    def _salvage(self, path, start):
+        """Up to one block of records from `start`, read one by one, and the damage met, if any."""
+        raw, err = [], None
         try:
-            for rec in self._records(path, start):
-                good.append(rec.numpy())
-        except Exception:  # noqa: BLE001 - the same damage as `err`
-            pass
-        return np.array(good, dtype=object), start + len(good)
+            for rec in self._records(path, start).take(BLOCK_RECORDS):
+                raw.append(rec.numpy())
+        except Exception as e:  # noqa: BLE001 - a corrupted or truncated record
+            err = e
+        return np.array(raw, dtype=object), err
 
     def _detect_kinds(self, raw: bytes) -> dict:
         import tensorflow as tf
 
-        example = tf.train.Example.FromString(raw)
+        try:
+            example = tf.train.Example.FromString(raw)
+        except Exception:  # noqa: BLE001 - not an Example: the parser will name the record
+            example = tf.train.Example()
         kinds = {}
         for c in (self.label_name, *self._roles[1], *self._roles[2], *self._roles[3]):
             feature = example.features.feature.get(c)
@@ -139,36 +165,69 @@ class TFRecordSource(_RowSource):
             ]
         return kinds
 
-    def _parse(self, path, raw: np.ndarray, start: int, min_row: int):
+    def _spec(self) -> dict:
+        import tensorflow as tf
+
+        return {c: tf.io.RaggedFeature(dtype=d) for c, d in self._kinds.items()}
+
+    def _converter(self):
+        """`_convert_batch` as a graph function, traced once per process and feature kinds."""
+        import tensorflow as tf
+
+        key = (self._roles, tuple(sorted((c, d.name) for c, d in self._kinds.items())))
+        if key not in _CONVERTERS:
+            _CONVERTERS[key] = tf.function(
+                self._convert_batch,
+                input_signature=[tf.TensorSpec([None], tf.string)],
+                autograph=False,
+            )
+        return _CONVERTERS[key]
+
+    def _convert_batch(self, raw):
+        """Graph function: parses serialized Examples; hashes text ids (empty -> MISSING_ID)."""
+        import tensorflow as tf
+
+        parsed = tf.io.parse_example(raw, self._spec())
+        lengths, values = {}, {}
+        for c, ragged in parsed.items():
+            v = ragged.values
+            if v.dtype == tf.string:
+                hashed = tf.strings.to_hash_bucket_fast(v, _convert.HASH_BUCKETS)
+                v = tf.where(v == "", tf.constant(_convert.MISSING_ID, tf.int64), hashed)
+            lengths[c], values[c] = ragged.row_lengths(), v
+        n = tf.size(raw)
+        size = tf.reduce_sum(tf.strings.length(raw, unit="BYTE")) + 16 * n
+        return n, size, lengths, values
+
+    def _parse_slowly(self, path, raw: np.ndarray, start: int, min_row: int):
+        """Parses records one by one, reporting the invalid ones."""
         import tensorflow as tf
 
         rownums = start + np.arange(len(raw), dtype=np.int64)
         ok = rownums >= min_row
-        if self._kinds is None:
-            self._kinds = self._detect_kinds(raw[0])
-        spec = {c: tf.io.RaggedFeature(dtype=d) for c, d in self._kinds.items()}
-        try:
-            parsed = tf.io.parse_example(raw, spec)
-        except tf.errors.InvalidArgumentError:
-            keep = np.ones(len(raw), bool)
-            for j, rec in enumerate(raw):
-                try:
-                    tf.io.parse_example(rec[None], spec)
-                except tf.errors.InvalidArgumentError as err:
-                    keep[j] = False
-                    if ok[j]:
-                        self._errors.record(
-                            path,
-                            "record",
-                            int(rownums[j]),
-                            f"not a valid tf.train.Example ({_first_line(err)})",
-                        )
-            raw, rownums, ok = raw[keep], rownums[keep], ok[keep]
-            parsed = tf.io.parse_example(raw, spec) if len(raw) else None
-        if parsed is None:
+        keep = np.ones(len(raw), bool)
+        for j, rec in enumerate(raw):
+            try:
+                tf.io.parse_example([rec], self._spec())
+            except tf.errors.InvalidArgumentError as err:
+                keep[j] = False
+                if ok[j]:
+                    self._errors.record(
+                        path,
+                        "record",
+                        int(rownums[j]),
+                        f"not a valid tf.train.Example ({_first_line(err)})",
+                    )
+        raw, rownums, ok = raw[keep], rownums[keep], ok[keep]
+        if not len(raw):
             return _convert_empty(self), rownums
-        lengths = {c: parsed[c].row_lengths().numpy() for c in spec}
-        values = {c: parsed[c].values for c in spec}
+        _, _, lengths, values = self._converter()(tf.constant(list(raw)))
+        lengths = {c: v.numpy() for c, v in lengths.items()}
+        values = {c: v.numpy() for c, v in values.items()}
+        return self._to_columns(path, len(raw), lengths, values, rownums, ok)
+
+    def _to_columns(self, path, n, lengths, values, rownums, ok):
+        """Checks value counts and builds the block's columns from parsed values."""
         limits = [(self.label_name, 1, 1, "a label")]
         limits += [(c, 0, 1, "a dense feature") for c in self._roles[1]]
         limits += [(c, 0, 1, "a categorical feature") for c in self._roles[2]]
@@ -183,26 +242,27 @@ class TFRecordSource(_RowSource):
                 )
             ok &= ~wrong
         cols = {}
-        first = {c: np.concatenate([[0], np.cumsum(lengths[c])])[:-1] for c in spec}
+        first = {c: np.concatenate([[0], np.cumsum(lengths[c])])[:-1] for c in lengths}
         for c in (self.label_name, *self._roles[1]):
             has = lengths[c] >= 1
-            dense = np.full(len(raw), _convert.DENSE_FILL, np.float32)
-            dense[has] = values[c].numpy().astype(np.float32)[first[c][has]]
+            dense = np.full(n, _convert.DENSE_FILL, np.float32)
+            dense[has] = values[c].astype(np.float32)[first[c][has]]
             if c != self.label_name and self._log_dense:
                 dense = np.log1p(np.maximum(dense, 0.0)).astype(np.float32)
             cols[c] = dense
         for c in self._roles[2]:
             has = lengths[c] >= 1
-            ids = np.full(len(raw), _convert.MISSING_ID, np.int64)
-            ids[has] = _ids(values[c])[first[c][has]]
+            ids = np.full(n, _convert.MISSING_ID, np.int64)
+            ids[has] = values[c].astype(np.int64)[first[c][has]]
             cols[c] = ids
         for c in self._roles[3]:
-            v = _ids(values[c])
-            keep = (
-                v != _convert.MISSING_ID if self._kinds[c] == tf.string else np.ones(len(v), bool)
-            )
-            rows = np.repeat(np.arange(len(raw)), lengths[c])
-            cols[c] = Ragged.from_lengths(v[keep], np.bincount(rows[keep], minlength=len(raw)))
+            v = values[c].astype(np.int64)
+            if self._kinds[c].name == "string":
+                keep = v != _convert.MISSING_ID
+            else:
+                keep = np.ones(len(v), bool)
+            rows = np.repeat(np.arange(n), lengths[c])
+            cols[c] = Ragged.from_lengths(v[keep], np.bincount(rows[keep], minlength=n))
         if not ok.all():
             from npu_rec.data._columns import take_rows
 
@@ -223,14 +283,8 @@ def _scan(path: str, records: int) -> int:
     return pos
 
 
-def _ids(values) -> np.ndarray:
-    import tensorflow as tf
-
-    if values.dtype == tf.string:
-        ids = tf.strings.to_hash_bucket_fast(values, _convert.HASH_BUCKETS).numpy()
-        ids[(values == "").numpy()] = _convert.MISSING_ID
-        return ids.astype(np.int64)
-    return values.numpy().astype(np.int64)
+def _size(raw) -> int:
+    return sum(len(r) for r in raw) + 16 * len(raw)
 
 
 def _convert_empty(source) -> dict:

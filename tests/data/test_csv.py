@@ -239,3 +239,26 @@ def test_csv_arguments_are_checked(tmp_path):
         CsvSource(str(path), label="label", on_error="ignore")
     with pytest.raises(ValueError, match="Column 'a' is given twice"):
         CsvSource(str(path), label="label", dense=("a",), categorical=("a",))
+
+
+def test_files_may_order_columns_differently_and_bad_header_is_named(tmp_path):
+    (tmp_path / "a.csv").write_text("label,a,c\n1,2,x\n")
+    (tmp_path / "b.csv").write_text("c,label,a\ny,0,3\n")
+    rows = read_csv(str(tmp_path / "*.csv"), label="label", dense=("a",), categorical=("c",))
+    assert rows["a"].tolist() == [2.0, 3.0] and rows["label"].tolist() == [1.0, 0.0]
+    np.testing.assert_array_equal(rows["c"], hash_strings(["x", "y"]))
+    (tmp_path / "b.csv").write_bytes(b"c,lab\xffel,a\ny,0,3\n")
+    with pytest.raises(MalformedRecordError, match=r"b\.csv, line 1: invalid UTF-8 in the header"):
+        read_csv(str(tmp_path / "*.csv"), label="label", dense=("a",))
+
+
+def test_restore_after_the_files_moved(tmp_path):
+    for d in ("old", "new"):
+        (tmp_path / d).mkdir()
+        (tmp_path / d / "x.csv").write_text("label,a\n" + "".join(f"1,{i}\n" for i in range(10)))
+    old = CsvSource(str(tmp_path / "old" / "x.csv"), label="label", dense=("a",))
+    old.next_minibatch(4)
+    new = CsvSource(str(tmp_path / "new" / "x.csv"), label="label", dense=("a",))
+    new.restore_from_checkpoint(old.get_checkpoint_state())
+    mb = {s.name: d.data.tolist() for s, d in new.next_minibatch(3).items()}
+    assert mb["a"] == [4.0, 5.0, 6.0]

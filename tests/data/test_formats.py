@@ -92,3 +92,36 @@ def test_tfrecord_wrong_value_count_is_malformed(tmp_path):
     rows = read_all(TFRecordSource(path, label="y", categorical=["c"], on_error="skip"))
     assert rows["c"].tolist() == [hash_strings(["a"])[0], MISSING_ID]
     assert np.asarray(rows["y"]).dtype == np.float32
+
+
+def test_tfrecord_invalid_examples_are_named_and_skipped(tmp_path):
+    import tensorflow as tf
+
+    path = str(tmp_path / "x.tfrecord")
+    write_examples(path, {"y": [1.0, 0.0, 1.0, 0.0], "d": [1.0, 2.0, "text", 4.0]})
+    with tf.io.TFRecordWriter(str(tmp_path / "y.tfrecord")) as w:
+        w.write(b"not an example")
+    with pytest.raises(
+        MalformedRecordError, match=r"x\.tfrecord, record 2: not a valid tf.train.Example"
+    ):
+        read_all(TFRecordSource(path, label="y", dense=["d"]))
+    source = TFRecordSource(
+        [path, str(tmp_path / "y.tfrecord")], label="y", dense=["d"], on_error="skip"
+    )
+    assert read_all(source)["d"].tolist() == [1.0, 2.0, 4.0]
+    assert [e["record"] for e in source.error_report()["examples"]] == [2, 0]
+
+
+def test_tfrecord_first_record_invalid_is_named(tmp_path):
+    import tensorflow as tf
+
+    path = str(tmp_path / "x.tfrecord")
+    with tf.io.TFRecordWriter(path) as w:
+        w.write(b"garbage")
+    with pytest.raises(MalformedRecordError, match=r"x\.tfrecord, record 0: not a valid"):
+        read_all(TFRecordSource(path, label="y"))
+    data = bytearray(open(path, "rb").read())
+    data[2] ^= 0xFF  # break the length's checksum
+    open(path, "wb").write(bytes(data))
+    with pytest.raises(MalformedRecordError, match=r"x\.tfrecord, record 0: corrupted"):
+        read_all(TFRecordSource(path, label="y"))

@@ -76,7 +76,7 @@ def test_exact_multiple_ends_the_sweep_without_an_empty_batch(tmp_path):
 
 
 @settings(
-    max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 @given(
     k=st.integers(0, 12),
