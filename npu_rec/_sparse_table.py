@@ -95,7 +95,16 @@ class SparseTable(TableStateMixin):
         if init is None:
             return _keyed_init.keyed_uniform(keys, self.dim, self._seed)
         n = tf.size(keys)
-        return tf.cast(init(tf.stack([n, self.dim]), tf.float32), tf.float32)
+        try:
+            return tf.cast(init(tf.stack([n, self.dim]), tf.float32), tf.float32)
+        except (TypeError, ValueError, tf.errors.OperatorNotAllowedInGraphError) as err:
+            raise TypeError(
+                f"The initializer of sparse table {self.name!r} cannot make rows for a "
+                "dynamic number of new keys (shape [None, dim]); fan-based initializers "
+                "such as glorot/he/lecun need a static shape. Use a fixed-distribution "
+                "initializer (RandomUniform, RandomNormal, TruncatedNormal, Constant), a "
+                "callable (shape, dtype) -> tensor, or None (keyed uniform). "
+                f"Received: initializer={init!r}") from err
 
     @tf.autograph.experimental.do_not_convert
     def _lookup_unique(self, keys: tf.Tensor, counts: tf.Tensor | None,

@@ -194,6 +194,12 @@ def test_initializer_by_keras_name():
         npu_rec.create_table("nope", 2, initializer="nope")
 
 
+def test_fan_based_initializer_is_refused_with_guidance():
+    table = npu_rec.create_table("glorot", 2, initializer="glorot_uniform")
+    with pytest.raises(TypeError, match="fan-based initializers"):
+        tf.function(lambda ids: npu_rec.sparse_lookup(table, ids))(tf.constant([1], tf.int64))
+
+
 def test_table_variables_are_not_trainable():
     table = npu_rec.create_table("nt", 2, optimizer=npu_rec.optimizers.Adagrad())
     assert table.variables() and not any(v.trainable for v in table.variables())
