@@ -95,7 +95,16 @@ class SparseTable(TableStateMixin):
         if init is None:
             return _keyed_init.keyed_uniform(keys, self.dim, self._seed)
         n = tf.size(keys)
-        return tf.cast(init(tf.stack([n, self.dim]), tf.float32), tf.float32)
+        try:
+            return tf.cast(init(tf.stack([n, self.dim]), tf.float32), tf.float32)
+        except (TypeError, ValueError, tf.errors.OperatorNotAllowedInGraphError) as err:
+            raise TypeError(
+                f"The initializer of sparse table {self.name!r} cannot make rows for a "
+                "dynamic number of new keys (shape [None, dim]); fan-based initializers "
+                "such as glorot/he/lecun need a static shape. Use a fixed-distribution "
+                "initializer (RandomUniform, RandomNormal, TruncatedNormal, Constant), a "
+                "callable (shape, dtype) -> tensor, or None (keyed uniform). "
+                f"Received: initializer={init!r}") from err
 
     @tf.autograph.experimental.do_not_convert
     def _lookup_unique(self, keys: tf.Tensor, counts: tf.Tensor | None,
@@ -301,8 +310,8 @@ def create_table(name: str, dim: int, *, key_dtype=tf.int64, initializer=None, o
       dim: Embedding width (>= 1).
       key_dtype: `tf.int64` or `tf.int32`; raw ids, no vocabulary needed.
       initializer: Initial rows of admitted keys: None = keyed uniform(-0.05,
-        0.05) (a function of table name and key only), a Keras/TF initializer or
-        a callable `(shape, dtype) -> tensor`.
+        0.05) (a function of table name and key only), a Keras/TF initializer
+        (object or name such as "zeros") or a callable `(shape, dtype) -> tensor`.
       optimizer: An `npu_rec.optimizers` sparse optimizer, or None (lookups only).
       capacity: Initial rows; the fixed size when dynamic expansion is off.
         None = 65536 rows fixed, or 1024 rows growing.
@@ -325,6 +334,14 @@ def create_table(name: str, dim: int, *, key_dtype=tf.int64, initializer=None, o
     """
     if dynamic_expansion is None:
         dynamic_expansion = global_use_dynamic_expansion()
+    if isinstance(initializer, str):
+        import keras  # noqa: PLC0415
+
+        try:
+            initializer = keras.initializers.get(initializer)
+        except ValueError as err:
+            raise ValueError("`initializer` must name a Keras initializer. "
+                             f"Received: initializer={initializer!r}") from err
     if capacity is None:
         capacity = DEFAULT_DYNAMIC_CAPACITY if dynamic_expansion else DEFAULT_FIXED_CAPACITY
     config = TableConfig(name=name, dim=dim, key_dtype=key_dtype, initializer=initializer,

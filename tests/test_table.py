@@ -186,6 +186,20 @@ def test_user_initializer_is_used():
     np.testing.assert_allclose(emb.numpy(), np.full((1, 3), 0.25))
 
 
+def test_initializer_by_keras_name():
+    table = npu_rec.create_table("ones", 2, initializer="ones")
+    np.testing.assert_array_equal(
+        npu_rec.sparse_lookup(table, tf.constant([9], tf.int64)).numpy(), [[1.0, 1.0]])
+    with pytest.raises(ValueError, match="initializer='nope'"):
+        npu_rec.create_table("nope", 2, initializer="nope")
+
+
+def test_fan_based_initializer_is_refused_with_guidance():
+    table = npu_rec.create_table("glorot", 2, initializer="glorot_uniform")
+    with pytest.raises(TypeError, match="fan-based initializers"):
+        tf.function(lambda ids: npu_rec.sparse_lookup(table, ids))(tf.constant([1], tf.int64))
+
+
 def test_table_variables_are_not_trainable():
     table = npu_rec.create_table("nt", 2, optimizer=npu_rec.optimizers.Adagrad())
     assert table.variables() and not any(v.trainable for v in table.variables())

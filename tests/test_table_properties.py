@@ -1,4 +1,9 @@
-"""Property tests: random operation sequences on the real table and the NumPy reference."""
+"""Property tests: random operation sequences on the real table and the NumPy reference.
+
+Operations: training step (lookup + gradients, via `apply_gradients` or the
+`record_lookups` hook), inference lookup, eviction, checkpoint save (full or
+delta) and restore of the latest version (full save plus its deltas).
+"""
 
 import numpy as np
 import pytest
@@ -8,6 +13,7 @@ from hypothesis import strategies as st
 
 import npu_rec
 from npu_rec import _table_registry
+from npu_rec.checkpoint import TableCheckpointManager
 from tests.table_helpers import OPTIMIZERS, assert_same_state
 from tests.table_reference import ReferenceTable
 
@@ -25,7 +31,7 @@ _op = st.one_of(
     st.tuples(st.just("step"), _ids, st.integers(0, 3), st.booleans()),
     st.tuples(st.just("infer"), _ids),
     st.tuples(st.just("evict"), st.integers(0, 4)),
-    st.tuples(st.just("save")),
+    st.tuples(st.just("save"), st.booleans()),
     st.tuples(st.just("restore")),
 )
 
@@ -39,7 +45,8 @@ def _run(opt_name, feature, ops, seed, tmp_path):
                                  dynamic_expansion=dynamic, max_pending_keys=max_pending)
     ref = ReferenceTable("prop", DIM, make_ref_opt(), access, evict, max_pending)
     rng = np.random.default_rng(seed)
-    clock, saved, path = 0, None, str(tmp_path / "prop.nrc")
+    clock, saved, version = 0, None, 0
+    manager = TableCheckpointManager(str(tmp_path / f"ck{seed}_{len(ops)}"), [table])
     for op in ops:
         if op[0] == "step":
             _, ids, advance, use_record = op
@@ -66,11 +73,13 @@ def _run(opt_name, feature, ops, seed, tmp_path):
         elif op[0] == "evict":
             now = clock + op[1]
             assert table.evict(now) == ref.evict(now)
-        elif op[0] == "save":
-            table.save(path)
+        elif op[0] == "save":              # full or delta (the first save is full)
+            version += 1
+            manager.save(version, delta=op[1])
             saved = ref.snapshot()
+            ref.end_period()
         elif op[0] == "restore" and saved is not None:
-            table.restore(path)
+            manager.restore()                 # the full save + its chain of deltas
             ref.load(saved)
         assert_same_state(table, ref)
 
