@@ -16,6 +16,8 @@ from typing import Any
 
 import tensorflow as tf
 
+from npu_rec import _config
+
 _LOCK = threading.Lock()
 _EAGER: dict[str, Any] = {}
 _PER_GRAPH: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -45,8 +47,8 @@ def register(table: Any) -> None:
         if table.name in space:
             raise ValueError(
                 f"A sparse table named {table.name!r} already exists. Table names must be "
-                "unique: pick another `name`, or call npu_rec.shutdown() (or "
-                "npu_rec._table_registry.clear()) to forget the existing tables."
+                "unique: pick another `name`, or call npu_rec.shutdown() to forget the "
+                "existing tables."
             )
         space[table.name] = table
 
@@ -74,3 +76,6 @@ def clear() -> None:
     with _LOCK:
         _EAGER.clear()
         _PER_GRAPH.clear()
+
+
+_config.register_shutdown_callback(clear)

@@ -236,3 +236,11 @@ def test_graph_mode_size_and_evict_tensors_without_session():
             assert sess.run(evicted, {}) == 0          # now = newest timestamp (10)
             assert table.evict(now=20) == 2            # default session runs it
             assert sess.run(table.size()) == 0
+
+
+def test_shutdown_forgets_tables_so_names_can_be_reused():
+    npu_rec.create_table("shutdown_reuse", 4)
+    with pytest.raises(ValueError, match="'shutdown_reuse' already exists.*npu_rec.shutdown"):
+        npu_rec.create_table("shutdown_reuse", 4)
+    npu_rec.shutdown()
+    assert npu_rec.create_table("shutdown_reuse", 4).name == "shutdown_reuse"
