@@ -12,6 +12,7 @@ then runs inside it:
 
 from __future__ import annotations
 
+import configparser
 import hashlib
 import os
 import subprocess
@@ -39,8 +40,26 @@ def _ensure_env(extras: str) -> None:
         cwd=ROOT,
         check=True,
     )
+    if extras == "test":
+        # tf_keras (for model_fns using tf.compat.v1.layers, see docs/estimator.md) declares
+        # a dependency on the `tensorflow` package, which would install a second TensorFlow
+        # over tensorflow-cpu: install it without dependencies, at the pin in setup.cfg.
+        subprocess.run(
+            [PYTHON, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+             "--no-deps", *_extra_requirements("legacy")],
+            cwd=ROOT,
+            check=True,
+        )
     with open(stamp, "w") as f:
         f.write(want)
+
+
+def _extra_requirements(name: str) -> list[str]:
+    """The requirements of an extra of setup.cfg (where all pins live)."""
+    parser = configparser.ConfigParser()
+    parser.read(os.path.join(ROOT, "setup.cfg"))
+    lines = parser["options.extras_require"][name].splitlines()
+    return [line.strip() for line in lines if line.strip()]
 
 
 def _run(argv: list[str]) -> int:
