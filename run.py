@@ -2,7 +2,7 @@
 """The two commands of npu_rec: `python3 run.py train` and `python3 run.py test`.
 
 Each creates `.venv/` beside this file and installs npu_rec into it (with the
-test extras for `test`) when it is missing or `setup.cfg` has changed since,
+test extras for `test`) when it is missing or `setup.cfg` (or this file) has changed since,
 then runs inside it:
 
   python3 run.py train [FLAGS]   # scripts/train.py: a reference model on the default data
@@ -25,8 +25,11 @@ PYTHON = os.path.join(VENV, "bin", "python")
 
 
 def _ensure_env(extras: str) -> None:
-    with open(os.path.join(ROOT, "setup.cfg"), "rb") as f:
-        want = hashlib.sha256(f.read() + extras.encode()).hexdigest()
+    digest = hashlib.sha256(extras.encode())
+    for name in ("setup.cfg", "run.py"):  # what is installed, and how
+        with open(os.path.join(ROOT, name), "rb") as f:
+            digest.update(f.read())
+    want = digest.hexdigest()
     stamp = os.path.join(VENV, f".npu_rec-installed-{extras or 'base'}")
     if os.path.exists(stamp) and open(stamp).read() == want:
         return
