@@ -25,8 +25,8 @@ from npu_rec.data._synthetic import (
     CATEGORICAL_NAMES,
     DENSE_NAMES,
     SyntheticCriteo,
-    SyntheticSource,
 )
+from npu_rec.data._synthetic_source import SyntheticSource
 from npu_rec.data._tfrecord import TFRecordSource, write_examples
 
 __all__ = [

@@ -55,8 +55,9 @@ class ReadingPosition:
         self._initial = None
 
     def _start(self, state: dict) -> None:
+        """Notes the state before the first batch (until a batch has been produced)."""
         with self._lock:
-            if self._initial is None:
+            if self._produced == 0:
                 self._initial = state
 
     def _record(self, state: dict) -> None:
@@ -211,6 +212,7 @@ def as_dataset(
                     feats[s.name] = d.data
             yield feats, np.asarray(mb[source.stream(label)].data, np.float32)
 
+    position._start(source.get_checkpoint_state())
     ds = tf.data.Dataset.from_generator(generate, output_signature=(features_spec, label_spec))
     ds = ds.prefetch(prefetch)
     ds.reading_position = position

@@ -34,7 +34,7 @@ def _int_or_none(name, value, low, high=None):
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"`{name}` must be None or an integer. Received: {name}={value!r}")
+        raise ValueError(f"`{name}` must be None or an integer. Received: {name}={value!r}")
     if value < low or (high is not None and value > high):
         rule = f"in [{low}, {high}]" if high is not None else f">= {low}"
         raise ValueError(f"`{name}` must be {rule}. Received: {name}={value!r}")
@@ -57,6 +57,11 @@ class FeatureSpec:
       batch_size: samples per batch, if fixed.
       feat_count: ids per sample.
       dtype: "int64" or "int32", the ids' type.
+
+    Raises:
+      ValueError: a field breaks its rule (the message names the field, the rule
+        and the value), or `eviction_threshold` is set without `access_threshold`.
+      TypeError: `is_timestamp` is not a bool.
 
     Example:
       >>> user = FeatureSpec("user_id", table_name="user", access_threshold=2)
@@ -101,7 +106,7 @@ class FeatureSpec:
             )
         set_("batch_size", _int_or_none("batch_size", self.batch_size, 1))
         if self.feat_count is None:
-            raise TypeError("`feat_count` must be an integer >= 1. Received: feat_count=None")
+            raise ValueError("`feat_count` must be an integer >= 1. Received: feat_count=None")
         set_("feat_count", _int_or_none("feat_count", self.feat_count, 1))
         dtype = getattr(self.dtype, "name", self.dtype)
         if str(dtype) not in ("int64", "int32"):

@@ -24,8 +24,6 @@ import dataclasses
 
 import numpy as np
 
-from npu_rec.data._source import _RowSource
-
 NUM_DENSE = 13
 NUM_CATEGORICAL = 26
 DENSE_NAMES = tuple(f"I{i}" for i in range(1, NUM_DENSE + 1))
@@ -199,52 +197,3 @@ class SyntheticCriteo:
         out["label"] = (rng.random(n) < prob).astype(np.int32)
         out["probability"] = prob
         return out
-
-
-class SyntheticSource(_RowSource):
-    """A minibatch source over `SyntheticCriteo` rows: infinite, or sized.
-
-    Streams: `label` (float32), `I1`-`I13` (float32), `C1`-`C26` (raw int64
-    ids). Row `i` of every sweep is row `i` of the generator.
-
-    Args:
-      num_rows: rows per sweep; None for an endless stream (no sweep ends).
-      seed: the generator's seed.
-      **generator_kwargs: further `SyntheticCriteo` arguments.
-
-    Example:
-      >>> src = SyntheticSource(num_rows=10_000, seed=7)
-      >>> mb = src.next_minibatch(1024, number_of_workers=2, worker_rank=0)
-    """
-
-    def __init__(self, num_rows: int | None = None, *, seed: int = 0, **generator_kwargs):
-        super().__init__("raise")
-        if num_rows is not None and (
-            isinstance(num_rows, bool)
-            or not isinstance(num_rows, (int, np.integer))
-            or num_rows < 1
-        ):
-            raise ValueError(
-                f"`num_rows` must be None or an integer >= 1. Received: num_rows={num_rows!r}"
-            )
-        self.num_rows = None if num_rows is None else int(num_rows)
-        self.generator = SyntheticCriteo(seed=seed, **generator_kwargs)
-        self.label_name = "label"
-        self._files = [f"synthetic:seed={seed},num_rows={num_rows},{generator_kwargs}"]
-        from npu_rec.data._convert import column_streams
-
-        self._streams = column_streams("label", DENSE_NAMES, CATEGORICAL_NAMES, ())
-
-    def _open(self, loc, min_row):
-        start = min_row - min_row % BLOCK_ROWS
-        while self.num_rows is None or start < self.num_rows:
-            stop = (
-                start + BLOCK_ROWS
-                if self.num_rows is None
-                else min(start + BLOCK_ROWS, self.num_rows)
-            )
-            lo = max(start, min_row)
-            rows = self.generator.rows(lo, stop)
-            rows["label"] = rows["label"].astype(np.float32)
-            yield rows, np.arange(lo, stop, dtype=np.int64), {"row": start}
-            start = stop

@@ -53,6 +53,7 @@ def test_static_shapes_follow_the_global_config(tmp_path, monkeypatch):
 def test_consumed_position_resumes_exactly_despite_prefetch(tmp_path):
     source = make_source("csv", tmp_path)
     ds = as_dataset(source, 4, prefetch=8, num_sweeps=None)
+    assert ds.reading_position.state_after(0) == source.get_checkpoint_state()  # before reading
     it = iter(ds)
     seen = [next(it)[0]["rid"].numpy().astype(int).tolist() for _ in range(3)]
     position = ds.reading_position

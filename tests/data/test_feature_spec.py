@@ -25,7 +25,7 @@ def test_defaults_follow_mx_rec():
     [
         (dict(access_threshold=-2), ValueError, r"access_threshold.*\[-1, 2147483647\].*-2"),
         (dict(access_threshold=2**31), ValueError, "access_threshold=2147483648"),
-        (dict(access_threshold=True), TypeError, "access_threshold=True"),
+        (dict(access_threshold=True), ValueError, "access_threshold=True"),
         (dict(eviction_threshold=5), ValueError, "eviction_threshold.*requires.*access_threshold"),
         (dict(access_threshold=1, eviction_threshold=-3), ValueError, "eviction_threshold=-3"),
         (dict(feat_count=0), ValueError, "feat_count.*feat_count=0"),
