@@ -74,3 +74,14 @@ def clear() -> None:
     with _LOCK:
         _EAGER.clear()
         _PER_GRAPH.clear()
+
+
+def _forget_tables_at_shutdown() -> None:
+    # `npu_rec.shutdown()` promises to forget the tables; without this a second run in one
+    # process (scripts called from tests or notebooks) meets "table already exists".
+    from npu_rec._config import register_shutdown_callback  # noqa: PLC0415
+
+    register_shutdown_callback(clear)
+
+
+_forget_tables_at_shutdown()
