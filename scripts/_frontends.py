@@ -157,7 +157,8 @@ class _ProgressHook(tf.compat.v1.train.SessionRunHook):
             self._labels.append(r["labels"])
             self._probs.append(r["probs"])
             auc = _report.window_auc(np.concatenate(self._labels), np.concatenate(self._probs))
-        self.log.record(r["step"], r.get("loss", float("nan")), auc)
+        # The global step fetched with the train op is its value before this step.
+        self.log.record(r["step"] + 1, r.get("loss", float("nan")), auc)
 
 
 def estimator(s: RunSettings, plan: _data.DataPlan) -> E.NPUEstimator:

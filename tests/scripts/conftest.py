@@ -2,7 +2,7 @@ import pytest
 from absl import flags, logging
 
 
-@pytest.fixture(autouse=True)
+@pytest.fixture(autouse=True, scope="session")
 def _parsed_flags():
     """Scripts read absl flags; tests set them with flagsaver, not a command line."""
     if not flags.FLAGS.is_parsed():
