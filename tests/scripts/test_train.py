@@ -74,3 +74,15 @@ def test_flag_bounds_name_the_flag():
             flags.FLAGS["max_steps"].parse("0")
         with pytest.raises(flags.IllegalFlagValueError, match="pytorch"):
             flags.FLAGS["frontend"].parse("pytorch")
+
+
+def test_estimator_and_keras_reach_the_same_auc_on_the_same_data(tmp_path):
+    same = dict(batch_size=512, max_steps=150, eval_steps=24, save_steps=150, seed=3,
+                verbose=0)
+    auc = {}
+    for frontend in ("keras", "estimator"):
+        with flagsaver.flagsaver(**same, frontend=frontend, model_dir=str(tmp_path / frontend)):
+            train.main(["train.py"])
+        auc[frontend] = _metrics(tmp_path / frontend)["eval_auc"]
+    assert auc["keras"] > 0.65 and auc["estimator"] > 0.65
+    assert abs(auc["keras"] - auc["estimator"]) < 0.02, auc
