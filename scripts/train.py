@@ -1,168 +1,89 @@
-r"""Trains a reference click model and prints its metrics.
+r"""Trains a reference model (DeepFM, Wide&Deep, DLRM) on npu_rec sparse tables.
 
 Examples:
-  python scripts/train.py                          # DeepFM on synthetic data
+  python scripts/train.py                                    # Keras DeepFM, synthetic data
+  python scripts/train.py --frontend=estimator --model=dlrm --embedding_dim=16
   python scripts/train.py --data=criteo_sample --max_steps=200 --batch_size=32
+  python scripts/train.py --data='/data/day_*.parquet' --categorical_features=C1,C2 \
+      --dense_features=I1,I2 --model_dir=/tmp/run --incremental_checkpoint
+  python scripts/train.py --model_dir=/tmp/run --restore_model_version=200
+  python scripts/train.py --flagfile=my_run.flags --report=/tmp/run/report.png
+
+A run resumes from the checkpoint in --model_dir (or --restore_model_version)
+and stops at global step --max_steps. It prints a progress bar, then
+`eval_loss=... eval_auc=... samples_per_sec=...` and the table sizes, and
+writes metrics.json and TensorBoard events (`events/`) to --model_dir.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import sys
-import time
+import tempfile
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import keras  # noqa: E402
-import tensorflow as tf  # noqa: E402
-from absl import app, flags, logging  # noqa: E402
+from absl import app, logging  # noqa: E402
 
-from npu_rec import data as npd  # noqa: E402
-from npu_rec.models import build_deepfm, hashed_embedding_fn  # noqa: E402
-
-_MODEL = flags.DEFINE_enum("model", "deepfm", ["deepfm"], "The reference model to train.")
-_DATA = flags.DEFINE_enum(
-    "data", "synthetic", ["synthetic", "criteo_sample"], "Training data: generated or shipped."
-)
-_BATCH_SIZE = flags.DEFINE_integer("batch_size", 1024, "Examples per step.", lower_bound=1)
-_MAX_STEPS = flags.DEFINE_integer("max_steps", 400, "Training steps.", lower_bound=1)
-_EVAL_ROWS = flags.DEFINE_integer(
-    "eval_rows", 50_000, "Held-out synthetic rows to evaluate on.", lower_bound=1
-)
-_MODEL_DIR = flags.DEFINE_string(
-    "model_dir", None, "Where to write the trained model and metrics.json (optional)."
-)
-_SEED = flags.DEFINE_integer("seed", 0, "Seeds the data and the model.")
-_HASH_BUCKETS = flags.DEFINE_integer(
-    "hash_buckets", 2**14, "Rows per feature of the hashed embeddings.", lower_bound=1
-)
-_VERBOSE = flags.DEFINE_integer("verbose", 1, "Keras verbosity: 0 silent, 1 progress bar.")
+from scripts import _data, _frontends, _report  # noqa: E402
+from scripts import _flags as F  # noqa: E402
 
 
-class _Throughput(keras.callbacks.Callback):
-    """Measures training samples/s, the first (tracing) batch excluded."""
-
-    def __init__(self, batch_size: int):
-        super().__init__()
-        self.batch_size = batch_size
-        self.samples = 0
-        self.seconds = 0.0
-        self._start = 0.0
-
-    def on_train_batch_begin(self, batch, logs=None):
-        self._start = time.perf_counter()
-
-    def on_train_batch_end(self, batch, logs=None):
-        if batch > 0 or self.params.get("steps") == 1:
-            self.samples += self.batch_size
-            self.seconds += time.perf_counter() - self._start
-
-    @property
-    def samples_per_sec(self) -> float:
-        return self.samples / self.seconds if self.seconds else 0.0
+def settings_from_flags(model_dir: str | None = None) -> _frontends.RunSettings:
+    """The `RunSettings` of the parsed flags (a temporary --model_dir when unset)."""
+    model_dir = model_dir or F.MODEL_DIR.value or tempfile.mkdtemp(prefix="npu_rec_run_")
+    return _frontends.RunSettings(
+        model=F.MODEL.value, frontend=F.FRONTEND.value, batch_size=F.BATCH_SIZE.value,
+        max_steps=F.MAX_STEPS.value, eval_steps=F.EVAL_STEPS.value,
+        save_steps=F.SAVE_STEPS.value, model_dir=model_dir,
+        embedding_dim=F.EMBEDDING_DIM.value, access_threshold=F.ACCESS_THRESHOLD.value,
+        eviction_threshold=F.EVICTION_THRESHOLD.value, evict_steps=F.EVICT_STEPS.value,
+        table_per_feature=F.TABLE_PER_FEATURE.value,
+        incremental_checkpoint=F.INCREMENTAL.value,
+        save_checkpoint_due_time=F.FULL_SECS.value,
+        save_delta_checkpoints_secs=F.DELTA_SECS.value,
+        accelerate_train_mode=F.ACCELERATE.value, precision_mode=F.PRECISION.value,
+        restore_model_version=F.RESTORE_VERSION.value, seed=F.SEED.value,
+        learning_rate=F.LEARNING_RATE.value, sparse_learning_rate=F.SPARSE_LEARNING_RATE.value,
+        verbose=F.VERBOSE.value)
 
 
-def _load_data(data: str, seed: int, train_rows: int, eval_rows: int):
-    if data == "synthetic":
-        gen = npd.SyntheticCriteo(seed=seed)
-        train = gen.rows(0, train_rows)
-        test = gen.rows(train_rows, train_rows + eval_rows)
-        return train, test, npd.DENSE_NAMES, npd.CATEGORICAL_NAMES
-    spec = npd.SAMPLES[data]
-    rows = npd.load_sample(data)
-    n = len(rows[spec["label"]])
-    cut = int(n * 0.8)
-    rows["label"] = rows.pop(spec["label"])
-    train = {k: v[:cut] for k, v in rows.items()}
-    test = {k: v[cut:] for k, v in rows.items()}
-    return train, test, spec["dense"], spec["categorical"]
+def data_plan_from_flags() -> _data.DataPlan:
+    """The `DataPlan` of --data, --format, --eval_data and the column flags."""
+    return _data.plan(F.DATA.value, fmt=F.FORMAT.value, eval_data=F.EVAL_DATA.value,
+                      label=F.LABEL.value, dense=F.DENSE_FEATURES.value,
+                      categorical=F.CATEGORICAL_FEATURES.value, seed=F.SEED.value)
 
 
-def run(
-    *,
-    data: str,
-    batch_size: int,
-    max_steps: int,
-    seed: int,
-    model_dir: str | None,
-    eval_rows: int,
-    hash_buckets: int,
-    verbose: int,
-) -> dict:
-    """Trains DeepFM and returns its metrics (also printed)."""
-    keras.utils.set_random_seed(seed)
-    train, test, dense_names, cat_names = _load_data(data, seed, batch_size * max_steps, eval_rows)
-    features = (*dense_names, *cat_names)
-    n_train = len(train["label"])
-
-    def dataset(rows, shuffle: bool):
-        ds = tf.data.Dataset.from_tensor_slices(
-            ({k: rows[k] for k in features}, rows["label"].astype("float32"))
-        )
-        if shuffle:
-            ds = ds.shuffle(min(n_train, 100_000), seed=seed)
-        return ds.batch(batch_size).prefetch(2)
-
-    model = build_deepfm(dense_names, cat_names, hashed_embedding_fn(hash_buckets, seed), seed=seed)
-    model.compile(
-        optimizer=keras.optimizers.Adam(1e-3),
-        loss="binary_crossentropy",
-        metrics=[keras.metrics.AUC(name="auc")],
-    )
-    steps_per_epoch = max(1, -(-n_train // batch_size))
-    epochs = -(-max_steps // steps_per_epoch)
-    meter = _Throughput(batch_size)
-    start = time.perf_counter()
-    model.fit(
-        dataset(train, shuffle=True).repeat(),
-        epochs=epochs,
-        steps_per_epoch=min(steps_per_epoch, max_steps),
-        callbacks=[meter],
-        shuffle=False,
-        verbose=verbose,
-    )
-    train_seconds = time.perf_counter() - start
-    results = model.evaluate(dataset(test, shuffle=False), return_dict=True, verbose=0)
-    metrics = {
-        "model": "deepfm",
-        "data": data,
-        "steps": epochs * min(steps_per_epoch, max_steps),
-        "batch_size": batch_size,
-        "eval_loss": float(results["loss"]),
-        "eval_auc": float(results["auc"]),
-        "train_seconds": round(train_seconds, 2),
-        "samples_per_sec": round(meter.samples_per_sec, 1),
-    }
-    if model_dir:
-        os.makedirs(model_dir, exist_ok=True)
-        model.save(os.path.join(model_dir, "model.keras"))
-        with open(os.path.join(model_dir, "metrics.json"), "w") as f:
-            json.dump(metrics, f, indent=2)
-    print(
-        f"eval_loss={metrics['eval_loss']:.4f} eval_auc={metrics['eval_auc']:.4f} "
-        f"samples_per_sec={metrics['samples_per_sec']:.0f} "
-        f"train_seconds={metrics['train_seconds']:.1f}"
-    )
+def finish(settings, plan, metrics: dict, log) -> dict:
+    """Writes events, metrics.json and the report; prints the summary."""
+    log.write_events(os.path.join(settings.model_dir, "events"))
+    _report.write_metrics(settings.model_dir, metrics)
+    if F.REPORT.value:
+        title = f"{settings.model} / {settings.frontend} on {plan.name}"
+        metrics["report"] = _report.write_report(F.REPORT.value, log, title)
+    _report.print_summary(metrics)
     return metrics
+
+
+def run() -> dict:
+    """Trains and evaluates as the flags say; returns the metrics (also printed)."""
+    settings = settings_from_flags()
+    plan = data_plan_from_flags()
+    if settings.verbose:
+        print(f"npu_rec: training {settings.model} ({settings.frontend}) on {plan.name}, "
+              f"model_dir={settings.model_dir}", flush=True)
+    metrics, log, _ = _frontends.run(settings, plan)
+    return finish(settings, plan, metrics, log)
 
 
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+    F.check_now()
     logging.set_verbosity(logging.WARNING)
-    run(
-        data=_DATA.value,
-        batch_size=_BATCH_SIZE.value,
-        max_steps=_MAX_STEPS.value,
-        seed=_SEED.value,
-        model_dir=_MODEL_DIR.value,
-        eval_rows=_EVAL_ROWS.value,
-        hash_buckets=_HASH_BUCKETS.value,
-        verbose=_VERBOSE.value,
-    )
+    run()
 
 
 if __name__ == "__main__":

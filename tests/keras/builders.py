@@ -5,7 +5,7 @@ import keras
 import npu_rec
 from npu_rec.data import SyntheticCriteo
 from npu_rec.keras import RecModel, SparseEmbedding
-from npu_rec.models._deepfm import build_deepfm
+from npu_rec.models import build_deepfm
 
 # The small-vocabulary features carry most of the planted signal.
 CATEGORICAL = ("C1", "C2", "C5", "C6", "C8", "C9", "C14")

@@ -1,36 +1,88 @@
 import json
+import os
 
+import pytest
+from absl import flags
 from absl.testing import flagsaver
 
-from scripts import train
+from scripts import _checkpoints, train
+
+TINY = dict(batch_size=256, max_steps=30, eval_steps=4, save_steps=20, verbose=0)
 
 
-def test_train_script_learns_synthetic_data_and_writes_metrics(tmp_path, capsys):
+def _metrics(model_dir):
+    return json.loads((model_dir / "metrics.json").read_text())
+
+
+def test_keras_run_writes_checkpoints_events_metrics_and_report(tmp_path, capsys):
     model_dir = tmp_path / "run"
-    with flagsaver.flagsaver(
-        batch_size=512, max_steps=150, eval_rows=8192, model_dir=str(model_dir), verbose=0
-    ):
+    report = tmp_path / "report.png"
+    with flagsaver.flagsaver(**TINY, model_dir=str(model_dir), report=str(report)):
         train.main(["train.py"])
     printed = capsys.readouterr().out
-    metrics = json.loads((model_dir / "metrics.json").read_text())
-    assert metrics["eval_auc"] > 0.6
-    assert metrics["samples_per_sec"] > 0
-    assert f"eval_auc={metrics['eval_auc']:.4f}" in printed
-    assert (model_dir / "model.keras").exists()
+    m = _metrics(model_dir)
+    assert m["frontend"] == "keras" and m["global_step"] == 30
+    assert f"eval_auc={m['eval_auc']:.4f}" in printed and "tables: 2" in printed
+    assert m["samples_per_sec"] > 0 and m["peak_memory_mb"] > 0
+    assert m["table_sizes"]["categorical"] > 1000
+    # Versions 20 (save_steps) and 30 (training's end), tables and dense state.
+    assert _checkpoints.restorable_versions(str(model_dir)) == [20, 30]
+    assert os.listdir(model_dir / "events")[0].startswith("events.out.tfevents")
+    assert report.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_train_script_runs_on_the_shipped_criteo_sample(tmp_path, capsys):
-    model_dir = tmp_path / "criteo"
-    with flagsaver.flagsaver(
-        data="criteo_sample",
-        batch_size=32,
-        max_steps=10,
-        hash_buckets=256,
-        model_dir=str(model_dir),
-        verbose=0,
-    ):
+def test_a_second_run_resumes_from_the_model_dir(tmp_path):
+    model_dir = tmp_path / "run"
+    with flagsaver.flagsaver(**{**TINY, "max_steps": 20}, model_dir=str(model_dir)):
         train.main(["train.py"])
-    metrics = json.loads((model_dir / "metrics.json").read_text())
-    assert metrics["data"] == "criteo_sample" and metrics["steps"] == 10
-    assert 0.0 <= metrics["eval_auc"] <= 1.0 and metrics["eval_loss"] > 0
+    with flagsaver.flagsaver(**TINY, model_dir=str(model_dir)):
+        train.main(["train.py"])
+    m = _metrics(model_dir)
+    assert m["start_step"] == 20 and m["steps"] == 10 and m["global_step"] == 30
+
+
+def test_estimator_run_on_the_shipped_criteo_sample(tmp_path, capsys):
+    model_dir = tmp_path / "criteo"
+    with flagsaver.flagsaver(frontend="estimator", data="criteo_sample", model="wdl",
+                             batch_size=32, max_steps=10, eval_steps=5, save_steps=10,
+                             model_dir=str(model_dir), verbose=0):
+        train.main(["train.py"])
+    m = _metrics(model_dir)
+    assert m["data"] == "criteo_sample" and m["global_step"] == 10
+    assert 0.0 <= m["eval_auc"] <= 1.0 and m["eval_loss"] > 0
+    assert any(f.startswith("model.ckpt-10") for f in os.listdir(model_dir))
+    assert any(f.startswith("events.out.tfevents") for f in os.listdir(model_dir))
     assert "eval_auc=" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("bad, message", [
+    (dict(eviction_threshold=60), "--eviction_threshold needs --access_threshold"),
+    (dict(precision_mode="force_fp32"), "--precision_mode is an NPURunConfig setting"),
+    (dict(format="parquet"), "--format applies to --data paths"),
+    (dict(restore_model_version=5), "--restore_model_version needs --model_dir"),
+    (dict(accelerate_train_mode="fast|sometimes"), "accelerate_train_mode"),
+])
+def test_bad_flag_combinations_fail_before_any_work(bad, message):
+    with pytest.raises(flags.IllegalFlagValueError, match=message):
+        with flagsaver.flagsaver(**bad):
+            train.main(["train.py"])
+
+
+def test_flag_bounds_name_the_flag():
+    with flagsaver.flagsaver():
+        with pytest.raises(flags.IllegalFlagValueError, match="max_steps"):
+            flags.FLAGS["max_steps"].parse("0")
+        with pytest.raises(flags.IllegalFlagValueError, match="pytorch"):
+            flags.FLAGS["frontend"].parse("pytorch")
+
+
+def test_estimator_and_keras_reach_the_same_auc_on_the_same_data(tmp_path):
+    same = dict(batch_size=512, max_steps=150, eval_steps=24, save_steps=150, seed=3,
+                verbose=0)
+    auc = {}
+    for frontend in ("keras", "estimator"):
+        with flagsaver.flagsaver(**same, frontend=frontend, model_dir=str(tmp_path / frontend)):
+            train.main(["train.py"])
+        auc[frontend] = _metrics(tmp_path / frontend)["eval_auc"]
+    assert auc["keras"] > 0.65 and auc["estimator"] > 0.65
+    assert abs(auc["keras"] - auc["estimator"]) < 0.02, auc

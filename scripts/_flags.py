@@ -1,0 +1,149 @@
+"""The absl flags shared by npu_rec's scripts, and their cross-flag rules.
+
+Every script imports this module, so the flags are defined once per process
+(tests import several scripts together). Each script adds only flags of its
+own, under names no other script uses.
+"""
+
+from __future__ import annotations
+
+from absl import flags
+
+from npu_rec.estimator import ExperimentalConfig
+
+DATA_NAMES = ("synthetic", "criteo_sample", "avazu_sample", "movielens_sample")
+PRECISION_MODES = ("force_fp32", "must_keep_origin_dtype", "allow_fp32_to_fp16",
+                   "allow_fp32_to_bf16", "allow_mix_precision_bf16")
+
+FRONTEND = flags.DEFINE_enum("frontend", "keras", ["keras", "estimator"],
+                             "Front end: npu_rec.keras RecModel or npu_rec.estimator NPUEstimator.")
+MODEL = flags.DEFINE_enum("model", "deepfm", ["deepfm", "wdl", "dlrm"], "Reference model.")
+DATA = flags.DEFINE_string(
+    "data", "synthetic",
+    f"Training data: one of {', '.join(DATA_NAMES)}, or a file path or glob pattern.")
+EVAL_DATA = flags.DEFINE_string(
+    "eval_data", None, "Evaluation data path or glob (default: held-out synthetic rows, or "
+    "one sweep of the training files).")
+FORMAT = flags.DEFINE_enum(
+    "format", None, ["csv", "tsv", "criteo", "parquet", "tfrecord"],
+    "Format of --data files (default: from the file extension; .txt/.tsv = criteo).")
+LABEL = flags.DEFINE_string("label", "label", "Label column of --data files.")
+DENSE_FEATURES = flags.DEFINE_list(
+    "dense_features", None, "Dense columns of --data files (criteo format: I1-I13).")
+CATEGORICAL_FEATURES = flags.DEFINE_list(
+    "categorical_features", None, "Categorical columns of --data files (criteo format: C1-C26).")
+BATCH_SIZE = flags.DEFINE_integer("batch_size", 1024, "Examples per step.", lower_bound=1)
+MAX_STEPS = flags.DEFINE_integer(
+    "max_steps", 300, "Global step at which training stops (resumed runs included).",
+    lower_bound=1)
+EVAL_STEPS = flags.DEFINE_integer("eval_steps", 40, "Evaluation batches.", lower_bound=1)
+SAVE_STEPS = flags.DEFINE_integer(
+    "save_steps", 1000, "Steps between full checkpoints (npu_rec.init(save_steps)); training's "
+    "end always saves.", lower_bound=1)
+MODEL_DIR = flags.DEFINE_string(
+    "model_dir", None, "Checkpoints, TensorBoard events and metrics.json; a run resumes from "
+    "the checkpoint it holds. Default: a new temporary directory.")
+EMBEDDING_DIM = flags.DEFINE_integer(
+    "embedding_dim", 8, "Width of the factor embeddings.", lower_bound=2, upper_bound=1024)
+ACCESS_THRESHOLD = flags.DEFINE_integer(
+    "access_threshold", -1, "Admission: an id gets a row after this many sightings (-1 off).",
+    lower_bound=-1, upper_bound=2147483647)
+EVICTION_THRESHOLD = flags.DEFINE_integer(
+    "eviction_threshold", -1, "Eviction: free rows of ids unseen this many seconds (-1 off; "
+    "needs --access_threshold).", lower_bound=-1, upper_bound=2147483647)
+TABLE_PER_FEATURE = flags.DEFINE_bool(
+    "table_per_feature", False, "One sparse table per categorical feature (default: one "
+    "table shared by all, keys salted per feature, as FeatureSpec sharing does).")
+EVICT_STEPS = flags.DEFINE_integer(
+    "evict_steps", 100, "Steps between evictions when --eviction_threshold is set.",
+    lower_bound=1)
+INCREMENTAL = flags.DEFINE_bool(
+    "incremental_checkpoint", False, "Timed full and delta table checkpoints "
+    "(npu_rec.init(is_incremental_checkpoint=True)).")
+FULL_SECS = flags.DEFINE_integer(
+    "save_checkpoint_due_time", 60, "Seconds between full saves with --incremental_checkpoint.",
+    lower_bound=1)
+DELTA_SECS = flags.DEFINE_integer(
+    "save_delta_checkpoints_secs", 10,
+    "Seconds between delta saves with --incremental_checkpoint.", lower_bound=1)
+ACCELERATE = flags.DEFINE_string(
+    "accelerate_train_mode", None, 'npu_bridge accelerated training, e.g. "fast1|step|0.5" '
+    "(bfloat16 first, then float32).")
+PRECISION = flags.DEFINE_enum("precision_mode", None, list(PRECISION_MODES),
+                              "npu_bridge precision_mode (Estimator front end).")
+RESTORE_VERSION = flags.DEFINE_integer(
+    "restore_model_version", None, "Resume from this checkpoint version (a global step) of "
+    "--model_dir instead of the latest.", lower_bound=0)
+SEED = flags.DEFINE_integer("seed", 0, "Seeds the data and the model.", lower_bound=0)
+LEARNING_RATE = flags.DEFINE_float("learning_rate", 1e-3, "Adam learning rate (dense).",
+                                   lower_bound=0.0)
+SPARSE_LEARNING_RATE = flags.DEFINE_float(
+    "sparse_learning_rate", 0.05, "Adagrad learning rate (tables).", lower_bound=0.0)
+REPORT = flags.DEFINE_string("report", None, "Write a PNG plot of loss and AUC over steps here.")
+VERBOSE = flags.DEFINE_integer("verbose", 1, "0 silent, 1 progress bar and summary.",
+                               lower_bound=0, upper_bound=2)
+
+
+@flags.multi_flags_validator(
+    ["eviction_threshold", "access_threshold"],
+    message="--eviction_threshold needs --access_threshold >= 0 (mx_rec: eviction requires "
+            "admission)")
+def _eviction_needs_admission(v):
+    return v["eviction_threshold"] < 0 or v["access_threshold"] >= 0
+
+
+@flags.multi_flags_validator(
+    ["restore_model_version", "model_dir"],
+    message="--restore_model_version needs --model_dir holding that checkpoint")
+def _restore_needs_model_dir(v):
+    return v["restore_model_version"] is None or bool(v["model_dir"])
+
+
+@flags.multi_flags_validator(
+    ["save_delta_checkpoints_secs", "save_checkpoint_due_time"],
+    message="--save_delta_checkpoints_secs must be smaller than --save_checkpoint_due_time "
+            "(deltas between full saves)")
+def _delta_before_full(v):
+    return v["save_delta_checkpoints_secs"] < v["save_checkpoint_due_time"]
+
+
+@flags.validator("accelerate_train_mode",
+                 message='--accelerate_train_mode must look like "fast|step|0.9" or '
+                         '"fast1|loss|1.05" (npu_bridge ExperimentalConfig)')
+def _accelerate_format(value):
+    if value is None:
+        return True
+    try:
+        ExperimentalConfig(accelerate_train_mode=value)
+    except ValueError as e:
+        raise flags.ValidationError(f"--accelerate_train_mode={value!r}: {e}") from None
+    return True
+
+
+@flags.multi_flags_validator(
+    ["accelerate_train_mode", "frontend", "precision_mode"],
+    message="--accelerate_train_mode with --precision_mode: only allow_fp32_to_fp16 or "
+            "must_keep_origin_dtype may be combined (npu_bridge's rule)")
+def _accelerate_precision(v):
+    return (not v["accelerate_train_mode"] or v["precision_mode"] is None
+            or v["precision_mode"] in ("allow_fp32_to_fp16", "must_keep_origin_dtype"))
+
+
+@flags.multi_flags_validator(
+    ["precision_mode", "frontend"],
+    message="--precision_mode is an NPURunConfig setting: use it with --frontend=estimator "
+            "(Keras: --accelerate_train_mode)")
+def _precision_is_estimator(v):
+    return v["precision_mode"] is None or v["frontend"] == "estimator"
+
+
+@flags.multi_flags_validator(
+    ["data", "format"],
+    message="--format applies to --data paths, not to the built-in data names")
+def _format_needs_path(v):
+    return v["format"] is None or v["data"] not in DATA_NAMES
+
+
+def check_now() -> None:
+    """Re-runs every validator (tests set flags with flagsaver, which validates too)."""
+    flags.FLAGS.validate_all_flags()

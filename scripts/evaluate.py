@@ -1,0 +1,53 @@
+r"""Evaluates the checkpoint of a training run (latest, or --restore_model_version).
+
+Examples:
+  python scripts/evaluate.py --model_dir=/tmp/run                 # the flags of the run
+  python scripts/evaluate.py --model_dir=/tmp/run --restore_model_version=200 --eval_steps=100
+
+Give the same --frontend, --model, --data and model flags as the training
+run. Prints `eval_loss=... eval_auc=...` and writes eval_metrics.json.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from absl import app, logging  # noqa: E402
+
+from scripts import _checkpoints, _frontends  # noqa: E402
+from scripts import _flags as F  # noqa: E402
+from scripts.train import data_plan_from_flags, settings_from_flags  # noqa: E402
+
+
+def run() -> dict:
+    """Restores the run of --model_dir and evaluates it; returns the metrics."""
+    if not F.MODEL_DIR.value or not _checkpoints.restorable_versions(F.MODEL_DIR.value):
+        raise app.UsageError(f"--model_dir must hold a checkpoint of a training run. "
+                             f"Received: --model_dir={F.MODEL_DIR.value!r}")
+    settings = settings_from_flags()
+    settings.verbose = 0
+    metrics, _, _ = _frontends.run(settings, data_plan_from_flags(), train=False)
+    out = {k: metrics[k] for k in ("frontend", "model", "data", "global_step", "eval_loss",
+                                   "eval_auc", "table_sizes")}
+    with open(os.path.join(settings.model_dir, "eval_metrics.json"), "w") as f:
+        json.dump(out, f, indent=2)
+    print(f"eval_loss={out['eval_loss']:.4f} eval_auc={out['eval_auc']:.4f} "
+          f"global_step={out['global_step']}", flush=True)
+    return out
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+    F.check_now()
+    logging.set_verbosity(logging.WARNING)
+    run()
+
+
+if __name__ == "__main__":
+    app.run(main)

@@ -1,0 +1,70 @@
+r"""Exports a trained run as a SavedModel whose signature takes raw ids.
+
+Examples:
+  python scripts/export.py --model_dir=/tmp/run --export_dir=/tmp/serving
+  python scripts/export.py --frontend=estimator --model_dir=/tmp/run --export_dir=/tmp/serving
+
+The SavedModel holds the dense weights and the table rows (admitted keys
+only; unknown ids read zeros) and uses only standard TensorFlow ops:
+`tf.saved_model.load(path).signatures["serving_default"]` serves it without
+npu_rec. Inputs: each dense feature float32 `[batch]`, each categorical
+feature int64 `[batch]` of raw ids.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import tensorflow as tf  # noqa: E402
+from absl import app, flags, logging  # noqa: E402
+
+from npu_rec import estimator as E  # noqa: E402
+from npu_rec.keras import callbacks as kcb  # noqa: E402
+from npu_rec.keras import export_for_serving  # noqa: E402
+from scripts import _checkpoints, _frontends  # noqa: E402
+from scripts import _flags as F  # noqa: E402
+from scripts.train import data_plan_from_flags, settings_from_flags  # noqa: E402
+
+_EXPORT_DIR = flags.DEFINE_string("export_dir", None, "Where to write the SavedModel.")
+
+
+def run() -> str:
+    """Exports the run of --model_dir to --export_dir; returns the SavedModel path."""
+    if not _EXPORT_DIR.value:
+        raise app.UsageError("--export_dir is required. Received: --export_dir=None")
+    if not F.MODEL_DIR.value or not _checkpoints.restorable_versions(F.MODEL_DIR.value):
+        raise app.UsageError(f"--model_dir must hold a checkpoint of a training run. "
+                             f"Received: --model_dir={F.MODEL_DIR.value!r}")
+    settings = settings_from_flags()
+    plan = data_plan_from_flags()
+    _frontends.init_npu_rec(settings)
+    if settings.frontend == "keras":
+        model = _frontends.keras_model(settings, plan)
+        kcb.SparseCheckpoint(settings.model_dir, restore=True).prepare(model)
+        path = export_for_serving(model, _EXPORT_DIR.value)
+        path = _EXPORT_DIR.value if path is None else path
+    else:
+        spec = {n: tf.TensorSpec([None], tf.float32) for n in plan.dense}
+        spec.update({n: tf.TensorSpec([None], tf.int64) for n in plan.categorical})
+        est = _frontends.estimator(settings, plan)
+        path = est.export_saved_model(_EXPORT_DIR.value,
+                                      E.build_raw_serving_input_receiver_fn(spec))
+    path = path.decode() if isinstance(path, bytes) else str(path)
+    print(f"exported={path}", flush=True)
+    return path
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+    F.check_now()
+    logging.set_verbosity(logging.WARNING)
+    run()
+
+
+if __name__ == "__main__":
+    app.run(main)

@@ -1,0 +1,59 @@
+r"""Lists what a run's --model_dir holds: tables, sizes, versions, deltas, restore points.
+
+Examples:
+  python scripts/inspect_checkpoint.py --model_dir=/tmp/run
+  python scripts/inspect_checkpoint.py --model_dir=/tmp/run --json
+
+Reads the checkpoint files only (no model is built). A version is listed
+under `restore_model_version` when its table chain (a full save plus the
+deltas up to it) and its dense state both exist.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from absl import app, flags  # noqa: E402
+
+from scripts import _checkpoints  # noqa: E402
+from scripts import _flags as F  # noqa: E402
+
+_JSON = flags.DEFINE_bool("json", False, "Print the description as JSON.")
+
+
+def run() -> dict:
+    """Prints and returns the description of --model_dir."""
+    model_dir = F.MODEL_DIR.value
+    if not model_dir or not os.path.isdir(model_dir):
+        raise app.UsageError(f"--model_dir must be an existing directory. "
+                             f"Received: --model_dir={model_dir!r}")
+    info = _checkpoints.describe(model_dir)
+    if _JSON.value:
+        print(json.dumps(info, indent=2))
+        return info
+    print(f"model_dir: {model_dir}")
+    print("tables:")
+    for name, t in info["tables"].items():
+        print(f"  {name}: dim={t.get('dim')} rows={t.get('rows', 0)} "
+              f"slots={','.join(t.get('slots', []))}")
+    print("versions:")
+    for v in info["versions"]:
+        parent = "" if v["parent"] is None else f" (delta of {v['parent']})"
+        print(f"  step {v['step']:>8} {v['kind']:5} {v['bytes']:>10} bytes{parent}")
+    print(f"dense versions: {info['dense_versions']}")
+    print(f"restore_model_version: {info['restore_model_version']}")
+    return info
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+    run()
+
+
+if __name__ == "__main__":
+    app.run(main)
