@@ -20,6 +20,7 @@ import tensorflow as tf
 
 from npu_rec import _keyed_init, _table_registry
 from npu_rec._admission import PendingCounts
+from npu_rec._key_pipeline import PreparedIds
 from npu_rec._table_config import (
     DEFAULT_DYNAMIC_CAPACITY,
     DEFAULT_FIXED_CAPACITY,
@@ -303,7 +304,9 @@ class SparseTable(TableStateMixin):
         return int(self._eager_evict(tf.constant(now_value, tf.int64)))
 
 def _flat_keys(ids) -> tf.Tensor:
-    """int64 [n] keys of dense / ragged / sparse ids."""
+    """int64 [n] keys of dense / ragged / sparse ids (or of a `PreparedIds`)."""
+    if isinstance(ids, PreparedIds):
+        ids = ids.ids
     if isinstance(ids, tf.RaggedTensor):
         ids = ids.flat_values
     elif isinstance(ids, tf.SparseTensor):
