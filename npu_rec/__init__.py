@@ -10,6 +10,7 @@ from npu_rec import _compat
 _compat.check_installed()
 
 from npu_rec import _table_registry, checkpoint, optimizers  # noqa: E402, F401
+from npu_rec._key_pipeline import PreparedIds, prepare_ids, prepare_keys  # noqa: E402
 from npu_rec._lookup import (  # noqa: E402
     LOOKUP_COLLECTION,
     LookupRecord,
@@ -41,12 +42,15 @@ __all__ = [
     # Sparse-table core.
     "LOOKUP_COLLECTION",
     "LookupRecord",
+    "PreparedIds",
     "SparseTable",
     "TableConfig",
     "apply_recorded_gradients",
     "checkpoint",
     "create_table",
     "optimizers",
+    "prepare_ids",
+    "prepare_keys",
     "record_lookups",
     "sparse_lookup",
 ]

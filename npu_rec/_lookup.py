@@ -28,6 +28,7 @@ from typing import Any, NamedTuple
 
 import tensorflow as tf
 
+from npu_rec._key_pipeline import PreparedIds
 from npu_rec._sparse_table import SparseTable, _flat_keys
 
 #: Graph collection of `LookupRecord`s of training lookups in a v1 graph.
@@ -164,7 +165,9 @@ def sparse_lookup(table: SparseTable, ids, *, combiner: str | None = None, times
     Args:
       table: A `SparseTable`.
       ids: int32/int64 ids: a dense tensor [...], a `tf.RaggedTensor`, or a
-        rank-2 `tf.SparseTensor` [batch, k] (needs `combiner`).
+        rank-2 `tf.SparseTensor` [batch, k] (needs `combiner`); or a
+        `PreparedIds` of such ids (from `prepare_ids` / `prepare_keys`), whose
+        precomputed unique keys are used instead of deduplicating here.
       combiner: None, or "sum" / "mean" / "sqrtn" over the last (ragged) axis.
       timestamps: Optional int seconds per id (same shape as `ids`) or per
         example ([batch]); default the wall clock. Used for eviction.
@@ -186,13 +189,21 @@ def sparse_lookup(table: SparseTable, ids, *, combiner: str | None = None, times
         raise TypeError(f"`table` must be an npu_rec.SparseTable. Received: table={table!r}")
     if combiner not in _COMBINERS:
         raise ValueError(f"`combiner` must be one of {_COMBINERS}. Received: combiner={combiner!r}")
+    prepared = ids if isinstance(ids, PreparedIds) else None
+    if prepared is not None:
+        ids = prepared.ids
     if isinstance(ids, tf.SparseTensor) and combiner is None:
         raise ValueError("SparseTensor ids need a `combiner` ('sum', 'mean' or 'sqrtn'). "
                          "Received: combiner=None")
     with tf.name_scope(name or f"sparse_lookup_{table.name}"):
-        flat = _flat_keys(ids)
+        if prepared is not None:
+            uniq, idx, counts = prepared.unique, prepared.index, prepared.counts
+            flat = idx
+        else:
+            flat = _flat_keys(ids)
         if is_training:
-            uniq, idx, counts = tf.unique_with_counts(flat, out_idx=tf.int64)
+            if prepared is None:
+                uniq, idx, counts = tf.unique_with_counts(flat, out_idx=tf.int64)
             nuniq = tf.size(uniq, out_type=tf.int64)
             if timestamps is None or (not isinstance(timestamps, (tf.RaggedTensor,
                                                                   tf.SparseTensor))
@@ -205,7 +216,8 @@ def sparse_lookup(table: SparseTable, ids, *, combiner: str | None = None, times
                                                from_feature=timestamps is not None)
             _record(LookupRecord(table, uniq, rows, emb_u))
         else:
-            uniq, idx = tf.unique(flat, out_idx=tf.int64)
+            if prepared is None:
+                uniq, idx = tf.unique(flat, out_idx=tf.int64)
             _, emb_u = table._lookup_unique(uniq, None, None, False)
         emb = tf.gather(emb_u, idx)
         return _shape_output(emb, ids, combiner, table.dim)

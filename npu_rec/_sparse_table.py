@@ -20,6 +20,7 @@ import tensorflow as tf
 
 from npu_rec import _keyed_init, _table_registry
 from npu_rec._admission import PendingCounts
+from npu_rec._key_pipeline import PreparedIds
 from npu_rec._table_config import (
     DEFAULT_DYNAMIC_CAPACITY,
     DEFAULT_FIXED_CAPACITY,
@@ -44,15 +45,16 @@ class SparseTable(TableStateMixin):
       >>> emb = npu_rec.sparse_lookup(table, tf.constant([3, 7, 3], tf.int64))  # [3, 8]
     """
 
-    def __init__(self, config: TableConfig):
+    def __init__(self, config: TableConfig, *, _register: bool = True, _seed_name=None):
         self.config = config
         self.name = config.name
         self.dim = config.dim
         self.key_dtype = tf.as_dtype(config.key_dtype)
         self.optimizer = config.optimizer
-        self._seed = _keyed_init.name_seed(config.name)
+        self._seed = _keyed_init.name_seed(_seed_name or config.name)
         slot_specs = self.optimizer.slot_specs if self.optimizer is not None else ()
-        _table_registry.register(self)
+        if _register:
+            _table_registry.register(self)
         with tf.init_scope():
             self._graph_mode = not tf.executing_eagerly()
             with tf.name_scope(f"npu_rec_table_{config.name}"):
@@ -70,6 +72,16 @@ class SparseTable(TableStateMixin):
                                              name="opt_step")
                 if self._graph_mode:
                     self._graph_ops = self._build_graph_ops()
+
+    @property
+    def num_shards(self) -> int:
+        """Number of key-hash shards (1 for an unsharded table)."""
+        return 1
+
+    @property
+    def shards(self) -> list[SparseTable]:
+        """The single-shard tables holding the state: `[self]` when unsharded."""
+        return [self]
 
     @property
     def slot_names(self) -> list[str]:
@@ -222,8 +234,12 @@ class SparseTable(TableStateMixin):
         grads = tf.reshape(tf.cast(grads, tf.float32), [-1, self.dim])
         uniq, idx = tf.unique(flat_ids, out_idx=tf.int64)
         summed = tf.math.unsorted_segment_sum(grads, idx, tf.size(uniq, out_type=tf.int64))
-        op = self._apply_rows(self._index.lookup(uniq), summed)
+        op = self._apply_rows(self._find_rows(uniq), summed)
         return None if tf.executing_eagerly() else op
+
+    def _find_rows(self, keys: tf.Tensor) -> tf.Tensor:
+        """int64 [u] rows of unique `keys` (-1 = no row); reads the hash map only."""
+        return self._index.lookup(keys)
 
     # ------------------------------------------------------------- maintenance
     @tf.autograph.experimental.do_not_convert
@@ -288,7 +304,9 @@ class SparseTable(TableStateMixin):
         return int(self._eager_evict(tf.constant(now_value, tf.int64)))
 
 def _flat_keys(ids) -> tf.Tensor:
-    """int64 [n] keys of dense / ragged / sparse ids."""
+    """int64 [n] keys of dense / ragged / sparse ids (or of a `PreparedIds`)."""
+    if isinstance(ids, PreparedIds):
+        ids = ids.ids
     if isinstance(ids, tf.RaggedTensor):
         ids = ids.flat_values
     elif isinstance(ids, tf.SparseTensor):
@@ -302,7 +320,8 @@ def _flat_keys(ids) -> tf.Tensor:
 def create_table(name: str, dim: int, *, key_dtype=tf.int64, initializer=None, optimizer=None,
                  capacity: int | None = None, access_threshold: int = -1,
                  eviction_threshold: int = -1, dynamic_expansion: bool | None = None,
-                 max_pending_keys: int = DEFAULT_MAX_PENDING_KEYS) -> SparseTable:
+                 max_pending_keys: int = DEFAULT_MAX_PENDING_KEYS,
+                 num_shards: int = 1) -> SparseTable:
     """Creates a sparse embedding table keyed by raw ids.
 
     Args:
@@ -322,10 +341,15 @@ def create_table(name: str, dim: int, *, key_dtype=tf.int64, initializer=None, o
       dynamic_expansion: Grow on demand; None = `npu_rec.init`'s
         `use_dynamic_expansion` (False before init).
       max_pending_keys: Bound on counted not-yet-admitted keys (see
-        `npu_rec._admission`).
+        `npu_rec._admission`), for the whole table.
+      num_shards: Split the table by key hash into this many shards, each with
+        its own hash map, rows, counters and free list (one process for now;
+        see docs/design.md "Scale-out"). `capacity` and `max_pending_keys` are
+        divided between the shards (rounded up). Lookups, gradients, eviction,
+        export and checkpoints work across shards transparently.
 
     Returns:
-      A `SparseTable`.
+      A `SparseTable` (a `ShardedTable` when `num_shards > 1`).
 
     Raises:
       ValueError: an argument is out of range, eviction is on without admission,
@@ -348,5 +372,10 @@ def create_table(name: str, dim: int, *, key_dtype=tf.int64, initializer=None, o
                          optimizer=optimizer, capacity=capacity,
                          access_threshold=access_threshold,
                          eviction_threshold=eviction_threshold,
-                         dynamic_expansion=dynamic_expansion, max_pending_keys=max_pending_keys)
+                         dynamic_expansion=dynamic_expansion, max_pending_keys=max_pending_keys,
+                         num_shards=num_shards)
+    if num_shards > 1:
+        from npu_rec._sharded_table import ShardedTable  # noqa: PLC0415
+
+        return ShardedTable(config)
     return SparseTable(config)

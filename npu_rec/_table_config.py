@@ -53,6 +53,7 @@ class TableConfig:
       eviction_threshold: Idle seconds before a key's row is freed; -1 = off.
       dynamic_expansion: Grow storage on demand (doubling).
       max_pending_keys: Bound on the counted not-yet-admitted keys.
+      num_shards: Key-hash shards of the table (>= 1).
     """
 
     name: str
@@ -65,6 +66,7 @@ class TableConfig:
     eviction_threshold: int = -1
     dynamic_expansion: bool = False
     max_pending_keys: int = DEFAULT_MAX_PENDING_KEYS
+    num_shards: int = 1
 
     def __post_init__(self):
         self._validate()
@@ -87,6 +89,7 @@ class TableConfig:
             "eviction_threshold", self.eviction_threshold, -1, "an integer >= -1 (-1 = off)"
         )
         _check_int("max_pending_keys", self.max_pending_keys, 2, "an integer >= 2")
+        _check_int("num_shards", self.num_shards, 1, "an integer >= 1")
         if self.eviction_threshold >= 0 and self.access_threshold < 0:
             raise ValueError(
                 "Eviction needs admission: `eviction_threshold` >= 0 requires "

@@ -21,6 +21,11 @@ def _splitmix(z: int) -> int:
     return z ^ (z >> 31)
 
 
+def _shard(key: int, num_shards: int) -> int:
+    """The shard of `key`: (splitmix64(key) >> 32) mod num_shards."""
+    return (_splitmix(key & _M64) >> 32) % num_shards
+
+
 def keyed_uniform(key: int, dim: int, name: str, scale: float = 0.05) -> np.ndarray:
     """Initial row of `key` in table `name` (same definition as npu_rec)."""
     seed = zlib.crc32(name.encode("utf-8"))
@@ -79,8 +84,12 @@ class ReferenceTable:
     """The table semantics of npu_rec, written out key by key."""
 
     def __init__(self, name, dim, optimizer=None, access_threshold=-1, eviction_threshold=-1,
-                 max_pending_keys=1 << 20):
+                 max_pending_keys=1 << 20, num_shards=1):
         self.name, self.dim, self.opt = name, dim, optimizer
+        # Each shard bounds (and prunes) its own pending counters.
+        self.num_shards = num_shards
+        if num_shards > 1:
+            max_pending_keys = max(2, -(-max_pending_keys // num_shards))
         self.access, self.evict_after, self.max_pending = (
             access_threshold, eviction_threshold, max_pending_keys)
         self.rows: dict[int, dict] = {}
@@ -115,10 +124,12 @@ class ReferenceTable:
                 self.rows[k] = {"value": keyed_uniform(k, self.dim, self.name),
                                 "slots": self.opt.slots(self.dim) if self.opt else {},
                                 "count": total, "period": total, "last": max(0, t)}
-            if len(self.pending) > self.max_pending:
-                order = sorted(self.pending, key=lambda k: (-self.pending[k][1], k))
-                for k in order[self.max_pending // 2:]:
-                    del self.pending[k]
+            for s in range(self.num_shards):
+                group = [k for k in self.pending if _shard(k, self.num_shards) == s]
+                if len(group) > self.max_pending:
+                    order = sorted(group, key=lambda k: (-self.pending[k][1], k))
+                    for k in order[self.max_pending // 2:]:
+                        del self.pending[k]
             self.max_seen = max([self.max_seen, 0, *[int(t) for t in times]])
         zero = np.zeros(self.dim, np.float32)
         return np.stack([self.rows[k]["value"].copy() if k in self.rows else zero

@@ -36,17 +36,19 @@ _op = st.one_of(
 )
 
 
-def _run(opt_name, feature, ops, seed, tmp_path):
+def _run(opt_name, feature, ops, seed, tmp_path, num_shards=1):
     _table_registry.clear()
     access, evict, max_pending, dynamic, capacity = FEATURES[feature]
     make_opt, make_ref_opt = OPTIMIZERS[opt_name]
     table = npu_rec.create_table("prop", DIM, optimizer=make_opt(), capacity=capacity,
                                  access_threshold=access, eviction_threshold=evict,
-                                 dynamic_expansion=dynamic, max_pending_keys=max_pending)
-    ref = ReferenceTable("prop", DIM, make_ref_opt(), access, evict, max_pending)
+                                 dynamic_expansion=dynamic, max_pending_keys=max_pending,
+                                 num_shards=num_shards)
+    ref = ReferenceTable("prop", DIM, make_ref_opt(), access, evict, max_pending, num_shards)
     rng = np.random.default_rng(seed)
     clock, saved, version = 0, None, 0
-    manager = TableCheckpointManager(str(tmp_path / f"ck{seed}_{len(ops)}"), [table])
+    manager = TableCheckpointManager(str(tmp_path / f"ck{seed}_{len(ops)}_{num_shards}"),
+                                     [table])
     for op in ops:
         if op[0] == "step":
             _, ids, advance, use_record = op
@@ -91,3 +93,13 @@ def _run(opt_name, feature, ops, seed, tmp_path):
 @given(ops=st.lists(_op, min_size=1, max_size=10), seed=st.integers(0, 2**16))
 def test_table_matches_reference(opt_name, feature, ops, seed, tmp_path):
     _run(opt_name, feature, ops, seed, tmp_path)
+
+
+@pytest.mark.parametrize("feature", sorted(FEATURES))
+@pytest.mark.parametrize("opt_name", ["adagrad", "adam"])
+@settings(max_examples=8, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(ops=st.lists(_op, min_size=1, max_size=10), seed=st.integers(0, 2**16))
+def test_sharded_table_matches_reference(opt_name, feature, ops, seed, tmp_path):
+    """Three shards (keys routed by hash, per-shard capacity and pending bound)."""
+    _run(opt_name, feature, ops, seed, tmp_path, num_shards=3)

@@ -1,5 +1,6 @@
 """Training data for npu_rec: feature specs, minibatch sources, tf.data adapters."""
 
+from npu_rec._key_pipeline import prepare_keys
 from npu_rec.data._convert import DENSE_FILL, MISSING_ID, PAD_ID, hash_strings
 from npu_rec.data._csv import CsvSource
 from npu_rec.data._dataset import DEFAULT_PAD_LENGTH, ReadingPosition, as_dataset, as_input_fn
@@ -38,6 +39,7 @@ __all__ = [
     "PAD_ID",
     "SAMPLES",
     "CsvSource",
+    "prepare_keys",
     "FeatureSpec",
     "MalformedRecordError",
     "MinibatchData",

@@ -72,7 +72,10 @@ def build_raw_serving_input_receiver_fn(features, default_batch_size=None):
 
 
 def _index_variables(sess, table) -> tf.Operation:
-    """Variables holding `table`'s live keys and rows, and the op re-inserting them."""
+    """Variables holding `table`'s live keys and rows, and the op re-inserting them.
+
+    `table` is one shard (`SparseTable.shards`): each has its own hash map.
+    """
     keys, rows = sess.run(table._index.export())
     live = rows >= 0
     with tf.name_scope(f"npu_rec_export_{table.name}"):
@@ -120,7 +123,8 @@ def export_saved_model(est, export_dir_base, serving_input_receiver_fn, *, as_te
             # Each table's key -> row map is rebuilt at load time by the main op
             # from two variables (standard ops only), so the SavedModel needs no
             # hash-table saveables and no npu_rec.
-            rebuild = [_index_variables(sess, t) for t in _table_registry.tables()]
+            rebuild = [_index_variables(sess, shard) for t in _table_registry.tables()
+                       for shard in t.shards]
             export_saver = tf.compat.v1.train.Saver(
                 var_list=tf.compat.v1.global_variables(), sharded=True, allow_empty=True)
             for key in graph.get_all_collection_keys():
