@@ -26,6 +26,7 @@ import contextlib
 import threading
 from typing import Any, NamedTuple
 
+import numpy as np
 import tensorflow as tf
 
 from npu_rec._key_pipeline import PreparedIds
@@ -34,6 +35,9 @@ from npu_rec._sparse_table import SparseTable, _flat_keys
 #: Graph collection of `LookupRecord`s of training lookups in a v1 graph.
 LOOKUP_COLLECTION = "npu_rec_sparse_lookups"
 _COMBINERS = (None, "sum", "mean", "sqrtn")
+#: Pads fixed-length multi-valued ids (`npu_rec.data.as_dataset(use_dynamic=False)`): with a
+#: combiner, trailing PAD_ID entries of dense [batch, k] ids are not looked up.
+PAD_ID = -1
 _STATE = threading.local()
 
 
@@ -195,6 +199,8 @@ def sparse_lookup(table: SparseTable, ids, *, combiner: str | None = None, times
     if isinstance(ids, tf.SparseTensor) and combiner is None:
         raise ValueError("SparseTensor ids need a `combiner` ('sum', 'mean' or 'sqrtn'). "
                          "Received: combiner=None")
+    if prepared is None and combiner is not None and isinstance(ids, (tf.Tensor, np.ndarray)):
+        ids, timestamps = _strip_padding(ids, timestamps)
     with tf.name_scope(name or f"sparse_lookup_{table.name}"):
         if prepared is not None:
             uniq, idx, counts = prepared.unique, prepared.index, prepared.counts
@@ -221,6 +227,19 @@ def sparse_lookup(table: SparseTable, ids, *, combiner: str | None = None, times
             _, emb_u = table._lookup_unique(uniq, None, None, False)
         emb = tf.gather(emb_u, idx)
         return _shape_output(emb, ids, combiner, table.dim)
+
+
+def _strip_padding(ids, timestamps):
+    """Dense [batch, k] ids with trailing `PAD_ID`s become ragged rows without them."""
+    ids = tf.convert_to_tensor(ids)
+    if ids.shape.rank != 2:
+        return ids, timestamps
+    ragged = tf.RaggedTensor.from_tensor(ids, padding=tf.constant(PAD_ID, ids.dtype))
+    if timestamps is not None and not isinstance(timestamps, (tf.RaggedTensor, tf.SparseTensor)):
+        ts = tf.convert_to_tensor(timestamps)
+        if ts.shape.rank == 2:
+            timestamps = tf.RaggedTensor.from_tensor(ts, lengths=ragged.row_lengths())
+    return ragged, timestamps
 
 
 def _record(rec: LookupRecord) -> None:

@@ -244,3 +244,18 @@ def test_shutdown_forgets_tables_so_names_can_be_reused():
         npu_rec.create_table("shutdown_reuse", 4)
     npu_rec.shutdown()
     assert npu_rec.create_table("shutdown_reuse", 4).name == "shutdown_reuse"
+
+
+@pytest.mark.parametrize("combiner", ["sum", "mean", "sqrtn"])
+def test_dense_padded_ids_combine_like_ragged_and_pads_get_no_rows(combiner):
+    from npu_rec.data import PAD_ID
+
+    padded = tf.constant([[5, 9, PAD_ID], [7, PAD_ID, PAD_ID], [PAD_ID, PAD_ID, PAD_ID]], tf.int64)
+    ragged = tf.ragged.constant([[5, 9], [7], []], dtype=tf.int64)
+    table = npu_rec.create_table(f"pad_{combiner}", 4)
+    got = npu_rec.sparse_lookup(table, padded, combiner=combiner)
+    want = npu_rec.sparse_lookup(table, ragged, combiner=combiner)
+    np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-6)
+    np.testing.assert_array_equal(got.numpy()[2], np.zeros(4))
+    assert int(table.size()) == 3
+    assert PAD_ID not in table.export()["keys"]

@@ -23,11 +23,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from npu_rec._lookup import PAD_ID  # the core owns the pad id; re-exported here
 from npu_rec.data._columns import Ragged
 
 MISSING_ID = 0
 DENSE_FILL = 0.0
-PAD_ID = -1
 HASH_BUCKETS = 2**63 - 1
 
 
