@@ -23,7 +23,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from npu_rec._lookup import PAD_ID  # the core owns the pad id; re-exported here
+from npu_rec._lookup import PAD_ID  # noqa: F401  (the core owns the pad id; re-exported)
 from npu_rec.data._columns import Ragged
 
 MISSING_ID = 0
