@@ -113,7 +113,8 @@ def train(est, input_fn, hooks, steps, max_steps, resolved=None):
 def _run_session(est, input_fn, hooks, last_step, save_steps, switch, tell, low, plan):
     """One MonitoredTrainingSession; returns whether it stopped to switch precision."""
     config = est.config
-    loss_scaling = low and switch.mode.loss_scaling
+    dtype = (switch.low_dtype if low else None) if switch is not None else est._config_dtype()
+    loss_scaling = dtype == "float16"
 
     def build_hook(graph):
         if loss_scaling:
@@ -153,7 +154,6 @@ def _run_session(est, input_fn, hooks, last_step, save_steps, switch, tell, low,
         tail.append(saver_hook)
         all_hooks = own + hooks + list(spec.training_hooks) + tail
         scaffold = est._scaffold(plan, saver, manager)
-        dtype = (switch.low_dtype if low else None) if switch is not None else UNSET
         loop = getattr(config, "iterations_per_loop", 1)
         with tf.compat.v1.train.MonitoredTrainingSession(
                 checkpoint_dir=None, scaffold=scaffold, hooks=all_hooks,
