@@ -33,7 +33,7 @@ GROWTH_STEPS = 2000
 
 def enable_loss_scaling(graph: tf.Graph) -> None:
     """Asks `sparse_train_op` calls in `graph` to scale the loss (float16 phases)."""
-    graph.add_to_collection(_LOSS_SCALING_COLLECTION, True)
+    graph.add_to_collection(_LOSS_SCALING_COLLECTION, 1)
 
 
 def _loss_scaling(graph: tf.Graph) -> bool:
