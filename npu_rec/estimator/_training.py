@@ -21,7 +21,7 @@ from npu_rec._config import get_config
 from npu_rec._policies import SavePolicy
 from npu_rec._precision import PrecisionSwitch
 from npu_rec._steps import check_estimator_train
-from npu_rec.estimator import _hooks
+from npu_rec.estimator import _data_position, _hooks
 from npu_rec.estimator._graph import batch_size_of, dense_saver
 from npu_rec.estimator._sparse_train import add_missing_sparse_updates, enable_loss_scaling
 from npu_rec.estimator._spec import ModeKeys
@@ -120,6 +120,9 @@ def _run_session(est, input_fn, hooks, last_step, save_steps, switch, tell, low,
         if loss_scaling:
             enable_loss_scaling(graph)
 
+    data = _data_position.tracked(input_fn)
+    if data is not None:
+        _data_position.restore(config.model_dir, plan.step if plan.dense_path else None, data[0])
     graph, spec, features, data_hooks = est._build(input_fn, ModeKeys.TRAIN, build_hook)
     with graph.as_default():
         train_op = add_missing_sparse_updates(spec.loss, spec.train_op)
@@ -131,10 +134,13 @@ def _run_session(est, input_fn, hooks, last_step, save_steps, switch, tell, low,
         saver, manager = dense_saver(config)
         policy = SavePolicy.from_config(get_config(), save_steps=save_steps or 0,
                                         clock=lambda: _hooks.clock())
+        position_hook = None
+        if data is not None:
+            position_hook = _data_position.DataPositionHook(data[1], config.model_dir)
         saver_hook = _hooks.SparseCheckpointSaverHook(
             config.model_dir, saver, manager, policy, save_secs=config.save_checkpoints_secs,
-            has_full_save=plan.version is not None)
-        own = list(data_hooks)
+            has_full_save=plan.version is not None, data_position=position_hook)
+        own = list(data_hooks) + ([position_hook] if position_hook is not None else [])
         if last_step is not None:
             own.append(tf.compat.v1.train.StopAtStepHook(last_step=last_step))
         own.append(tf.compat.v1.train.NanTensorHook(spec.loss))
@@ -166,7 +172,8 @@ def _run_session(est, input_fn, hooks, last_step, save_steps, switch, tell, low,
                     sess.run(train_op)
                 else:
                     sess.run_step_fn(_loop_step(train_op, global_step, loop, last_step))
-    tf.compat.v1.summary.FileWriterCache.get(config.model_dir).flush()
+    with tf.Graph().as_default():      # FileWriterCache needs graph mode
+        tf.compat.v1.summary.FileWriterCache.get(config.model_dir).flush()
     return precision_hook is not None and precision_hook.switch_requested
 
 
