@@ -239,18 +239,26 @@ def test_model_dir_mismatch_and_temp_dir(tmp_path):
 
 
 def test_user_hooks_called_in_order_and_iterations_per_loop(tmp_path):
-    calls = []
+    calls, steps = [], []
 
     class Hook(tf.compat.v1.train.SessionRunHook):
         def __init__(self, name):
             self.name = name
 
+        def begin(self):
+            self._step = tf.compat.v1.train.get_global_step()
+
         def before_run(self, run_context):
             calls.append(self.name)
+
+        def after_run(self, run_context, run_values):
+            if self.name == "a":
+                steps.append(int(run_context.session.run(self._step)))
 
     est = _est(tmp_path, iterations_per_loop=4)
     est.train(models.synthetic_input_fn(0, 3200), hooks=[Hook("a"), Hook("b")], max_steps=10)
     assert calls == ["a", "b"] * 3           # loops of 4, 4, 2 steps
+    assert steps == [4, 8, 10]               # one hooked run advances the global step by N
     assert est.latest_checkpoint().endswith("model.ckpt-10")
 
 
