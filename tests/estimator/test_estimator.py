@@ -106,10 +106,22 @@ def _run(model_dir, max_steps):
     subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
 
 
+def _train_here(model_dir, max_steps):
+    npu_rec.shutdown()
+    est = E.NPUEstimator(models.deepfm_model_fn, params={}, config=E.NPURunConfig(
+        model_dir=str(model_dir), random_seed=1, log_step_count_steps=None))
+    est.train(models.synthetic_input_fn(0, 6400, epochs=4), max_steps=max_steps)
+    npu_rec.shutdown()
+
+
 def test_interrupt_and_resume_matches_one_run(tmp_path):
-    """100 data batches repeat, so steps 100-199 see the same batches in both runs."""
-    _run(tmp_path / "once", 200)
-    _run(tmp_path / "twice", 100)
+    """100 data batches repeat, so steps 100-199 see the same batches in both runs.
+
+    The uninterrupted run and the first 100 steps run in this process; the
+    last 100 in a new process, which has only the checkpoint to go on.
+    """
+    _train_here(tmp_path / "once", 200)
+    _train_here(tmp_path / "twice", 100)
     _run(tmp_path / "twice", 200)
     ckpt_a = tf.train.latest_checkpoint(str(tmp_path / "once"))
     ckpt_b = tf.train.latest_checkpoint(str(tmp_path / "twice"))
