@@ -286,12 +286,15 @@ class SparseCheckpointSaverHook(SessionRunHook):
             self.save(session, step, FULL)
 
     def save(self, session, step: int, kind: str) -> None:
+        # The data position first: a kill between the two writes leaves a position
+        # file without its checkpoint (ignored), never a checkpoint without it.
+        if self.data_position is not None:
+            self.data_position.save(step)
         self.saver.save(session, os.path.join(self.model_dir, "model.ckpt"),
                         global_step=step, write_meta_graph=False)
         if self.manager is not None:
             self.manager.save(step, delta=kind != FULL, session=session)
         if self.data_position is not None:
-            self.data_position.save(step)
             _data_position.prune(self.model_dir)
         self.policy.mark_saved(kind, step, clock())
         self._last, self._last_time = step, clock()

@@ -44,12 +44,12 @@ class _RecordIds(tf.compat.v1.train.SessionRunHook):
         self._step = tf.compat.v1.train.get_global_step()
 
     def before_run(self, run_context):
-        return tf.compat.v1.train.SessionRunArgs([self._rid, self._step])
+        return tf.compat.v1.train.SessionRunArgs(self._rid)
 
     def after_run(self, run_context, run_values):
-        rid, step = run_values.results
-        self.seen.extend(int(r) for r in np.ravel(rid))
-        if self.crash_at is not None and step + 1 == self.crash_at:
+        self.seen.extend(int(r) for r in np.ravel(run_values.results))
+        step = int(run_context.session.run(self._step))   # after this run's increment
+        if self.crash_at is not None and step == self.crash_at:
             raise KeyboardInterrupt("killed")     # no end(): no checkpoint at this step
 
 
