@@ -242,8 +242,9 @@ def as_input_fn(source: MinibatchSource, batch_size: int, **kwargs):
 
     Each call builds a dataset that continues from the source's current
     position. `input_fn.reading_position` is the `ReadingPosition` shared by
-    every dataset it builds; a front end saves `state_after(steps since the
-    dataset was built)` / `consumed_state()` with each checkpoint.
+    every dataset it builds and `input_fn.source` the source; a front end saves
+    `state_after(steps since the dataset was built)` / `consumed_state()` with
+    each checkpoint (`NPUEstimator.train` does) and restores the source on resume.
 
     Args:
       source: a `MinibatchSource`.
@@ -259,4 +260,5 @@ def as_input_fn(source: MinibatchSource, batch_size: int, **kwargs):
         return as_dataset(source, batch_size, position=position, **kwargs)
 
     input_fn.reading_position = position
+    input_fn.source = source
     return input_fn

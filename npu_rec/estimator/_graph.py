@@ -120,20 +120,36 @@ class RestorePlan:
     step: int = 0
     version: int | None = None
     from_restore_model_version: bool = False
+    #: Table directory of a `checkpoint_path` outside `model_dir` (None: model_dir's).
+    tables_dir: str | None = None
 
     def init_fn(self, saver, manager):
+        if manager is not None and self.tables_dir is not None and self.version is None:
+            raise ValueError(
+                f"The checkpoint {self.dense_path!r} has no sparse-table save at step "
+                f"{self.step} in {self.tables_dir!r}, but the model_fn creates tables "
+                f"{sorted(t.name for t in manager.tables)}. Pass a checkpoint written by "
+                "NPUEstimator (its directory holds `tables/`).")
+
         def init(scaffold, session):
             del scaffold
             if self.dense_path is not None:
                 saver.restore(session, self.dense_path)
             if manager is not None and self.version is not None:
-                manager.restore(self.version, session)
+                tables = manager
+                if self.tables_dir is not None and self.tables_dir != manager.directory:
+                    tables = TableCheckpointManager(self.tables_dir, manager.tables)
+                tables.restore(self.version, session)
         return init
 
 
 def plan_restore(model_dir: str, checkpoint_path: str | None = None,
                  version: int | None = None) -> RestorePlan:
     """Chooses the checkpoint: `version` (init's restore_model_version), a path, or the latest.
+
+    A `checkpoint_path` in another directory restores that directory's tables
+    (`<dir>/tables`); when it has none at the checkpoint's step, the session
+    creation raises (`RestorePlan.init_fn`) if the model_fn creates tables.
 
     Raises:
       npu_rec.ConfigError: `version` names no saved version (lists those that exist).
@@ -156,6 +172,12 @@ def plan_restore(model_dir: str, checkpoint_path: str | None = None,
     if path is None:
         return RestorePlan()
     step = checkpoint_step(path)
+    ckpt_dir = os.path.dirname(os.path.abspath(path))
+    if checkpoint_path is not None and ckpt_dir != os.path.abspath(model_dir):
+        # A checkpoint of another model_dir: its tables are next to it.
+        tables_dir = os.path.join(ckpt_dir, TABLES_SUBDIR)
+        version = step if step in table_versions(ckpt_dir) else None
+        return RestorePlan(path, step, version, tables_dir=tables_dir)
     if not tables:
         return RestorePlan(path, step, None)
     if step not in tables:

@@ -20,6 +20,7 @@ from absl import logging
 
 from npu_rec import _table_registry
 from npu_rec._policies import FULL, EvictPolicy
+from npu_rec.estimator import _data_position
 
 #: The clock of time-based cadences (replace it in tests).
 clock = time.monotonic
@@ -245,16 +246,19 @@ class SparseCheckpointSaverHook(SessionRunHook):
       policy: The `SavePolicy`.
       save_secs: Seconds between time-based full saves, or None.
       has_full_save: Whether restored tables give a base for deltas.
+      data_position: A `DataPositionHook` whose input position is saved with
+        every checkpoint, or None.
 
     Attributes:
       saves: `(step, kind)` of every save.
     """
 
     def __init__(self, model_dir, saver, manager, policy, save_secs=None,
-                 has_full_save=False):
+                 has_full_save=False, data_position=None):
         self.model_dir, self.saver, self.manager = model_dir, saver, manager
         self.policy, self.save_secs = policy, save_secs
         self.has_full_save = has_full_save
+        self.data_position = data_position
         self.saves: list[tuple[int, str]] = []
 
     def begin(self):
@@ -282,10 +286,16 @@ class SparseCheckpointSaverHook(SessionRunHook):
             self.save(session, step, FULL)
 
     def save(self, session, step: int, kind: str) -> None:
+        # The data position first: a kill between the two writes leaves a position
+        # file without its checkpoint (ignored), never a checkpoint without it.
+        if self.data_position is not None:
+            self.data_position.save(step)
         self.saver.save(session, os.path.join(self.model_dir, "model.ckpt"),
                         global_step=step, write_meta_graph=False)
         if self.manager is not None:
             self.manager.save(step, delta=kind != FULL, session=session)
+        if self.data_position is not None:
+            _data_position.prune(self.model_dir)
         self.policy.mark_saved(kind, step, clock())
         self._last, self._last_time = step, clock()
         self.saves.append((step, kind))

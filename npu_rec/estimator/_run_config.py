@@ -27,8 +27,8 @@ _UNSET: Any = object()
 DEFAULT_SAVE_CHECKPOINTS_STEPS = 100
 
 # Precision setting -> what TensorFlow does: None (float32 / origin dtypes),
-# "float16" (Grappler auto_mixed_precision, GPU only) or "bfloat16" (Grappler
-# oneDNN bfloat16 AMP, CPU).
+# "float16" (Grappler auto_mixed_precision; its CPU emulation without a GPU) or
+# "bfloat16" (Grappler oneDNN bfloat16 AMP, CPU).
 PRECISION_MODES = {
     "force_fp32": None, "must_keep_origin_dtype": None, "allow_fp32_to_fp16": None,
     "allow_fp32_to_bf16": None, "force_fp16": "float16", "allow_mix_precision": "float16",
@@ -132,23 +132,32 @@ def precision_dtype(precision_mode=None, precision_mode_v2=None) -> str | None:
 
 
 def float16_available() -> bool:
-    """float16 AMP needs a GPU: Grappler's CPU float16 rewrite crashes on npu_rec graphs."""
+    """Whether a GPU runs float16 natively (else the CPU emulation of the AMP pass is used)."""
     return bool(tf.config.list_physical_devices("GPU"))
 
 
-def check_dtype_available(setting: str, value, dtype: str | None) -> None:
-    """Raises `ValueError` when `dtype` cannot run on this machine."""
-    if dtype == "float16" and not float16_available():
-        raise ValueError(
-            f"`{setting}`={value!r} needs float16 mixed precision, which TensorFlow runs on "
-            "GPUs only (its CPU float16 rewrite, auto_mixed_precision_cpu, crashes on "
-            "these graphs); this machine has no GPU. Use a bfloat16 setting "
-            "(fast1, allow_mix_precision_bf16, mixed_bfloat16) or float32. "
-            f"Received: {setting}={value!r}")
+# Grappler passes that run before the AMP pass and may leave the graph out of
+# topological order; the CPU float16 emulation needs them off (see below).
+_PRE_AMP_PASSES = ("function_optimization", "common_subgraph_elimination", "debug_stripper",
+                   "constant_folding", "shape_optimization", "implementation_selector")
 
 
 def session_config_for(base, dtype: str | None):
-    """A copy of `base` (a ConfigProto or None) with the AMP rewrite for `dtype` on."""
+    """A copy of `base` (a ConfigProto or None) with the AMP rewrite for `dtype` on.
+
+    - bfloat16: Grappler's oneDNN bfloat16 AMP (`auto_mixed_precision_onednn_bfloat16`).
+    - float16 on a GPU: Grappler's `auto_mixed_precision`.
+    - float16 without a GPU: `auto_mixed_precision_cpu`, the CPU mode of the same
+      pass. Every op of its float16 allow list gets its float inputs and outputs
+      rounded to float16 (a Cast to float16 and back): the numerics of float16
+      training, computed by float32 kernels. That pass aborts (a C++
+      `raw_hash_map::at` error, which kills the process inside `Session.run`)
+      when the graph it receives is not in topological order, which the
+      Grappler passes running before it (model pruning, function inlining,
+      common subgraph elimination, constant folding, ...) may cause; they are
+      turned off in this mode, so the pass sees the graph in the order Python
+      built it. The passes after it (arithmetic, remapper, ...) still run.
+    """
     config = tf.compat.v1.ConfigProto()
     if base is not None:
         config.CopyFrom(base)
@@ -156,8 +165,13 @@ def session_config_for(base, dtype: str | None):
     on = rewriter_config_pb2.RewriterConfig.ON
     if dtype == "bfloat16":
         rw.auto_mixed_precision_onednn_bfloat16 = on
-    elif dtype == "float16":
+    elif dtype == "float16" and float16_available():
         rw.auto_mixed_precision = on
+    elif dtype == "float16":
+        rw.auto_mixed_precision_cpu = on
+        rw.disable_model_pruning = True
+        for name in _PRE_AMP_PASSES:
+            setattr(rw, name, rewriter_config_pb2.RewriterConfig.OFF)
     return config
 
 
@@ -365,8 +379,6 @@ class NPURunConfig(RunConfig):
         super()._validate()
         self.iterations_per_loop = check_int("iterations_per_loop", self.iterations_per_loop, 1)
         self.compute_dtype = precision_dtype(self.precision_mode, self.precision_mode_v2)
-        check_dtype_available("precision_mode" if self.precision_mode else "precision_mode_v2",
-                              self.precision_mode or self.precision_mode_v2, self.compute_dtype)
         exp = self.experimental_config
         if exp is not None and not isinstance(exp, ExperimentalConfig):
             raise ValueError("`experimental_config` must be None or an ExperimentalConfig. "
@@ -375,8 +387,6 @@ class NPURunConfig(RunConfig):
         if self.accelerate_mode is not None:
             check_precision_compatibility(self.accelerate_mode, self.precision_mode,
                                           self.precision_mode_v2)
-            check_dtype_available("accelerate_train_mode", str(self.accelerate_mode),
-                                  self.accelerate_mode.dtype)
 
     def _kwargs(self) -> dict:
         return {f: getattr(self, "tf_random_seed" if f == "random_seed" else f)

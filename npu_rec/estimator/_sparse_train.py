@@ -33,7 +33,7 @@ GROWTH_STEPS = 2000
 
 def enable_loss_scaling(graph: tf.Graph) -> None:
     """Asks `sparse_train_op` calls in `graph` to scale the loss (float16 phases)."""
-    graph.add_to_collection(_LOSS_SCALING_COLLECTION, True)
+    graph.add_to_collection(_LOSS_SCALING_COLLECTION, 1)
 
 
 def _loss_scaling(graph: tf.Graph) -> bool:
@@ -120,6 +120,8 @@ def _apply_scaled(loss, optimizer, dense, records, targets, global_step):
             trainable=False)
     grads = tf.gradients(loss * scale, targets)
     grads = [None if g is None else _unscale(g, scale) for g in grads]
+    _create_slots_outside_cond(optimizer, [v for v, g in zip(dense, grads, strict=False)
+                                           if g is not None])
     flat = [g.values if isinstance(g, tf.IndexedSlices) else g for g in grads if g is not None]
     finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in flat])
 
@@ -139,6 +141,21 @@ def _apply_scaled(loss, optimizer, dense, records, targets, global_step):
         return step
     with tf.control_dependencies([step]):
         return tf.group(tf.compat.v1.assign_add(global_step, 1))
+
+
+def _create_slots_outside_cond(optimizer, variables):
+    """Creates the optimizer's slots here, as `apply_gradients` would.
+
+    Inside the `tf.cond` below, `apply_gradients` would create them outside the
+    current name scope (`beta1_power` instead of `sparse_train_op/beta1_power`),
+    so the float32 phase after the switch would not find them in the
+    hand-over checkpoint. Made here, the names are the ones a float32 graph
+    gives them; the call in the cond then reuses them.
+    """
+    create = getattr(optimizer, "_create_slots", None)
+    if create is not None and variables:
+        with tf.init_scope():
+            create(variables)
 
 
 def _unscale(g, scale):

@@ -21,7 +21,7 @@ from npu_rec._config import get_config
 from npu_rec._policies import SavePolicy
 from npu_rec._precision import PrecisionSwitch
 from npu_rec._steps import check_estimator_train
-from npu_rec.estimator import _hooks
+from npu_rec.estimator import _data_position, _hooks
 from npu_rec.estimator._graph import batch_size_of, dense_saver
 from npu_rec.estimator._sparse_train import add_missing_sparse_updates, enable_loss_scaling
 from npu_rec.estimator._spec import ModeKeys
@@ -113,12 +113,16 @@ def train(est, input_fn, hooks, steps, max_steps, resolved=None):
 def _run_session(est, input_fn, hooks, last_step, save_steps, switch, tell, low, plan):
     """One MonitoredTrainingSession; returns whether it stopped to switch precision."""
     config = est.config
-    loss_scaling = low and switch.mode.loss_scaling
+    dtype = (switch.low_dtype if low else None) if switch is not None else est._config_dtype()
+    loss_scaling = dtype == "float16"
 
     def build_hook(graph):
         if loss_scaling:
             enable_loss_scaling(graph)
 
+    data = _data_position.tracked(input_fn)
+    if data is not None:
+        _data_position.restore(config.model_dir, plan.step if plan.dense_path else None, data[0])
     graph, spec, features, data_hooks = est._build(input_fn, ModeKeys.TRAIN, build_hook)
     with graph.as_default():
         train_op = add_missing_sparse_updates(spec.loss, spec.train_op)
@@ -130,10 +134,13 @@ def _run_session(est, input_fn, hooks, last_step, save_steps, switch, tell, low,
         saver, manager = dense_saver(config)
         policy = SavePolicy.from_config(get_config(), save_steps=save_steps or 0,
                                         clock=lambda: _hooks.clock())
+        position_hook = None
+        if data is not None:
+            position_hook = _data_position.DataPositionHook(data[1], config.model_dir)
         saver_hook = _hooks.SparseCheckpointSaverHook(
             config.model_dir, saver, manager, policy, save_secs=config.save_checkpoints_secs,
-            has_full_save=plan.version is not None)
-        own = list(data_hooks)
+            has_full_save=plan.version is not None, data_position=position_hook)
+        own = list(data_hooks) + ([position_hook] if position_hook is not None else [])
         if last_step is not None:
             own.append(tf.compat.v1.train.StopAtStepHook(last_step=last_step))
         own.append(tf.compat.v1.train.NanTensorHook(spec.loss))
@@ -153,7 +160,6 @@ def _run_session(est, input_fn, hooks, last_step, save_steps, switch, tell, low,
         tail.append(saver_hook)
         all_hooks = own + hooks + list(spec.training_hooks) + tail
         scaffold = est._scaffold(plan, saver, manager)
-        dtype = (switch.low_dtype if low else None) if switch is not None else UNSET
         loop = getattr(config, "iterations_per_loop", 1)
         with tf.compat.v1.train.MonitoredTrainingSession(
                 checkpoint_dir=None, scaffold=scaffold, hooks=all_hooks,
@@ -166,7 +172,8 @@ def _run_session(est, input_fn, hooks, last_step, save_steps, switch, tell, low,
                     sess.run(train_op)
                 else:
                     sess.run_step_fn(_loop_step(train_op, global_step, loop, last_step))
-    tf.compat.v1.summary.FileWriterCache.get(config.model_dir).flush()
+    with tf.Graph().as_default():      # FileWriterCache needs graph mode
+        tf.compat.v1.summary.FileWriterCache.get(config.model_dir).flush()
     return precision_hook is not None and precision_hook.switch_requested
 
 

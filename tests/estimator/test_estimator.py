@@ -106,10 +106,22 @@ def _run(model_dir, max_steps):
     subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
 
 
+def _train_here(model_dir, max_steps):
+    npu_rec.shutdown()
+    est = E.NPUEstimator(models.deepfm_model_fn, params={}, config=E.NPURunConfig(
+        model_dir=str(model_dir), random_seed=1, log_step_count_steps=None))
+    est.train(models.synthetic_input_fn(0, 6400, epochs=4), max_steps=max_steps)
+    npu_rec.shutdown()
+
+
 def test_interrupt_and_resume_matches_one_run(tmp_path):
-    """100 data batches repeat, so steps 100-199 see the same batches in both runs."""
-    _run(tmp_path / "once", 200)
-    _run(tmp_path / "twice", 100)
+    """100 data batches repeat, so steps 100-199 see the same batches in both runs.
+
+    The uninterrupted run and the first 100 steps run in this process; the
+    last 100 in a new process, which has only the checkpoint to go on.
+    """
+    _train_here(tmp_path / "once", 200)
+    _train_here(tmp_path / "twice", 100)
     _run(tmp_path / "twice", 200)
     ckpt_a = tf.train.latest_checkpoint(str(tmp_path / "once"))
     ckpt_b = tf.train.latest_checkpoint(str(tmp_path / "twice"))
@@ -239,18 +251,26 @@ def test_model_dir_mismatch_and_temp_dir(tmp_path):
 
 
 def test_user_hooks_called_in_order_and_iterations_per_loop(tmp_path):
-    calls = []
+    calls, steps = [], []
 
     class Hook(tf.compat.v1.train.SessionRunHook):
         def __init__(self, name):
             self.name = name
 
+        def begin(self):
+            self._step = tf.compat.v1.train.get_global_step()
+
         def before_run(self, run_context):
             calls.append(self.name)
+
+        def after_run(self, run_context, run_values):
+            if self.name == "a":
+                steps.append(int(run_context.session.run(self._step)))
 
     est = _est(tmp_path, iterations_per_loop=4)
     est.train(models.synthetic_input_fn(0, 3200), hooks=[Hook("a"), Hook("b")], max_steps=10)
     assert calls == ["a", "b"] * 3           # loops of 4, 4, 2 steps
+    assert steps == [4, 8, 10]               # one hooked run advances the global step by N
     assert est.latest_checkpoint().endswith("model.ckpt-10")
 
 

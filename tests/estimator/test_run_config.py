@@ -83,10 +83,19 @@ def test_precision_mode_maps_to_a_grappler_setting(setting, dtype):
 
 @pytest.mark.skipif(bool(tf.config.list_physical_devices("GPU")), reason="CPU-only rule")
 @pytest.mark.parametrize("setting", [{"precision_mode": "allow_mix_precision"},
-                                     {"precision_mode_v2": "fp16"}])
-def test_float16_precision_is_an_error_without_gpu(setting):
-    with pytest.raises(ValueError, match="needs float16 mixed precision"):
-        E.NPURunConfig(**setting)
+                                     {"precision_mode_v2": "fp16"},
+                                     {"experimental_config": E.ExperimentalConfig(
+                                         accelerate_train_mode="fast|step|0.5")}])
+def test_float16_uses_the_cpu_emulation_of_the_amp_pass_without_gpu(setting):
+    config = E.NPURunConfig(**setting)
+    dtype = config.compute_dtype or config.accelerate_mode.dtype
+    assert dtype == "float16"
+    rewrite = _run_config.session_config_for(None, dtype).graph_options.rewrite_options
+    assert rewrite.auto_mixed_precision_cpu and not rewrite.auto_mixed_precision
+    # The passes that could reorder the graph before the AMP pass are off.
+    assert rewrite.disable_model_pruning
+    assert rewrite.constant_folding == rewrite.OFF
+    assert rewrite.common_subgraph_elimination == rewrite.OFF
 
 
 def test_npu_only_and_unknown_options_warn_once():
