@@ -27,12 +27,14 @@ that load from other processes on a shared machine hits all of them alike.
 Each run's figure is its median block rate (samples/s). Prints a table and
 writes JSON.
 
-The torchrec run needs the optional `bench` extra; torchrec must be installed
-without its dependencies (they would pull the CUDA fbgemm):
+The torchrec runs need the optional `bench` extra plus torchrec installed
+without its dependencies (they would pull the CUDA fbgemm-gpu; fbgemm-gpu-cpu
+1.9.0 fails to load with torch 2.13, hence 1.8.0):
 
-  pip install torch==2.13.0 fbgemm-gpu-cpu==1.8.0 torchmetrics==1.0.3 \\
-      pyre-extensions tensordict
+  pip install -e ".[bench]"      # torch 2.13.0 (CPU), fbgemm-gpu-cpu 1.8.0, ...
   pip install --no-deps torchrec==1.8.0
+
+Without them the torchrec rows say "skipped".
 
 Example (quick):
   python benchmarks/keras_bench.py --steps 5 --rounds 2 --distinct_ids 1000000
