@@ -9,6 +9,7 @@ binary cross-entropy, Adam on the dense part, Adagrad on the embeddings.
   npu_rec     RecModel.fit, one SparseEmbedding table per feature, admission
               (access_threshold=1) and eviction (eviction_threshold + an Evict
               callback firing every --evict_every steps) on
+  npu_rec_plain  the same without admission and eviction (only with --runs)
   keras       plain Keras 3 fit: Hashing(--hash_buckets) + Embedding, Adagrad
   torchrec    TorchRec FusedEmbeddingBagCollection (one table per feature,
               min(vocab, --hash_buckets) rows) with FBGEMM's fused row-wise
@@ -123,7 +124,7 @@ def fit_runner(model, ds, callbacks=()):
     return train
 
 
-def run_npu_rec(batches, vocab):
+def run_npu_rec(batches, vocab, admission=True):
     import npu_rec
     from npu_rec.keras import RecModel, SparseEmbedding
     from npu_rec.keras.callbacks import Evict
@@ -132,21 +133,29 @@ def run_npu_rec(batches, vocab):
     dense = keras.Input((NUM_DENSE,), name="numeric")
     cats = keras.Input((NUM_CAT,), dtype="int64", name="cats")
     opt = npu_rec.optimizers.Adagrad(LR)
-    embs = [SparseEmbedding(f"C{i + 1}", DIM, optimizer=opt, access_threshold=1,
-                            eviction_threshold=24 * 3600, capacity=min(v, 1 << 20))(cats[:, i])
+    policy = (dict(access_threshold=1, eviction_threshold=24 * 3600) if admission else
+              dict(access_threshold=-1, eviction_threshold=-1))
+    prefix = "" if admission else "plain_"
+    embs = [SparseEmbedding(f"{prefix}C{i + 1}", DIM, optimizer=opt, capacity=min(v, 1 << 20),
+                            **policy)(cats[:, i])
             for i, v in enumerate(vocab)]
     model = RecModel({"numeric": dense, "cats": cats}, mlp(dense, embs))
     model.compile(optimizer="adam", loss="binary_crossentropy")
     ds = cycled({"numeric": np.stack([b[0] for b in batches]),
                  "cats": np.stack([b[1] for b in batches])}, np.stack([b[2] for b in batches]))
     evict = Evict(evict_time_interval=None, evict_step_interval=_EVICT_EVERY.value)
-    fit = fit_runner(model, ds, [evict])
+    fit = fit_runner(model, ds, [evict] if admission else [])
 
     def train(k):
         fit(k)
         if not getattr(train, "warm", False):  # trace each table's evict once, untimed
             train.warm = [t.evict() for t in model.tables]
     return train
+
+
+def run_npu_rec_plain(batches, vocab):
+    """npu_rec without admission and eviction (not a default run: the cost of both)."""
+    return run_npu_rec(batches, vocab, admission=False)
 
 
 def run_keras(batches, vocab):
@@ -256,7 +265,7 @@ def run_torchrec_small(batches, vocab):
     return run_torchrec(batches, vocab, cap=_SMALL.value)
 
 
-RUNNERS = {"npu_rec": run_npu_rec, "keras": run_keras, "torchrec": run_torchrec,
+RUNNERS = {"npu_rec": run_npu_rec, "npu_rec_plain": run_npu_rec_plain, "keras": run_keras, "torchrec": run_torchrec,
            "torchrec_small": run_torchrec_small, "tf_loop": run_tf_loop,
            "mlp_only": run_mlp_only}
 
