@@ -156,6 +156,28 @@ class RecModel(keras.Model):
         if self.built and self.optimizer is not None:
             self.optimizer.build(self.trainable_variables)
 
+    def _maybe_symbolic_build(self, iterator=None, data_batch=None):
+        """Builds optimizer, loss and metric state before the step is traced.
+
+        Keras (TensorFlow backend, no distribution strategy) leaves this to the
+        first trace of the train step, which then creates variables and is
+        traced a second time. A RecModel step, with its sparse lookups, is
+        costly to trace, so the state is built here from the data's element
+        spec (no batch is read) and the step is traced once.
+        """
+        if self._distribute_strategy is not None:
+            return super()._maybe_symbolic_build(iterator=iterator, data_batch=data_batch)
+        if data_batch is None:
+            data_batch = _element_spec(iterator)
+            if data_batch is None:
+                return None
+        try:
+            self._symbolic_build(data_batch=data_batch)
+        except Exception as err:  # noqa: BLE001 - Keras builds at the first trace instead
+            logging.debug("npu_rec: symbolic build skipped (%s); building at the first trace.",
+                          err)
+        return None
+
     # -------------------------------------------------------------- the steps
     def _forward_loss(self, data, training: bool):
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
@@ -311,6 +333,14 @@ def _functional_class(cls: type) -> type:
 def _sparse_update(records, grads):
     with tf.control_dependencies([_lookup.apply_recorded_gradients(records, grads)]):
         return tf.constant(True)
+
+
+def _element_spec(iterator):
+    """The `tf.TensorSpec` structure of an epoch iterator's batches, or None."""
+    spec = getattr(getattr(iterator, "_distributed_dataset", None), "element_spec", None)
+    if spec is None or not all(isinstance(s, tf.TensorSpec) for s in tf.nest.flatten(spec)):
+        return None  # ragged/sparse inputs: let Keras build at the first trace
+    return spec
 
 
 def _batch_size(x):

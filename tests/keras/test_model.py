@@ -7,7 +7,13 @@ import tensorflow as tf
 
 import npu_rec
 from npu_rec.keras import RecModel, SparseEmbedding
-from tests.keras.builders import criteo, deepfm_network, deepfm_recmodel, table_state
+from tests.keras.builders import (
+    CATEGORICAL,
+    criteo,
+    deepfm_network,
+    deepfm_recmodel,
+    table_state,
+)
 
 
 def test_deepfm_fit_auc_table_growth_and_row_local_updates():
@@ -31,10 +37,13 @@ def test_deepfm_fit_auc_table_growth_and_row_local_updates():
     assert model.global_step == 32 + 2 * 64
 
     # One step changes exactly the rows of ids in its batch.
-    batch = {k: v[:64] for k, v in xv.items()}
+    batch = {k: v[:256] for k, v in xv.items()}
     assert all(t.name.split("_")[0] in batch for t in model.tables)
     before = [table_state(t) for t in model.tables]
-    model.train_on_batch(batch, yv[:64])
+    # fit on one batch of the traced shape reuses the traced step (a retrace costs ~1 s
+    # per table; train_on_batch or another batch size would retrace).
+    model.fit(batch, yv[:256], batch_size=256, epochs=1, verbose=0)
+    assert model.global_step == 32 + 2 * 64 + 1
     for table, old in zip(model.tables, before, strict=True):
         new = table_state(table)
         in_batch = set(batch[table.name.split("_")[0]].tolist())
@@ -45,15 +54,18 @@ def test_deepfm_fit_auc_table_growth_and_row_local_updates():
 
 
 def test_wrapper_form_trains_to_the_same_result():
-    x, y = criteo(0, 4096)
-    xv, _ = criteo(4096, 5120)
-    functional = deepfm_recmodel()
+    features = CATEGORICAL[:3]  # the same DeepFM on fewer features: a cheaper trace
+    x, y = criteo(0, 2048, categorical=features)
+    xv, _ = criteo(4096, 4608, categorical=features)
+    functional = deepfm_recmodel(categorical=features)
     functional.fit(x, y, batch_size=256, epochs=1, verbose=0, shuffle=False)
     expected = functional.predict(xv, verbose=0)
+    assert len(functional.tables) == 2 * len(features)
 
     npu_rec._table_registry.clear()
     keras.utils.set_random_seed(0)
-    wrapped = RecModel(network=deepfm_network(), loss_fn=keras.losses.BinaryCrossentropy(),
+    wrapped = RecModel(network=deepfm_network(categorical=features),
+                       loss_fn=keras.losses.BinaryCrossentropy(),
                        optimizer=keras.optimizers.Adam(), metrics={"auc"})
     history = wrapped.fit(x, y, batch_size=256, epochs=1, verbose=0, shuffle=False)
     assert "auc" in history.history

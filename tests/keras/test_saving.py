@@ -6,12 +6,15 @@ import sys
 
 import keras
 import numpy as np
+import pytest
 
 import npu_rec
 from npu_rec.keras import RecModel, SparseEmbedding, export_for_serving
 
 
-def trained_model():
+@pytest.fixture(scope="module")
+def trained():
+    """One trained model for the save/load and the export tests (tracing is the cost)."""
     keras.utils.set_random_seed(0)
     user = keras.Input(shape=(), dtype="int64", name="user")
     tags = keras.Input(shape=(3,), dtype="int64", name="tags")
@@ -34,8 +37,8 @@ def trained_model():
     return model, x, probe
 
 
-def test_save_and_load_model_give_identical_predictions_and_tables(tmp_path):
-    model, x, probe = trained_model()
+def test_save_and_load_model_give_identical_predictions_and_tables(tmp_path, trained):
+    model, x, probe = trained
     expected = model.predict(probe, verbose=0)
     path = str(tmp_path / "model.keras")
     model.save(path)
@@ -82,8 +85,8 @@ print(json.dumps({"npu_rec_imported": "npu_rec" in sys.modules, "out": out.tolis
 """
 
 
-def test_exported_saved_model_serves_raw_ids_without_npu_rec(tmp_path):
-    model, _, probe = trained_model()
+def test_exported_saved_model_serves_raw_ids_without_npu_rec(tmp_path, trained):
+    model, _, probe = trained
     expected = model.predict(probe, verbose=0)
     export_dir = export_for_serving(model, str(tmp_path / "serving"))
     arg = json.dumps({k: v.tolist() for k, v in probe.items()})

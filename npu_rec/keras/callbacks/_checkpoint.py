@@ -46,11 +46,14 @@ class SparseCheckpoint(keras.callbacks.Callback):
       data_source: Optional object with `get_checkpoint_state() -> dict` and
         `restore_from_checkpoint(dict)` (an `npu_rec.data.MinibatchSource`).
       reading_position: The `reading_position` of the `npu_rec.data.as_dataset`
-        dataset being trained on (built for this `fit`/`online_train` call).
-        tf.data reads ahead, so the source's own state is ahead of training:
-        with it, the saved position is `state_after(steps trained in this
-        call)`, the first batch the model did not consume. Without it the
-        source's `get_checkpoint_state()` is saved.
+        dataset being trained on (`ds.reading_position`). tf.data reads ahead,
+        so the source's own state is ahead of training: with it, the saved
+        position is the state after the last batch the model consumed, so a
+        resumed run continues at the first unconsumed sample (none lost, none
+        repeated). With `data_source` too, each later `fit`/`online_train`
+        call with this callback first rewinds the source to the consumed
+        position (the batches the previous call read ahead are read again,
+        not skipped). Without it the source's `get_checkpoint_state()` is saved.
       restore: True / False / None (follow `init(if_load)`).
       tables: Tables to checkpoint; default the model's.
       clock: Time source of the timed saves (default `time.monotonic`).
@@ -81,6 +84,9 @@ class SparseCheckpoint(keras.callbacks.Callback):
         self.data_source = data_source
         self.reading_position = reading_position
         self._start_step = 0
+        self._start_batches = 0  # batches the dataset had produced when this call began
+        self._start_state = None  # the data state when this call began
+        self._consumed_state = None  # the data state after the last consumed batch
         self.restore = restore
         self._tables = tables
         self._clock = clock
@@ -142,9 +148,37 @@ class SparseCheckpoint(keras.callbacks.Callback):
                 state = json.load(f)
             if state.get("data") is not None:
                 self.data_source.restore_from_checkpoint(state["data"])
+                self._consumed_state = state["data"]
         self.restored_step = step
         logging.info("npu_rec: restored checkpoint step %d from %s", step, self.directory)
         return step
+
+    def data_state(self, step: int | None = None) -> dict | None:
+        """The data position after the batches trained up to `step` (JSON-able), or None."""
+        step = global_step(self.model) if step is None else step
+        if self.reading_position is not None:
+            consumed = step - self._start_step
+            if consumed == 0 and self._start_state is not None:
+                return self._start_state
+            return self.reading_position.state_after(self._start_batches + consumed)
+        if self.data_source is not None:
+            return self.data_source.get_checkpoint_state()
+        return None
+
+    def _begin_data(self) -> None:
+        """Marks where this training call starts reading; rewinds a read-ahead source."""
+        position, source = self.reading_position, self.data_source
+        if position is None:
+            return
+        if source is not None:
+            if self._consumed_state is not None:
+                # The previous call's iterator (gone by now) read ahead of what was
+                # trained: continue at the first batch the model did not consume.
+                source.restore_from_checkpoint(self._consumed_state)
+            self._start_state = source.get_checkpoint_state()
+        else:
+            self._start_state = None
+        self._start_batches = position.produced
 
     def save(self, step: int | None = None, kind: str = FULL) -> str:
         """Writes version `step` (default the global step); returns the table file."""
@@ -158,11 +192,7 @@ class SparseCheckpoint(keras.callbacks.Callback):
         tmp = self._dense_path(step) + ".tmp.npz"
         np.savez(tmp, **arrays)
         os.replace(tmp, self._dense_path(step))
-        data = None
-        if self.reading_position is not None:
-            data = self.reading_position.state_after(step - self._start_step)
-        elif self.data_source is not None:
-            data = self.data_source.get_checkpoint_state()
+        data = self.data_state(step)
         with open(self._state_path(step) + ".tmp", "w") as f:
             json.dump({"step": step, "kind": kind, "data": data}, f)
         os.replace(self._state_path(step) + ".tmp", self._state_path(step))
@@ -184,6 +214,7 @@ class SparseCheckpoint(keras.callbacks.Callback):
         self.policy = SavePolicy.from_config(get_config(), save_steps=resolved.save_steps,
                                              clock=self._clock)
         self._start_step = global_step(self.model)
+        self._begin_data()
         self.policy.start(global_step(self.model),
                           has_full_save=bool(self.manager().versions()))
 
@@ -197,4 +228,6 @@ class SparseCheckpoint(keras.callbacks.Callback):
         step = global_step(self.model)
         if not self.saves or self.saves[-1][0] != step:
             self.save(step, FULL)
+        if self.reading_position is not None:
+            self._consumed_state = self.data_state(step)
         self._prepared_for = None
