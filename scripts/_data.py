@@ -110,6 +110,21 @@ def train_dataset(p: DataPlan, batch_size: int, source=None):
     return ds.map(_select(p)), source, position
 
 
+def train_input_fn(p: DataPlan, batch_size: int):
+    """An Estimator `input_fn` of `train_dataset`'s batches whose reading position is tracked.
+
+    It carries `source` and `reading_position` like `npu_rec.data.as_input_fn`, so
+    `NPUEstimator.train` saves the position with every checkpoint and resumes there.
+    """
+    base = npd.as_input_fn(p.train_source(), batch_size, num_sweeps=None, use_dynamic=False)
+
+    def input_fn(params=None, config=None):
+        return base(params, config).map(_select(p))
+
+    input_fn.source, input_fn.reading_position = base.source, base.reading_position
+    return input_fn
+
+
 def eval_dataset(p: DataPlan, batch_size: int, steps: int):
     """At most `steps` evaluation batches: held-out synthetic rows or one sweep of files."""
     if p.eval_source is None:

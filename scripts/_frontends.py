@@ -196,8 +196,7 @@ def run_estimator(s: RunSettings, plan: _data.DataPlan, *, train: bool = True):
                                  evict_step_interval=s.evict_steps))
     start = time.perf_counter()
     if train and start_step < s.max_steps:
-        est.train(lambda: _data.train_dataset(plan, s.batch_size)[0], max_steps=s.max_steps,
-                  hooks=hooks)
+        est.train(_data.train_input_fn(plan, s.batch_size), max_steps=s.max_steps, hooks=hooks)
     seconds = time.perf_counter() - start
     log.close()
     results = est.evaluate(lambda: _data.eval_dataset(plan, s.batch_size, s.eval_steps),

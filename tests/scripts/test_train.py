@@ -86,3 +86,12 @@ def test_estimator_and_keras_reach_the_same_auc_on_the_same_data(tmp_path):
         auc[frontend] = _metrics(tmp_path / frontend)["eval_auc"]
     assert auc["keras"] > 0.65 and auc["estimator"] > 0.65
     assert abs(auc["keras"] - auc["estimator"]) < 0.02, auc
+
+
+def test_estimator_resume_continues_the_data_where_the_checkpoint_left_it(tmp_path):
+    model_dir = tmp_path / "est_resume"
+    with flagsaver.flagsaver(frontend="estimator", batch_size=16, max_steps=4, save_steps=2,
+                             eval_steps=1, model_dir=str(model_dir), verbose=0):
+        train.main(["train.py"])
+    positions = sorted(p.name for p in model_dir.glob("data_position-*.json"))
+    assert positions == ["data_position-2.json", "data_position-4.json"]
