@@ -181,7 +181,11 @@ class SparseTable(TableStateMixin):
         effects = [alloc, init, insert, meta_op, seen, *pending_ops]
         if from_feature:
             effects.append(self._ts_feature.assign(True, read_value=False))
-        return rows, self._gather(rows, effects)
+        # Whatever consumes the rows (the sparse optimizer step) runs after admission has
+        # initialised them, even when its gradient does not depend on the row values.
+        with tf.control_dependencies(effects):
+            rows = tf.identity(rows)
+        return rows, self._gather(rows, [])
 
     def _gather(self, rows: tf.Tensor, deps) -> tf.Tensor:
         with tf.control_dependencies(deps):
