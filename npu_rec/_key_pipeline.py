@@ -46,7 +46,10 @@ class PreparedIds(NamedTuple):
     counts: tf.Tensor
 
 
-def _flat(ids) -> tf.Tensor:
+def flat_keys(ids) -> tf.Tensor:
+    """int64 [n] keys of dense / ragged / sparse ids (or of a `PreparedIds`)."""
+    if isinstance(ids, PreparedIds):
+        ids = ids.ids
     if isinstance(ids, tf.RaggedTensor):
         ids = ids.flat_values
     elif isinstance(ids, tf.SparseTensor):
@@ -71,7 +74,7 @@ def prepare_ids(ids) -> PreparedIds:
     """
     if isinstance(ids, PreparedIds):
         return ids
-    unique, index, counts = tf.unique_with_counts(_flat(ids), out_idx=tf.int64)
+    unique, index, counts = tf.unique_with_counts(flat_keys(ids), out_idx=tf.int64)
     return PreparedIds(ids, unique, index, counts)
 
 

@@ -20,7 +20,7 @@ import tensorflow as tf
 
 from npu_rec import _keyed_init, _table_registry
 from npu_rec._admission import PendingCounts
-from npu_rec._key_pipeline import PreparedIds
+from npu_rec._key_pipeline import flat_keys as _flat_keys
 from npu_rec._table_config import (
     DEFAULT_DYNAMIC_CAPACITY,
     DEFAULT_FIXED_CAPACITY,
@@ -306,20 +306,6 @@ class SparseTable(TableStateMixin):
             self._eager_evict = tf.function(
                 self._build_evict, input_signature=[tf.TensorSpec([], tf.int64)])
         return int(self._eager_evict(tf.constant(now_value, tf.int64)))
-
-def _flat_keys(ids) -> tf.Tensor:
-    """int64 [n] keys of dense / ragged / sparse ids (or of a `PreparedIds`)."""
-    if isinstance(ids, PreparedIds):
-        ids = ids.ids
-    if isinstance(ids, tf.RaggedTensor):
-        ids = ids.flat_values
-    elif isinstance(ids, tf.SparseTensor):
-        ids = ids.values
-    ids = tf.convert_to_tensor(ids)
-    if not ids.dtype.is_integer:
-        raise TypeError(f"`ids` must be an integer tensor. Received: ids.dtype={ids.dtype!r}")
-    return tf.reshape(tf.cast(ids, tf.int64), [-1])
-
 
 def create_table(name: str, dim: int, *, key_dtype=tf.int64, initializer=None, optimizer=None,
                  capacity: int | None = None, access_threshold: int = -1,
