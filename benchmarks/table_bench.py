@@ -177,8 +177,7 @@ def bench_table(tf, npu_rec, n_keys, dim, mode, rng, baseline):
 
 def _release(tf, table):
     """Frees a table's big buffers now (function caches may outlive the object)."""
-    keys, _ = table._index.export()
-    table._index.remove(keys)
+    table._index.reset(tf.zeros([0], tf.int64), tf.zeros([0], tf.int64))
     for v in table._storage.per_row_variables():
         shape = tf.concat([[0], tf.shape(v)[1:]], 0)
         v.assign(tf.zeros(shape, v.dtype), read_value=False)

@@ -1,6 +1,7 @@
 """`SparseTable`: a dynamic embedding table keyed by raw int64/int32 ids.
 
-Keys map to rows through TF's `MutableHashTable` kernel (see docs/design.md);
+Keys map to rows through `KeyIndex` (TF's `DenseHashTable` kernel on mixed
+keys; see docs/design.md);
 rows, optimizer slots and per-row metadata live in `RowStorage` variables;
 not-yet-admitted keys are counted in `PendingCounts`.
 
@@ -20,6 +21,7 @@ import tensorflow as tf
 
 from npu_rec import _keyed_init, _table_registry
 from npu_rec._admission import PendingCounts
+from npu_rec._key_index import KeyIndex
 from npu_rec._key_pipeline import flat_keys as _flat_keys
 from npu_rec._table_config import (
     DEFAULT_DYNAMIC_CAPACITY,
@@ -60,8 +62,7 @@ class SparseTable(TableStateMixin):
             with tf.name_scope(f"npu_rec_table_{config.name}"):
                 self._storage = RowStorage(config.name, config.dim, slot_specs,
                                            config.capacity, config.dynamic_expansion)
-                self._index = tf.lookup.experimental.MutableHashTable(
-                    tf.int64, tf.int64, default_value=-1, name="index")
+                self._index = KeyIndex(config.capacity, name="index")
                 self._pending = PendingCounts(config.max_pending_keys)
                 self._deleted = tf.lookup.experimental.MutableHashTable(
                     tf.int64, tf.int64, default_value=0, name="deleted")
@@ -92,7 +93,7 @@ class SparseTable(TableStateMixin):
         """The (non-trainable) variables holding this table's state."""
         s = self._storage
         return [*s.per_row_variables(), s.next_row, s.num_free, self._max_seen,
-                self._ts_feature, self._opt_step]
+                self._ts_feature, self._opt_step, self._index.removed]
 
     def __repr__(self) -> str:
         c = self.config
@@ -268,6 +269,8 @@ class SparseTable(TableStateMixin):
                self._deleted.insert(keys, tf.ones_like(keys)),
                self._pending.drop_idle(now, c.eviction_threshold)]
         with tf.control_dependencies(ops):
+            compact = self._index.maybe_rebuild()
+        with tf.control_dependencies([compact]):
             return tf.size(rows, out_type=tf.int64)
 
     @tf.autograph.experimental.do_not_convert

@@ -46,8 +46,6 @@ class TableStateMixin:
 
     def _build_load(self, st: dict[str, tf.Tensor]) -> tf.Operation:
         slots = {n: st[f"slot/{n}"] for n in self._storage.slots}
-        old_keys, _ = self._index.export()
-        removed = self._index.remove(old_keys)
         old_deleted, _ = self._deleted.export()
         ops = [self._storage.load(st["keys"], st["values"], slots, st["counts"], st["last_seen"]),
                self._pending.load(st["pending_keys"],
@@ -56,9 +54,8 @@ class TableStateMixin:
                self._max_seen.assign(st["max_seen"], read_value=False),
                self._ts_feature.assign(st["ts_feature"], read_value=False),
                self._opt_step.assign(st["opt_step"], read_value=False)]
-        with tf.control_dependencies([removed]):
-            n = tf.size(st["keys"], out_type=tf.int64)
-            ops.append(self._index.insert(st["keys"], tf.range(n)))
+        n = tf.size(st["keys"], out_type=tf.int64)
+        ops.append(self._index.reset(st["keys"], tf.range(n)))
         return tf.group(*ops)
 
     def _build_end_period(self) -> tf.Operation:

@@ -1,0 +1,164 @@
+"""`KeyIndex`: the key -> row map of one table (shard), an open-addressing hash map.
+
+It wraps TF's `DenseHashTable` kernel (`MutableDenseHashTable`: one flat
+array of 16-byte key/value buckets, probed in place) rather than
+`MutableHashTable` (a node-based `std::unordered_map`): inserts are about 4x
+faster and the map costs 16 B per bucket instead of ~40-130 B per key (see
+docs/design.md "The key index"). Two things make it safe for raw ids:
+
+* The kernel hashes integer keys by identity into a power-of-two mask, so ids
+  that differ only in their high bits (`field << 32 | value`) would share
+  probe chains. Keys are therefore stored *mixed* by a bijection of the
+  64-bit integers (`_mix`: multiply by an odd constant, then fold the high
+  half into the low half), which spreads every bit of the raw id over the
+  bucket bits. A bijection introduces no collisions.
+* The kernel reserves two key values (empty and deleted buckets). They are
+  two values of the *mixed* space, i.e. the two raw ids `_unmix(EMPTY_KEY)`
+  and `_unmix(DELETED_KEY)` (`RESERVED_RAW_KEYS`): looking up or inserting one
+  of them is refused by the kernel with an `InvalidArgumentError`. No other
+  id is affected.
+
+Removal leaves tombstones, which the kernel reuses for later inserts; a
+`reset` (restore, or `rebuild` after heavy eviction) starts from an empty
+bucket array sized for the live keys.
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+#: The kernel's reserved bucket markers (in the mixed key space).
+EMPTY_KEY = -(2**63)
+DELETED_KEY = -(2**63) + 1
+#: The kernel grows (doubles) its bucket array beyond this load.
+MAX_LOAD = 0.8
+_MUL = 0x9E3779B97F4A7C15        # odd, so invertible mod 2**64
+_MUL_INV = pow(_MUL, -1, 2**64)
+
+
+def _fold(u: tf.Tensor) -> tf.Tensor:
+    """x ^ (x >> 32) on uint64: its own inverse."""
+    return tf.bitwise.bitwise_xor(u, tf.bitwise.right_shift(u, tf.constant(32, tf.uint64)))
+
+
+def _mix(keys: tf.Tensor) -> tf.Tensor:
+    """int64 [n] -> int64 [n], a bijection spreading all bits into the low ones."""
+    u = tf.bitcast(keys, tf.uint64) * tf.constant(_MUL, tf.uint64)
+    return tf.bitcast(_fold(u), tf.int64)
+
+
+def _unmix(mixed: tf.Tensor) -> tf.Tensor:
+    """The inverse of `_mix`."""
+    u = _fold(tf.bitcast(mixed, tf.uint64)) * tf.constant(_MUL_INV, tf.uint64)
+    return tf.bitcast(u, tf.int64)
+
+
+def _unmix_int(x: int) -> int:
+    u = x % 2**64
+    u ^= u >> 32
+    u = (u * _MUL_INV) % 2**64
+    return u - 2**64 if u >= 2**63 else u
+
+
+#: The two raw int64 ids a table cannot hold (see module docstring).
+RESERVED_RAW_KEYS = (_unmix_int(EMPTY_KEY), _unmix_int(DELETED_KEY))
+
+
+def buckets_for(capacity: int) -> int:
+    """Power-of-two bucket count holding `capacity` keys below `MAX_LOAD`."""
+    n = 8
+    while n * MAX_LOAD < capacity:
+        n *= 2
+    return n
+
+
+class KeyIndex:
+    """Raw int64 key -> int64 row (-1 when absent).
+
+    Args:
+      capacity: Keys to hold before the first growth (the bucket array is
+        allocated for them at once, 16 B per bucket).
+      name: Kernel resource name.
+    """
+
+    def __init__(self, capacity: int, name: str = "index"):
+        self.initial_buckets = buckets_for(capacity)
+        self.map = tf.lookup.experimental.DenseHashTable(
+            tf.int64, tf.int64, default_value=-1, empty_key=EMPTY_KEY,
+            deleted_key=DELETED_KEY, initial_num_buckets=self.initial_buckets, name=name)
+        # Keys removed since the last reset: an upper bound on the tombstones.
+        self.removed = tf.Variable(tf.constant(0, tf.int64), trainable=False,
+                                   name=f"{name}_removed")
+
+    def lookup(self, keys: tf.Tensor) -> tf.Tensor:
+        """int64 [n] rows of raw `keys` (-1 = absent)."""
+        return self.map.lookup(_mix(keys))
+
+    def insert(self, keys: tf.Tensor, rows: tf.Tensor) -> tf.Operation:
+        """Maps absent raw `keys` (unique) to `rows`."""
+        return self.map.insert(_mix(keys), rows)
+
+    def remove(self, keys: tf.Tensor) -> tf.Operation:
+        """Removes raw `keys` (absent ones are ignored)."""
+        count = self.removed.assign_add(tf.size(keys, out_type=tf.int64), read_value=False)
+        return tf.group(self.map.remove(_mix(keys)), count)
+
+    def maybe_rebuild(self) -> tf.Tensor:
+        """Rebuilds when tombstones could fill the array; returns whether it did.
+
+        The kernel grows its array when the *live* keys pass `MAX_LOAD` but
+        never counts tombstones, so after much eviction most empty buckets
+        could become tombstones and a miss would probe long chains. The array
+        has at least `max(initial, live / MAX_LOAD)` buckets; once live keys
+        plus the keys removed since the last reset could pass 90% of that,
+        the held keys are re-inserted into a fresh array.
+        """
+        live = self.map.size()
+        floor = tf.maximum(tf.constant(self.initial_buckets, tf.float64),
+                           tf.cast(live, tf.float64) / MAX_LOAD)
+        crowded = tf.cast(live + self.removed.read_value(), tf.float64) > 0.9 * floor
+
+        def rebuild():
+            with tf.control_dependencies([self.rebuild()]):
+                return tf.constant(True)
+
+        return tf.cond(crowded, rebuild, lambda: tf.constant(False))
+
+    def size(self) -> tf.Tensor:
+        """int64 scalar: keys held."""
+        return self.map.size()
+
+    def export(self) -> tuple[tf.Tensor, tf.Tensor]:
+        """(raw keys int64 [k], rows int64 [k]) of every held key, in bucket order."""
+        mixed, rows = self.map.export()
+        mixed, rows = tf.reshape(mixed, [-1]), tf.reshape(rows, [-1])
+        held = tf.logical_and(tf.not_equal(mixed, EMPTY_KEY), tf.not_equal(mixed, DELETED_KEY))
+        return _unmix(tf.boolean_mask(mixed, held)), tf.boolean_mask(rows, held)
+
+    def reset(self, keys: tf.Tensor, rows: tf.Tensor) -> tf.Operation:
+        """Replaces the contents by `keys` -> `rows`, in a fresh (tombstone-free) array."""
+        n = tf.size(keys, out_type=tf.int64)
+        need = tf.cast(tf.math.ceil(tf.cast(n, tf.float64) / MAX_LOAD), tf.int64)
+        target = tf.maximum(need, tf.constant(self.initial_buckets, tf.int64))
+        # The smallest power of two >= target (the float log2 corrected by one step).
+        log2 = tf.math.ceil(tf.math.log(tf.cast(target, tf.float64)) / tf.math.log(
+            tf.constant(2.0, tf.float64)))
+        size = tf.bitwise.left_shift(tf.constant(1, tf.int64), tf.cast(log2, tf.int64))
+        size = tf.where(size < target, size * 2, size)
+        size = tf.where(size // 2 >= target, size // 2, size)
+        # The kernel takes [buckets, 1] arrays; graph-mode shape inference expects
+        # rank 1, so the static shape is hidden (as when TF restores this table).
+        def unshaped(value):
+            filled = tf.fill(tf.stack([size, 1]), tf.constant(value, tf.int64))
+            return tf.compat.v1.placeholder_with_default(filled, shape=None)
+
+        empty = tf.raw_ops.LookupTableImportV2(table_handle=self.map.resource_handle,
+                                               keys=unshaped(EMPTY_KEY), values=unshaped(-1))
+        with tf.control_dependencies([empty]):
+            return tf.group(self.map.insert(_mix(keys), rows),
+                            self.removed.assign(tf.constant(0, tf.int64), read_value=False))
+
+    def rebuild(self) -> tf.Operation:
+        """Re-inserts the held keys into a fresh array (drops tombstones)."""
+        keys, rows = self.export()
+        return self.reset(keys, rows)
