@@ -31,7 +31,7 @@ from npu_rec._table_config import (
     global_use_dynamic_expansion,
 )
 from npu_rec._table_state import _NO_NOW, TableStateMixin
-from npu_rec._table_storage import META_COUNT, META_LAST_SEEN, META_PERIOD, RowStorage
+from npu_rec._table_storage import RowStorage
 
 
 class SparseTable(TableStateMixin):
@@ -172,10 +172,12 @@ class SparseTable(TableStateMixin):
         live_rows = tf.gather(rows, live_pos)
         add = tf.gather(counts + extra, live_pos)
         with tf.control_dependencies([init]):
-            old = tf.gather(s.meta, live_rows)
-        new_meta = tf.stack([old[:, META_COUNT] + add, old[:, META_PERIOD] + add,
-                             tf.maximum(old[:, META_LAST_SEEN], tf.gather(times, live_pos))], 1)
-        meta_op = s.meta.scatter_update(tf.IndexedSlices(new_meta, live_rows))
+            # Unique rows: count and period grow by the sightings, last-seen takes the max.
+            meta_op = tf.group(
+                tf.raw_ops.ResourceScatterAdd(resource=s.counts.handle, indices=live_rows,
+                                              updates=tf.stack([add, add], 1)),
+                tf.raw_ops.ResourceScatterMax(resource=s.last_seen.handle, indices=live_rows,
+                                              updates=tf.gather(times, live_pos)))
         seen = self._max_seen.assign(tf.maximum(self._max_seen.read_value(),
                                                 tf.reduce_max(tf.concat([times, [0]], 0))),
                                      read_value=False)

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from npu_rec._table_storage import META_COUNT, META_LAST_SEEN
+from npu_rec._table_storage import COUNT
 
 _NO_NOW = np.iinfo(np.int64).min
 
@@ -31,10 +31,10 @@ class TableStateMixin:
     def _build_state(self, min_period) -> dict[str, tf.Tensor]:
         s = self._storage
         rows = s.live_rows(min_period)
-        meta = tf.gather(s.meta, rows)
+        counts = tf.gather(s.counts, rows)
         pkeys, pstate = self._pending.export()
         out = {"keys": tf.gather(s.row_keys, rows), "values": tf.gather(s.values, rows),
-               "counts": meta[:, META_COUNT], "last_seen": meta[:, META_LAST_SEEN],
+               "counts": counts[:, COUNT], "last_seen": tf.gather(s.last_seen, rows),
                "pending_keys": pkeys, "pending_counts": pstate[:, 0],
                "pending_last_seen": pstate[:, 1], "deleted_keys": self._deleted.export()[0],
                "max_seen": self._max_seen.read_value(),

@@ -8,16 +8,23 @@ per-row variables have shape `[None, ...]` and grow by doubling (one copy per
 doubling, so amortised O(1) per admitted key), also inside `tf.function` and
 v1 graphs; without it, running out of rows raises an error naming the table.
 
-Per-row metadata `meta` is int64 [capacity, 3]: column 0 the sighting count
-(0 marks a free row; a live row has count >= 1), column 1 the sightings since
-the last checkpoint save, column 2 the last-seen time in seconds.
+Per-row metadata: `counts` int64 [capacity, 2] holds the sighting count
+(column 0; 0 marks a free row, a live row has count >= 1) and the sightings
+since the last checkpoint save (column 1); `last_seen` int64 [capacity] holds
+the last-seen time in seconds, `FREE_ROW` for a row freed by eviction. Keeping
+`last_seen` in its own column lets the eviction scan read 8 bytes per row, and
+lets a lookup update both with two scatters (add, max) and no gather.
 """
 
 from __future__ import annotations
 
 import tensorflow as tf
 
-META_COUNT, META_PERIOD, META_LAST_SEEN = 0, 1, 2
+import numpy as np
+
+COUNT, PERIOD = 0, 1
+#: `last_seen` of a row freed by eviction (never idle; overwritten on reuse).
+FREE_ROW = np.iinfo(np.int64).max
 
 
 class RowStorage:
@@ -45,7 +52,8 @@ class RowStorage:
         self.values = var("values", tf.zeros([capacity, dim]), [lead, dim])
         self.slots = {n: var(f"slot_{n}", tf.zeros([capacity, dim]), [lead, dim])
                       for n, _ in slot_specs}
-        self.meta = var("meta", tf.zeros([capacity, 3], tf.int64), [lead, 3])
+        self.counts = var("counts", tf.zeros([capacity, 2], tf.int64), [lead, 2])
+        self.last_seen = var("last_seen", tf.zeros([capacity], tf.int64), [lead])
         self.row_keys = var("row_keys", tf.zeros([capacity], tf.int64), [lead])
         self.free = var("free_rows", tf.zeros([capacity], tf.int64), [lead])
         self.next_row = var("next_row", tf.constant(0, tf.int64), [])
@@ -53,7 +61,8 @@ class RowStorage:
 
     def per_row_variables(self) -> list[tf.Variable]:
         """Every variable whose first dimension is the capacity."""
-        return [self.values, *self.slots.values(), self.meta, self.row_keys, self.free]
+        return [self.values, *self.slots.values(), self.counts, self.last_seen, self.row_keys,
+                self.free]
 
     def capacity(self) -> tf.Tensor:
         """int64 scalar: rows currently allocated.
@@ -118,42 +127,47 @@ class RowStorage:
         return rows, update
 
     def init_rows(self, rows: tf.Tensor, keys: tf.Tensor, values: tf.Tensor) -> tf.Operation:
-        """Writes fresh `values` [n, dim], initial slots and `keys` into `rows`."""
+        """Writes fresh `values` [n, dim], initial slots, `keys` and zero metadata into `rows`."""
         n = tf.size(rows)
         ops = [self.values.scatter_update(tf.IndexedSlices(values, rows)),
-               self.row_keys.scatter_update(tf.IndexedSlices(keys, rows))]
+               self.row_keys.scatter_update(tf.IndexedSlices(keys, rows)),
+               self.counts.scatter_update(tf.IndexedSlices(
+                   tf.zeros(tf.stack([n, 2]), tf.int64), rows)),
+               self.last_seen.scatter_update(tf.IndexedSlices(tf.zeros([n], tf.int64), rows))]
         for name, var in self.slots.items():
             fill = tf.fill(tf.stack([n, self.dim]), tf.constant(self.slot_init[name], tf.float32))
             ops.append(var.scatter_update(tf.IndexedSlices(fill, rows)))
         return tf.group(*ops)
 
     def release(self, rows: tf.Tensor) -> tf.Operation:
-        """Frees `rows` (int64 [n], live, unique): zero metadata, push on the free list."""
+        """Frees `rows` (int64 [n], live, unique): clear metadata, push on the free list."""
         n = tf.size(rows, out_type=tf.int64)
         num_free = self.num_free.read_value()
-        zeros = tf.zeros(tf.stack([n, 3]), tf.int64)
         push = self.free.scatter_update(tf.IndexedSlices(rows, tf.range(num_free, num_free + n)))
-        wipe = self.meta.scatter_update(tf.IndexedSlices(zeros, rows))
-        with tf.control_dependencies([push, wipe]):
+        wipe = self.counts.scatter_update(tf.IndexedSlices(tf.zeros(tf.stack([n, 2]), tf.int64),
+                                                           rows))
+        mark = self.last_seen.scatter_update(tf.IndexedSlices(
+            tf.fill(tf.reshape(n, [1]), tf.constant(FREE_ROW, tf.int64)), rows))
+        with tf.control_dependencies([push, wipe, mark]):
             return self.num_free.assign(num_free + n, read_value=False)
 
     def live_rows(self, min_period: tf.Tensor | int = 0) -> tf.Tensor:
         """int64 [k]: live rows with at least `min_period` sightings this period."""
-        meta = self.meta.read_value()
-        live = (meta[:, META_COUNT] > 0) & (meta[:, META_PERIOD] >= min_period)
+        counts = self.counts.read_value()
+        live = (counts[:, COUNT] > 0) & (counts[:, PERIOD] >= min_period)
         return tf.where(live)[:, 0]
 
     def idle_rows(self, now: tf.Tensor, threshold: int) -> tf.Tensor:
         """int64 [k]: live rows last seen more than `threshold` seconds before `now`."""
-        meta = self.meta.read_value()
-        idle = (meta[:, META_COUNT] > 0) & (now - meta[:, META_LAST_SEEN] > threshold)
+        # Rows at or past `next_row` were never handed out; freed rows hold FREE_ROW.
+        seen = self.last_seen.read_value()[:self.next_row.read_value()]
+        idle = tf.not_equal(seen, FREE_ROW) & (now - seen > threshold)
         return tf.where(idle)[:, 0]
 
     def reset_period(self) -> tf.Operation:
         """Zeroes every row's since-last-save sighting count."""
-        meta = self.meta.read_value()
-        keep = tf.constant([1, 0, 1], tf.int64)
-        return self.meta.assign(meta * keep, read_value=False)
+        counts = self.counts.read_value()
+        return self.counts.assign(counts * tf.constant([1, 0], tf.int64), read_value=False)
 
     def load(self, keys, values, slots, counts, last_seen) -> tf.Operation:
         """Replaces the whole storage by `n` rows (rows 0..n-1, in the given order).
@@ -178,9 +192,10 @@ class RowStorage:
             shape = tf.concat([[cap - n], tf.shape(x, out_type=tf.int64)[1:]], 0)
             return tf.concat([x, tf.zeros(shape, x.dtype)], 0)
 
-        meta = tf.stack([counts, tf.zeros_like(counts), last_seen], 1)
         ops = [self.values.assign(pad(values), read_value=False),
-               self.meta.assign(pad(meta), read_value=False),
+               self.counts.assign(pad(tf.stack([counts, tf.zeros_like(counts)], 1)),
+                                  read_value=False),
+               self.last_seen.assign(pad(last_seen), read_value=False),
                self.row_keys.assign(pad(keys), read_value=False),
                self.free.assign(tf.zeros(tf.reshape(cap, [1]), tf.int64), read_value=False),
                self.next_row.assign(n, read_value=False),

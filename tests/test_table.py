@@ -119,6 +119,24 @@ def test_evict_frees_idle_rows_and_reuses_them():
     assert table.evict() == 2                  # now = newest timestamp seen (120)
 
 
+def test_freed_rows_are_never_evicted_twice_and_reused_rows_start_fresh():
+    table = npu_rec.create_table("ev2", 2, access_threshold=0, eviction_threshold=50,
+                                 capacity=4, dynamic_expansion=False)
+    npu_rec.sparse_lookup(table, tf.constant([1, 2], tf.int64),
+                          timestamps=tf.constant([0, 500], tf.int64))
+    assert table.evict(now=100) == 1           # key 1
+    assert table.evict(now=120) == 0           # its freed row is not idle
+    assert table.evict(now=10**6) == 1         # key 2
+    assert table.evict(now=2 * 10**6) == 0 and int(table.size()) == 0
+    npu_rec.sparse_lookup(table, tf.constant([7, 7, 8], tf.int64),
+                          timestamps=tf.constant([3000, 3010, 3005], tf.int64))
+    out = table.export()
+    np.testing.assert_array_equal(out["counts"], [2, 1])       # no count left from 1 or 2
+    np.testing.assert_array_equal(out["last_seen"], [3010, 3005])
+    assert table.evict(now=3056) == 1          # key 8 only (idle 51 s)
+    np.testing.assert_array_equal(table.export()["keys"], [7])
+
+
 def test_evict_without_timestamp_feature_uses_wall_clock():
     table = npu_rec.create_table("wall", 2, access_threshold=0, eviction_threshold=1000)
     npu_rec.sparse_lookup(table, tf.constant([1], tf.int64))

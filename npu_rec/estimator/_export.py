@@ -4,10 +4,10 @@ The serving graph is the `model_fn` in PREDICT mode fed by a
 `ServingInputReceiver`. The dense variables and the sparse tables are
 restored into it (tables from the table checkpoint of the same step) and
 written by a `tf.compat.v1.saved_model.Builder`, whose saver also writes the
-tables' hash maps (`MutableHashTable` saveables). The SavedModel uses only
-standard TensorFlow ops: `tf.saved_model.load` serves it without npu_rec. Keys
-without a row (never admitted, or evicted) read as zeros, as in
-`sparse_lookup(..., is_training=False)`.
+tables' hash maps (`DenseHashTable` and `MutableHashTable` saveables). The
+SavedModel uses only standard TensorFlow ops: `tf.saved_model.load` serves it
+without npu_rec. Keys without a row (never admitted, or evicted) read as zeros,
+as in `sparse_lookup(..., is_training=False)`.
 """
 
 from __future__ import annotations
