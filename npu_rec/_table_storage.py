@@ -18,9 +18,8 @@ lets a lookup update both with two scatters (add, max) and no gather.
 
 from __future__ import annotations
 
-import tensorflow as tf
-
 import numpy as np
+import tensorflow as tf
 
 COUNT, PERIOD = 0, 1
 #: `last_seen` of a row freed by eviction (never idle; overwritten on reuse).
