@@ -15,8 +15,9 @@ shared machine affects them alike and their ratios stay meaningful.
 with admission+eviction off (`access_threshold=-1`) and on (threshold 2,
 eviction 3600 s; 1% of the ids are fresh keys that go through admission,
 and `evict()` runs every `--evict_every` steps inside the timed loop). It also reports
-bytes per live key: the table's variable bytes / live keys, and the growth
-of the process RSS while the table was filled.
+bytes per live key: the table's variable bytes / live keys, the key index's
+bucket array / live keys, and the growth of the process RSS while the table
+was created and filled (which includes both).
 
 Usage:
   python benchmarks/table_bench.py                                   # full run
@@ -119,6 +120,11 @@ def bench_table(tf, npu_rec, n_keys, dim, mode, rng, baseline):
     gc.collect()
     live = int(table.size())
     var_bytes = sum(int(np.prod(tf.shape(v).numpy())) * v.dtype.size for v in table.variables())
+    # The index's bucket array (16 B per bucket): its initial size, doubled by the
+    # kernel while the live keys outgrow 80% of it (reading it would copy it).
+    from npu_rec._key_index import buckets_for  # noqa: PLC0415
+
+    index_bytes = 16 * max(table._index.initial_buckets, buckets_for(live))
     rss_per_key = (_rss() - rss0) / live
 
     batches = []
@@ -165,6 +171,7 @@ def bench_table(tf, npu_rec, n_keys, dim, mode, rng, baseline):
         "baseline_step_keys_per_s": (ids_per_batch * steps / spent["baseline"]
                                      if baseline is not None else None),
         "variable_bytes_per_live_key": var_bytes / live,
+        "index_bytes_per_live_key": index_bytes / live,
         "rss_bytes_per_live_key": rss_per_key,
         "raw_row_plus_slot_bytes": 2 * 4 * dim,
     }
@@ -237,7 +244,7 @@ def main(argv):
     results = []
     header = (f"{'keys':>10} {'dim':>4} {'adm+ev':>6} {'lookup k/s':>12} {'step k/s':>11} "
               f"{'baseline k/s':>13} {'step/base':>9} {'lookup/np':>9} {'np rows/s':>11} "
-              f"{'var B/key':>9} {'rss B/key':>9}")
+              f"{'var B/key':>9} {'idx B/key':>9} {'rss B/key':>9}")
     print(header)
     for n_keys in map(int, _SIZES.value):
         for dim in map(int, _DIMS.value):
@@ -255,6 +262,7 @@ def main(argv):
                       f"{r['step_over_baseline'] or float('nan'):>9.2f} "
                       f"{r['lookup_over_numpy'] or float('nan'):>9.2f} {npy or float('nan'):>11.3g} "
                       f"{r['variable_bytes_per_live_key']:>9.1f} "
+                      f"{r['index_bytes_per_live_key']:>9.1f} "
                       f"{r['rss_bytes_per_live_key']:>9.1f}", flush=True)
                 _write_json(tf, results)
             if release is not None:
