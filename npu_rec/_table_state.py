@@ -20,8 +20,6 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from npu_rec._table_storage import COUNT
-
 _NO_NOW = np.iinfo(np.int64).min
 
 
@@ -31,10 +29,9 @@ class TableStateMixin:
     def _build_state(self, min_period) -> dict[str, tf.Tensor]:
         s = self._storage
         rows = s.live_rows(min_period)
-        counts = tf.gather(s.counts, rows)
         pkeys, pstate = self._pending.export()
         out = {"keys": tf.gather(s.row_keys, rows), "values": tf.gather(s.values, rows),
-               "counts": counts[:, COUNT], "last_seen": tf.gather(s.last_seen, rows),
+               "counts": tf.gather(s.counts, rows), "last_seen": tf.gather(s.last_seen, rows),
                "pending_keys": pkeys, "pending_counts": pstate[:, 0],
                "pending_last_seen": pstate[:, 1], "deleted_keys": self._deleted.export()[0],
                "max_seen": self._max_seen.read_value(),

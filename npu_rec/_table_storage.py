@@ -8,12 +8,13 @@ per-row variables have shape `[None, ...]` and grow by doubling (one copy per
 doubling, so amortised O(1) per admitted key), also inside `tf.function` and
 v1 graphs; without it, running out of rows raises an error naming the table.
 
-Per-row metadata: `counts` int64 [capacity, 2] holds the sighting count
-(column 0; 0 marks a free row, a live row has count >= 1) and the sightings
-since the last checkpoint save (column 1); `last_seen` int64 [capacity] holds
-the last-seen time in seconds, `FREE_ROW` for a row freed by eviction. Keeping
-`last_seen` in its own column lets the eviction scan read 8 bytes per row, and
-lets a lookup update both with two scatters (add, max) and no gather.
+Per-row metadata, one int64 [capacity] column each: `counts` the sighting
+count (0 marks a free row; a live row has count >= 1), `saved_counts` the
+count at the last checkpoint save (sightings since then = counts -
+saved_counts), `last_seen` the last-seen time in seconds (`FREE_ROW` for a row
+freed by eviction). A lookup reads and rewrites only `counts` and `last_seen`
+of its unique rows (gather + scatter-assign, the fastest CPU scatter); the
+eviction scan reads only `last_seen` (8 bytes per row).
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
-COUNT, PERIOD = 0, 1
 #: `last_seen` of a row freed by eviction (never idle; overwritten on reuse).
 FREE_ROW = np.iinfo(np.int64).max
 
@@ -51,7 +51,8 @@ class RowStorage:
         self.values = var("values", tf.zeros([capacity, dim]), [lead, dim])
         self.slots = {n: var(f"slot_{n}", tf.zeros([capacity, dim]), [lead, dim])
                       for n, _ in slot_specs}
-        self.counts = var("counts", tf.zeros([capacity, 2], tf.int64), [lead, 2])
+        self.counts = var("counts", tf.zeros([capacity], tf.int64), [lead])
+        self.saved_counts = var("saved_counts", tf.zeros([capacity], tf.int64), [lead])
         self.last_seen = var("last_seen", tf.zeros([capacity], tf.int64), [lead])
         self.row_keys = var("row_keys", tf.zeros([capacity], tf.int64), [lead])
         self.free = var("free_rows", tf.zeros([capacity], tf.int64), [lead])
@@ -60,8 +61,8 @@ class RowStorage:
 
     def per_row_variables(self) -> list[tf.Variable]:
         """Every variable whose first dimension is the capacity."""
-        return [self.values, *self.slots.values(), self.counts, self.last_seen, self.row_keys,
-                self.free]
+        return [self.values, *self.slots.values(), self.counts, self.saved_counts,
+                self.last_seen, self.row_keys, self.free]
 
     def capacity(self) -> tf.Tensor:
         """int64 scalar: rows currently allocated.
@@ -128,11 +129,11 @@ class RowStorage:
     def init_rows(self, rows: tf.Tensor, keys: tf.Tensor, values: tf.Tensor) -> tf.Operation:
         """Writes fresh `values` [n, dim], initial slots, `keys` and zero metadata into `rows`."""
         n = tf.size(rows)
+        zeros = tf.zeros(tf.reshape(n, [1]), tf.int64)
         ops = [self.values.scatter_update(tf.IndexedSlices(values, rows)),
                self.row_keys.scatter_update(tf.IndexedSlices(keys, rows)),
-               self.counts.scatter_update(tf.IndexedSlices(
-                   tf.zeros(tf.stack([n, 2]), tf.int64), rows)),
-               self.last_seen.scatter_update(tf.IndexedSlices(tf.zeros([n], tf.int64), rows))]
+               *[v.scatter_update(tf.IndexedSlices(zeros, rows))
+                 for v in (self.counts, self.saved_counts, self.last_seen)]]
         for name, var in self.slots.items():
             fill = tf.fill(tf.stack([n, self.dim]), tf.constant(self.slot_init[name], tf.float32))
             ops.append(var.scatter_update(tf.IndexedSlices(fill, rows)))
@@ -143,8 +144,8 @@ class RowStorage:
         n = tf.size(rows, out_type=tf.int64)
         num_free = self.num_free.read_value()
         push = self.free.scatter_update(tf.IndexedSlices(rows, tf.range(num_free, num_free + n)))
-        wipe = self.counts.scatter_update(tf.IndexedSlices(tf.zeros(tf.stack([n, 2]), tf.int64),
-                                                           rows))
+        zeros = tf.zeros(tf.reshape(n, [1]), tf.int64)
+        wipe = self.counts.scatter_update(tf.IndexedSlices(zeros, rows))
         mark = self.last_seen.scatter_update(tf.IndexedSlices(
             tf.fill(tf.reshape(n, [1]), tf.constant(FREE_ROW, tf.int64)), rows))
         with tf.control_dependencies([push, wipe, mark]):
@@ -153,7 +154,7 @@ class RowStorage:
     def live_rows(self, min_period: tf.Tensor | int = 0) -> tf.Tensor:
         """int64 [k]: live rows with at least `min_period` sightings this period."""
         counts = self.counts.read_value()
-        live = (counts[:, COUNT] > 0) & (counts[:, PERIOD] >= min_period)
+        live = (counts > 0) & (counts - self.saved_counts.read_value() >= min_period)
         return tf.where(live)[:, 0]
 
     def idle_rows(self, now: tf.Tensor, threshold: int) -> tf.Tensor:
@@ -165,8 +166,7 @@ class RowStorage:
 
     def reset_period(self) -> tf.Operation:
         """Zeroes every row's since-last-save sighting count."""
-        counts = self.counts.read_value()
-        return self.counts.assign(counts * tf.constant([1, 0], tf.int64), read_value=False)
+        return self.saved_counts.assign(self.counts.read_value(), read_value=False)
 
     def load(self, keys, values, slots, counts, last_seen) -> tf.Operation:
         """Replaces the whole storage by `n` rows (rows 0..n-1, in the given order).
@@ -192,8 +192,8 @@ class RowStorage:
             return tf.concat([x, tf.zeros(shape, x.dtype)], 0)
 
         ops = [self.values.assign(pad(values), read_value=False),
-               self.counts.assign(pad(tf.stack([counts, tf.zeros_like(counts)], 1)),
-                                  read_value=False),
+               self.counts.assign(pad(counts), read_value=False),
+               self.saved_counts.assign(pad(counts), read_value=False),
                self.last_seen.assign(pad(last_seen), read_value=False),
                self.row_keys.assign(pad(keys), read_value=False),
                self.free.assign(tf.zeros(tf.reshape(cap, [1]), tf.int64), read_value=False),
