@@ -200,7 +200,8 @@ class RecModel(keras.Model):
         dense_vars = list(self.trainable_variables)
         grads = tape.gradient(scaled, dense_vars + [r.embeddings for r in records])
         dense_grads, sparse_grads = grads[:len(dense_vars)], grads[len(dense_vars):]
-        sparse_grads = [None if g is None else tf.convert_to_tensor(g) for g in sparse_grads]
+        sparse_grads = [None if g is None else _lookup.densify(g, tf.shape(r.rows)[0])
+                        for g, r in zip(sparse_grads, records, strict=True)]
         apply_sparse = True
         if isinstance(self.optimizer, keras.optimizers.LossScaleOptimizer):
             if not self.optimizer.built:
