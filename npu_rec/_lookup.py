@@ -116,13 +116,14 @@ def apply_recorded_gradients(records, grads) -> tf.Operation | None:
         entry[2].append(grad)
     ops = []
     for table, rows, gs in by_table.values():
+        # Rows of training lookups are all >= 0 when the table admits at once.
         if len(rows) == 1:
-            ops.append(table._apply_rows(rows[0], gs[0]))
+            ops.append(table._apply_rows(rows[0], gs[0], all_rows=table.admits_at_once))
             continue
         uniq, idx = tf.unique(tf.concat(rows, 0), out_idx=tf.int64)
         summed = tf.math.unsorted_segment_sum(tf.concat(gs, 0), idx,
                                               tf.size(uniq, out_type=tf.int64))
-        ops.append(table._apply_rows(uniq, summed))
+        ops.append(table._apply_rows(uniq, summed, all_rows=table.admits_at_once))
     return None if tf.executing_eagerly() else tf.group(*ops)
 
 
@@ -242,15 +243,20 @@ def sparse_lookup(table: SparseTable, ids, *, combiner: str | None = None, times
             if prepared is None:
                 uniq, idx, counts = tf.unique_with_counts(flat, out_idx=tf.int64)
             nuniq = tf.size(uniq, out_type=tf.int64)
+            batch_time = None
             if timestamps is None or (not isinstance(timestamps, (tf.RaggedTensor,
                                                                   tf.SparseTensor))
                                       and tf.convert_to_tensor(timestamps).shape.rank == 0):
-                times = _times(timestamps, uniq, nuniq)   # one time for the whole batch
+                # One time for the whole batch.
+                batch_time = (tf.cast(tf.timestamp(), tf.int64) if timestamps is None
+                              else tf.cast(tf.convert_to_tensor(timestamps), tf.int64))
+                times = tf.fill(tf.reshape(nuniq, [1]), batch_time)
             else:
                 times = tf.math.unsorted_segment_max(
                     _times(timestamps, ids, tf.size(flat)), idx, nuniq)
             rows, emb_u = table._lookup_unique(uniq, tf.cast(counts, tf.int64), times, True,
-                                               from_feature=timestamps is not None)
+                                               from_feature=timestamps is not None,
+                                               batch_time=batch_time)
             _record(LookupRecord(table, uniq, rows, emb_u))
         else:
             if prepared is None:

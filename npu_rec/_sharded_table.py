@@ -122,11 +122,13 @@ class ShardedTable(SparseTable):
         return tf.where(local >= 0, local * self.num_shards + shard, tf.constant(-1, tf.int64))
 
     @tf.autograph.experimental.do_not_convert
-    def _lookup_unique(self, keys, counts, times, training, from_feature=False):
+    def _lookup_unique(self, keys, counts, times, training, from_feature=False,
+                       batch_time=None):
         pos, (pk, pc, pt) = self._partition(keys, counts, times)
         rows, embs = [], []
         for s, shard in enumerate(self._shards):
-            r, e = shard._lookup_unique(pk[s], pc[s], pt[s], training, from_feature)
+            r, e = shard._lookup_unique(pk[s], pc[s], pt[s], training, from_feature,
+                                        batch_time)
             rows.append(self._global_rows(r, s))
             embs.append(e)
         return tf.dynamic_stitch(pos, rows), tf.dynamic_stitch(pos, embs)
@@ -137,17 +139,18 @@ class ShardedTable(SparseTable):
                                        for s, shard in enumerate(self._shards)])
 
     @tf.autograph.experimental.do_not_convert
-    def _apply_rows(self, rows, grads):
+    def _apply_rows(self, rows, grads, all_rows=False):
         if self.optimizer is None:
             return self._shards[0]._apply_rows(rows, grads)  # raises the no-optimizer error
-        valid = tf.where(rows >= 0)[:, 0]
-        rows = tf.gather(rows, valid)
-        grads = tf.gather(tf.cast(grads, tf.float32), valid)
+        grads = tf.cast(grads, tf.float32)
+        if not all_rows:
+            valid = tf.where(rows >= 0)[:, 0]
+            rows, grads = tf.gather(rows, valid), tf.gather(grads, valid)
         sid = tf.cast(rows % self.num_shards, tf.int32)
         local = tf.dynamic_partition(rows // self.num_shards, sid, self.num_shards)
         part = tf.dynamic_partition(grads, sid, self.num_shards)
         # Every shard steps (possibly with no rows), so their optimizer steps stay equal.
-        return tf.group(*[shard._apply_rows(local[s], part[s])
+        return tf.group(*[shard._apply_rows(local[s], part[s], all_rows=True)
                           for s, shard in enumerate(self._shards)])
 
     # -------------------------------------------------------- maintenance

@@ -121,7 +121,8 @@ class SparseTable(TableStateMixin):
 
     @tf.autograph.experimental.do_not_convert
     def _lookup_unique(self, keys: tf.Tensor, counts: tf.Tensor | None,
-                       times: tf.Tensor | None, training: bool, from_feature: bool = False):
+                       times: tf.Tensor | None, training: bool, from_feature: bool = False,
+                       batch_time: tf.Tensor | None = None):
         """Rows and embeddings of unique keys; admits and counts when training.
 
         Args:
@@ -130,6 +131,8 @@ class SparseTable(TableStateMixin):
           times: int64 [u], newest timestamp per key (training only).
           training: Count, admit and record last-seen times.
           from_feature: `times` come from a timestamp feature (not the wall clock).
+          batch_time: int64 scalar when every key has this same time (`times` is
+            filled with it), or None.
 
         Returns:
           (rows int64 [u], -1 where the key has no row; embeddings float32 [u, dim],
@@ -143,7 +146,7 @@ class SparseTable(TableStateMixin):
         miss_keys = tf.gather(keys, miss_pos)
         miss_counts = tf.gather(counts, miss_pos)
         pending_ops = []
-        if c.access_threshold > 0:
+        if c.access_threshold > 1:     # 0 and 1 admit every key at its first sighting
             prior = self._pending.lookup(miss_keys)
             total = prior[:, 0] + miss_counts
             admit = total >= c.access_threshold
@@ -180,8 +183,9 @@ class SparseTable(TableStateMixin):
             s.counts.scatter_update(tf.IndexedSlices(old_counts + add, live_rows)),
             s.last_seen.scatter_update(tf.IndexedSlices(
                 tf.maximum(old_seen, tf.gather(times, live_pos)), live_rows)))
-        seen = self._max_seen.assign(tf.maximum(self._max_seen.read_value(),
-                                                tf.reduce_max(tf.concat([times, [0]], 0))),
+        newest = (tf.reduce_max(tf.concat([times, [0]], 0)) if batch_time is None
+                  else tf.maximum(batch_time, 0))
+        seen = self._max_seen.assign(tf.maximum(self._max_seen.read_value(), newest),
                                      read_value=False)
         effects = [alloc, init, insert, meta_op, seen, *pending_ops]
         if from_feature:
@@ -191,32 +195,45 @@ class SparseTable(TableStateMixin):
         # the row values: in a v1 graph, fetching the embeddings runs every effect.
         with tf.control_dependencies(effects):
             rows = tf.identity(rows)
-        return rows, self._gather(rows, [])
+        return rows, self._gather(rows, [], all_rows=self.admits_at_once)
 
-    def _gather(self, rows: tf.Tensor, deps) -> tf.Tensor:
+    @property
+    def admits_at_once(self) -> bool:
+        """True when a training lookup gives every key a row (access_threshold <= 1)."""
+        return self.config.access_threshold <= 1
+
+    def _gather(self, rows: tf.Tensor, deps, all_rows: bool = False) -> tf.Tensor:
+        """Rows' embeddings; zeros where rows < 0 (skipped when `all_rows`: none is)."""
         with tf.control_dependencies(deps):
+            if all_rows:
+                return tf.gather(self._storage.values, rows)
             emb = tf.gather(self._storage.values, tf.maximum(rows, 0))
         return emb * tf.cast(rows >= 0, tf.float32)[:, None]
 
     # --------------------------------------------------------------- gradients
     @tf.autograph.experimental.do_not_convert
-    def _apply_rows(self, rows: tf.Tensor, grads: tf.Tensor) -> tf.Operation:
+    def _apply_rows(self, rows: tf.Tensor, grads: tf.Tensor,
+                    all_rows: bool = False) -> tf.Operation:
         """Applies summed gradients of unique rows (rows < 0 are skipped).
 
         Args:
           rows: int64 [u], unique (or -1).
           grads: float32 [u, dim].
+          all_rows: The caller knows no row is -1 (training lookups of a table
+            that admits at once): skip the filter.
         """
         if self.optimizer is None:
             raise ValueError(
                 f"Sparse table {self.name!r} has no optimizer, so it cannot apply gradients. "
                 "Pass `optimizer=npu_rec.optimizers.<SGD|Adagrad|Adam|Ftrl>(...)` to "
                 "npu_rec.create_table. Received: optimizer=None")
-        valid = tf.where(rows >= 0)[:, 0]
         step = self._opt_step.assign_add(1)
         s = self._storage
-        return self.optimizer.apply_sparse(s.values, s.slots, tf.gather(rows, valid),
-                                           tf.gather(tf.cast(grads, tf.float32), valid), step)
+        grads = tf.cast(grads, tf.float32)
+        if not all_rows:
+            valid = tf.where(rows >= 0)[:, 0]
+            rows, grads = tf.gather(rows, valid), tf.gather(grads, valid)
+        return self.optimizer.apply_sparse(s.values, s.slots, rows, grads, step)
 
     @tf.autograph.experimental.do_not_convert
     def apply_gradients(self, ids, grads) -> tf.Operation | None:
