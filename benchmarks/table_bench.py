@@ -118,14 +118,18 @@ def bench_table(tf, npu_rec, n_keys, dim, mode, rng, baseline):
         fill(tf.constant(_raw_keys(np.arange(start, min(n_keys, start + ids_per_batch)))))
     fill_s = time.perf_counter() - t0
     gc.collect()
+    rss_per_key_bytes = _rss() - rss0
     live = int(table.size())
-    var_bytes = sum(int(np.prod(tf.shape(v).numpy())) * v.dtype.size for v in table.variables())
+    # The shape through the handle: reading a variable that sparse ops have used
+    # copies it (TF's copy-on-read mode), which would inflate the RSS figures.
+    var_bytes = sum(int(np.prod(tf.raw_ops.VariableShape(input=v.handle).numpy()))
+                    * v.dtype.size for v in table.variables())
     # The index's bucket array (16 B per bucket): its initial size, doubled by the
     # kernel while the live keys outgrow 80% of it (reading it would copy it).
     from npu_rec._key_index import buckets_for  # noqa: PLC0415
 
     index_bytes = 16 * max(table._index.initial_buckets, buckets_for(live))
-    rss_per_key = (_rss() - rss0) / live
+    rss_per_key = rss_per_key_bytes / live
 
     batches = []
     for _ in range(8):
