@@ -162,19 +162,31 @@ class SparseTable(TableStateMixin):
             adm_pos, adm_keys = miss_pos, miss_keys
             adm_prior = tf.zeros_like(miss_counts)
             pending_args = None
-        new_rows, alloc = s.allocate(tf.size(adm_keys, out_type=tf.int64))
+        num_new = tf.size(adm_keys, out_type=tf.int64)
+
+        def admit():
+            # Rows for the admitted keys: allocated, initialised and in the index
+            # once the returned rows are computed.
+            new_rows, alloc = s.allocate(num_new)
+            with tf.control_dependencies([new_rows]):
+                init = s.init_rows(new_rows, adm_keys, self._initial_values(adm_keys))
+                insert = self._index.insert(adm_keys, new_rows)
+            with tf.control_dependencies([alloc, init, insert]):
+                return tf.identity(new_rows)
+
+        # Most steps of a warm table admit nothing: skip the allocation, initialiser
+        # and insert ops then (a cond is lowered to cheap switch/merge nodes).
+        new_rows = tf.cond(num_new > 0, admit, lambda: tf.zeros([0], tf.int64))
         with tf.control_dependencies([new_rows]):
             if pending_args is not None:
                 pending_ops.append(self._pending.update(*pending_args))
-            init = s.init_rows(new_rows, adm_keys, self._initial_values(adm_keys))
-            insert = self._index.insert(adm_keys, new_rows)
         u = tf.shape(keys, out_type=tf.int64)[0]
         rows = tf.tensor_scatter_nd_update(rows0, adm_pos[:, None], new_rows)
         extra = tf.scatter_nd(adm_pos[:, None], adm_prior, tf.reshape(u, [1]))
         live_pos = tf.where(rows >= 0)[:, 0]
         live_rows = tf.gather(rows, live_pos)
         add = tf.gather(counts + extra, live_pos)
-        with tf.control_dependencies([init]):
+        with tf.control_dependencies([new_rows]):
             old_counts = tf.gather(s.counts, live_rows)
             old_seen = tf.gather(s.last_seen, live_rows)
         # Unique rows: the count grows by the sightings, last-seen takes the max. (Gather
@@ -187,7 +199,7 @@ class SparseTable(TableStateMixin):
                   else tf.maximum(batch_time, 0))
         seen = self._max_seen.assign(tf.maximum(self._max_seen.read_value(), newest),
                                      read_value=False)
-        effects = [alloc, init, insert, meta_op, seen, *pending_ops]
+        effects = [new_rows, meta_op, seen, *pending_ops]
         if from_feature:
             effects.append(self._ts_feature.assign(True, read_value=False))
         # Whatever consumes the rows (the embeddings, the sparse optimizer step) runs
