@@ -137,19 +137,12 @@ class KeyIndex:
 
     def reset(self, keys: tf.Tensor, rows: tf.Tensor) -> tf.Operation:
         """Replaces the contents by `keys` -> `rows`, in a fresh (tombstone-free) array."""
-        n = tf.size(keys, out_type=tf.int64)
-        need = tf.cast(tf.math.ceil(tf.cast(n, tf.float64) / MAX_LOAD), tf.int64)
-        target = tf.maximum(need, tf.constant(self.initial_buckets, tf.int64))
-        # The smallest power of two >= target (the float log2 corrected by one step).
-        log2 = tf.math.ceil(tf.math.log(tf.cast(target, tf.float64)) / tf.math.log(
-            tf.constant(2.0, tf.float64)))
-        size = tf.bitwise.left_shift(tf.constant(1, tf.int64), tf.cast(log2, tf.int64))
-        size = tf.where(size < target, size * 2, size)
-        size = tf.where(size // 2 >= target, size // 2, size)
+        # An empty array of the initial size; the insert grows it (one rebucketing of
+        # the still-empty array) to the smallest power of two holding the keys.
         # The kernel takes [buckets, 1] arrays; graph-mode shape inference expects
         # rank 1, so the static shape is hidden (as when TF restores this table).
         def unshaped(value):
-            filled = tf.fill(tf.stack([size, 1]), tf.constant(value, tf.int64))
+            filled = tf.fill([self.initial_buckets, 1], tf.constant(value, tf.int64))
             return tf.compat.v1.placeholder_with_default(filled, shape=None)
 
         empty = tf.raw_ops.LookupTableImportV2(table_handle=self.map.resource_handle,

@@ -159,10 +159,11 @@ def densify(grad, num_rows) -> tf.Tensor:
     return tf.cond(tf.shape(indices)[0] <= _SCATTER_SUM_MAX_ROWS, by_scatter, by_segments)
 
 
-def _times(timestamps, ids, n: tf.Tensor) -> tf.Tensor:
-    """int64 [n] timestamp of each id (per-id or per-example timestamps)."""
-    if timestamps is None:
-        return tf.fill(tf.reshape(n, [1]), tf.cast(tf.timestamp(), tf.int64))
+def _times(timestamps, ids) -> tf.Tensor:
+    """int64 [n] timestamp of each of the n ids, from per-id or per-example timestamps.
+
+    (One timestamp for the whole batch, or none, is handled by `sparse_lookup`.)
+    """
     if isinstance(timestamps, tf.RaggedTensor):
         return tf.cast(tf.reshape(timestamps.flat_values, [-1]), tf.int64)
     if isinstance(timestamps, tf.SparseTensor):
@@ -177,8 +178,6 @@ def _times(timestamps, ids, n: tf.Tensor) -> tf.Tensor:
     if isinstance(ids, tf.SparseTensor):
         return tf.gather(tf.reshape(ts, [-1]), ids.indices[:, 0])
     ids = tf.convert_to_tensor(ids)
-    if ts.shape.rank == 0:
-        return tf.fill(tf.reshape(n, [1]), ts)
     if ts.shape.rank == 1 and ids.shape.rank is not None and ids.shape.rank > 1:
         ts = tf.reshape(ts, [-1] + [1] * (ids.shape.rank - 1))
     return tf.reshape(tf.broadcast_to(ts, tf.shape(ids)), [-1])
@@ -253,7 +252,7 @@ def sparse_lookup(table: SparseTable, ids, *, combiner: str | None = None, times
                 times = tf.fill(tf.reshape(nuniq, [1]), batch_time)
             else:
                 times = tf.math.unsorted_segment_max(
-                    _times(timestamps, ids, tf.size(flat)), idx, nuniq)
+                    _times(timestamps, ids), idx, nuniq)
             rows, emb_u = table._lookup_unique(uniq, tf.cast(counts, tf.int64), times, True,
                                                from_feature=timestamps is not None,
                                                batch_time=batch_time)
