@@ -88,7 +88,9 @@ def apply_recorded_gradients(records, grads) -> tf.Operation | None:
     """Applies each table's sparse optimizer to recorded lookups.
 
     Records of the same table are merged (duplicate rows summed) into one
-    optimizer step per table. The hash map is not consulted again.
+    optimizer step per table. The hash map is not consulted again, and a
+    table looked up once takes its rows' current values from the record's
+    embeddings: apply records once, in the step that looked them up.
 
     Args:
       records: `LookupRecord`s (from `record_lookups` or `LOOKUP_COLLECTION`).
@@ -111,14 +113,17 @@ def apply_recorded_gradients(records, grads) -> tf.Operation | None:
             continue
         if isinstance(grad, tf.IndexedSlices):
             grad = densify(grad, tf.shape(rec.rows, out_type=tf.int64)[0])
-        entry = by_table.setdefault(id(rec.table), (rec.table, [], []))
+        entry = by_table.setdefault(id(rec.table), (rec.table, [], [], []))
         entry[1].append(rec.rows)
         entry[2].append(grad)
+        entry[3].append(rec.embeddings)
     ops = []
-    for table, rows, gs in by_table.values():
+    for table, rows, gs, embs in by_table.values():
         # Rows of training lookups are all >= 0 when the table admits at once.
         if len(rows) == 1:
-            ops.append(table._apply_rows(rows[0], gs[0], all_rows=table.admits_at_once))
+            # The lookup's embeddings are the rows' values: no second read.
+            ops.append(table._apply_rows(rows[0], gs[0], all_rows=table.admits_at_once,
+                                         current=embs[0]))
             continue
         uniq, idx = tf.unique(tf.concat(rows, 0), out_idx=tf.int64)
         summed = tf.math.unsorted_segment_sum(tf.concat(gs, 0), idx,

@@ -139,18 +139,22 @@ class ShardedTable(SparseTable):
                                        for s, shard in enumerate(self._shards)])
 
     @tf.autograph.experimental.do_not_convert
-    def _apply_rows(self, rows, grads, all_rows=False):
+    def _apply_rows(self, rows, grads, all_rows=False, current=None):
         if self.optimizer is None:
             return self._shards[0]._apply_rows(rows, grads)  # raises the no-optimizer error
         grads = tf.cast(grads, tf.float32)
         if not all_rows:
             valid = tf.where(rows >= 0)[:, 0]
             rows, grads = tf.gather(rows, valid), tf.gather(grads, valid)
+            if current is not None:
+                current = tf.gather(current, valid)
         sid = tf.cast(rows % self.num_shards, tf.int32)
         local = tf.dynamic_partition(rows // self.num_shards, sid, self.num_shards)
         part = tf.dynamic_partition(grads, sid, self.num_shards)
+        now = ([None] * self.num_shards if current is None
+               else tf.dynamic_partition(current, sid, self.num_shards))
         # Every shard steps (possibly with no rows), so their optimizer steps stay equal.
-        return tf.group(*[shard._apply_rows(local[s], part[s], all_rows=True)
+        return tf.group(*[shard._apply_rows(local[s], part[s], all_rows=True, current=now[s])
                           for s, shard in enumerate(self._shards)])
 
     # -------------------------------------------------------- maintenance

@@ -180,12 +180,18 @@ class SparseTable(TableStateMixin):
         with tf.control_dependencies([new_rows]):
             if pending_args is not None:
                 pending_ops.append(self._pending.update(*pending_args))
-        u = tf.shape(keys, out_type=tf.int64)[0]
         rows = tf.tensor_scatter_nd_update(rows0, adm_pos[:, None], new_rows)
-        extra = tf.scatter_nd(adm_pos[:, None], adm_prior, tf.reshape(u, [1]))
-        live_pos = tf.where(rows >= 0)[:, 0]
-        live_rows = tf.gather(rows, live_pos)
-        add = tf.gather(counts + extra, live_pos)
+        if self.admits_at_once:
+            # Every key has a row now, and none had pending sightings.
+            live_rows, add = rows, counts
+            live_times = times if batch_time is None else batch_time
+        else:
+            u = tf.shape(keys, out_type=tf.int64)[0]
+            extra = tf.scatter_nd(adm_pos[:, None], adm_prior, tf.reshape(u, [1]))
+            live_pos = tf.where(rows >= 0)[:, 0]
+            live_rows = tf.gather(rows, live_pos)
+            add = tf.gather(counts + extra, live_pos)
+            live_times = tf.gather(times, live_pos)
         with tf.control_dependencies([new_rows]):
             old_counts = tf.gather(s.counts, live_rows)
             old_seen = tf.gather(s.last_seen, live_rows)
@@ -193,8 +199,8 @@ class SparseTable(TableStateMixin):
         # and assign: TF's CPU scatter-add/max kernels are ~4x slower than assign.)
         meta_op = tf.group(
             s.counts.scatter_update(tf.IndexedSlices(old_counts + add, live_rows)),
-            s.last_seen.scatter_update(tf.IndexedSlices(
-                tf.maximum(old_seen, tf.gather(times, live_pos)), live_rows)))
+            s.last_seen.scatter_update(tf.IndexedSlices(tf.maximum(old_seen, live_times),
+                                                        live_rows)))
         newest = (tf.reduce_max(tf.concat([times, [0]], 0)) if batch_time is None
                   else tf.maximum(batch_time, 0))
         seen = self._max_seen.assign(tf.maximum(self._max_seen.read_value(), newest),
@@ -224,8 +230,8 @@ class SparseTable(TableStateMixin):
 
     # --------------------------------------------------------------- gradients
     @tf.autograph.experimental.do_not_convert
-    def _apply_rows(self, rows: tf.Tensor, grads: tf.Tensor,
-                    all_rows: bool = False) -> tf.Operation:
+    def _apply_rows(self, rows: tf.Tensor, grads: tf.Tensor, all_rows: bool = False,
+                    current: tf.Tensor | None = None) -> tf.Operation:
         """Applies summed gradients of unique rows (rows < 0 are skipped).
 
         Args:
@@ -233,6 +239,8 @@ class SparseTable(TableStateMixin):
           grads: float32 [u, dim].
           all_rows: The caller knows no row is -1 (training lookups of a table
             that admits at once): skip the filter.
+          current: float32 [u, dim], the rows' values as read by this step's
+            lookup (nothing wrote them since), or None to read them again.
         """
         if self.optimizer is None:
             raise ValueError(
@@ -245,7 +253,10 @@ class SparseTable(TableStateMixin):
         if not all_rows:
             valid = tf.where(rows >= 0)[:, 0]
             rows, grads = tf.gather(rows, valid), tf.gather(grads, valid)
-        return self.optimizer.apply_sparse(s.values, s.slots, rows, grads, step)
+            if current is not None:
+                current = tf.gather(current, valid)
+        return self.optimizer.apply_sparse(s.values, s.slots, rows, grads, step,
+                                           current=current)
 
     @tf.autograph.experimental.do_not_convert
     def apply_gradients(self, ids, grads) -> tf.Operation | None:

@@ -53,7 +53,8 @@ class SparseOptimizer:
         return f"{type(self).__name__}({args})"
 
     def apply_sparse(self, values: tf.Variable, slots: dict[str, tf.Variable],
-                     rows: tf.Tensor, grads: tf.Tensor, step: tf.Tensor) -> tf.Operation:
+                     rows: tf.Tensor, grads: tf.Tensor, step: tf.Tensor,
+                     current: tf.Tensor | None = None) -> tf.Operation:
         """Updates `values[rows]` (and the slots of those rows) from `grads`.
 
         Args:
@@ -62,11 +63,17 @@ class SparseOptimizer:
           rows: int64 [n], unique row indices.
           grads: float32 [n, dim], summed gradients of those rows.
           step: int64 scalar, 1-based count of updates of this table.
+          current: float32 [n, dim], `values[rows]` as they are now, when the
+            caller has read them already (the lookup of this step); None reads them.
 
         Returns:
           The update op.
         """
         raise NotImplementedError
+
+    @staticmethod
+    def _rows_now(values: tf.Variable, rows: tf.Tensor, current: tf.Tensor | None):
+        return tf.gather(values, rows) if current is None else current
 
 
 class SGD(SparseOptimizer):
@@ -79,8 +86,8 @@ class SGD(SparseOptimizer):
     def __init__(self, learning_rate: float = 0.01, name: str = "SGD"):
         super().__init__(learning_rate, name)
 
-    def apply_sparse(self, values, slots, rows, grads, step):
-        new = tf.gather(values, rows) - self.learning_rate * grads
+    def apply_sparse(self, values, slots, rows, grads, step, current=None):
+        new = self._rows_now(values, rows, current) - self.learning_rate * grads
         return values.scatter_update(tf.IndexedSlices(new, rows))
 
 
@@ -105,9 +112,9 @@ class Adagrad(SparseOptimizer):
         return {**super().get_config(), "initial_accumulator_value":
                 self.initial_accumulator_value, "epsilon": self.epsilon}
 
-    def apply_sparse(self, values, slots, rows, grads, step):
+    def apply_sparse(self, values, slots, rows, grads, step, current=None):
         acc = tf.gather(slots["accumulator"], rows) + tf.square(grads)
-        new = tf.gather(values, rows) - self.learning_rate * grads / (tf.sqrt(acc) + self.epsilon)
+        new = self._rows_now(values, rows, current) - self.learning_rate * grads / (tf.sqrt(acc) + self.epsilon)
         return tf.group(slots["accumulator"].scatter_update(tf.IndexedSlices(acc, rows)),
                         values.scatter_update(tf.IndexedSlices(new, rows)))
 
@@ -135,7 +142,7 @@ class Adam(SparseOptimizer):
         return {**super().get_config(), "beta_1": self.beta_1, "beta_2": self.beta_2,
                 "epsilon": self.epsilon}
 
-    def apply_sparse(self, values, slots, rows, grads, step):
+    def apply_sparse(self, values, slots, rows, grads, step, current=None):
         t = tf.cast(step, tf.float32)
         b1, b2 = self.beta_1, self.beta_2
         lr_t = self.learning_rate * tf.sqrt(1.0 - tf.pow(b2, t)) / (1.0 - tf.pow(b1, t))
@@ -144,7 +151,8 @@ class Adam(SparseOptimizer):
         delta = lr_t * m / (tf.sqrt(v) + self.epsilon)
         ops = [slots["m"].scatter_update(tf.IndexedSlices(m, rows)),
                slots["v"].scatter_update(tf.IndexedSlices(v, rows)),
-               values.scatter_update(tf.IndexedSlices(tf.gather(values, rows) - delta, rows))]
+               values.scatter_update(tf.IndexedSlices(
+                   self._rows_now(values, rows, current) - delta, rows))]
         return tf.group(*ops)
 
 
@@ -179,11 +187,11 @@ class Ftrl(SparseOptimizer):
                 "initial_accumulator_value": self.initial_accumulator_value,
                 "l1": self.l1, "l2": self.l2}
 
-    def apply_sparse(self, values, slots, rows, grads, step):
+    def apply_sparse(self, values, slots, rows, grads, step, current=None):
         lr, p = self.learning_rate, -self.learning_rate_power
         acc = tf.gather(slots["accumulator"], rows)
         lin = tf.gather(slots["linear"], rows)
-        row = tf.gather(values, rows)
+        row = self._rows_now(values, rows, current)
         acc_new = acc + tf.square(grads)
         lin = lin + grads - (tf.pow(acc_new, p) - tf.pow(acc, p)) / lr * row
         quad = tf.pow(acc_new, p) / lr + 2.0 * self.l2
