@@ -10,6 +10,8 @@ binary cross-entropy, Adam on the dense part, Adagrad on the embeddings.
               (access_threshold=1) and eviction (eviction_threshold + an Evict
               callback firing every --evict_every steps) on
   npu_rec_plain  the same without admission and eviction (only with --runs)
+  npu_rec_one_table  the same with one table for all 26 features (table
+              batching: one lookup of [batch, 26] ids; only with --runs)
   keras       plain Keras 3 fit: Hashing(--hash_buckets) + Embedding, Adagrad
   torchrec    TorchRec FusedEmbeddingBagCollection (one table per feature,
               min(vocab, --hash_buckets) rows) with FBGEMM's fused row-wise
@@ -149,7 +151,7 @@ def fit_runner(model, ds, callbacks=()):
     return train
 
 
-def run_npu_rec(batches, vocab, admission=True):
+def run_npu_rec(batches, vocab, admission=True, one_table=False):
     import npu_rec
     from npu_rec.keras import RecModel, SparseEmbedding
     from npu_rec.keras.callbacks import Evict
@@ -160,10 +162,15 @@ def run_npu_rec(batches, vocab, admission=True):
     opt = npu_rec.optimizers.Adagrad(LR)
     policy = (dict(access_threshold=1, eviction_threshold=24 * 3600) if admission else
               dict(access_threshold=-1, eviction_threshold=-1))
-    prefix = "" if admission else "plain_"
-    embs = [SparseEmbedding(f"{prefix}C{i + 1}", DIM, optimizer=opt, capacity=min(v, 1 << 20),
-                            **policy)(cats[:, i])
-            for i, v in enumerate(vocab)]
+    if one_table:   # the ids of different features are distinct in this data
+        emb = SparseEmbedding("all_C", DIM, optimizer=opt,
+                              capacity=sum(min(v, 1 << 20) for v in vocab), **policy)(cats)
+        embs = [keras.layers.Reshape((NUM_CAT * DIM,))(emb)]
+    else:
+        prefix = "" if admission else "plain_"
+        embs = [SparseEmbedding(f"{prefix}C{i + 1}", DIM, optimizer=opt,
+                                capacity=min(v, 1 << 20), **policy)(cats[:, i])
+                for i, v in enumerate(vocab)]
     model = RecModel({"numeric": dense, "cats": cats}, mlp(dense, embs))
     model.compile(optimizer="adam", loss="binary_crossentropy")
     ds = cycled({"numeric": np.stack([b[0] for b in batches]),
@@ -182,6 +189,12 @@ def run_npu_rec(batches, vocab, admission=True):
 def run_npu_rec_plain(batches, vocab):
     """npu_rec without admission and eviction (not a default run: the cost of both)."""
     return run_npu_rec(batches, vocab, admission=False)
+
+
+def run_npu_rec_one_table(batches, vocab):
+    """npu_rec with one table for all 26 features, i.e. table batching (not a default
+    run): one unique, index probe, gather and optimizer step for the whole batch."""
+    return run_npu_rec(batches, vocab, one_table=True)
 
 
 def run_keras(batches, vocab):
@@ -291,9 +304,10 @@ def run_torchrec_small(batches, vocab):
     return run_torchrec(batches, vocab, cap=_SMALL.value)
 
 
-RUNNERS = {"npu_rec": run_npu_rec, "npu_rec_plain": run_npu_rec_plain, "keras": run_keras, "torchrec": run_torchrec,
-           "torchrec_small": run_torchrec_small, "tf_loop": run_tf_loop,
-           "mlp_only": run_mlp_only}
+RUNNERS = {"npu_rec": run_npu_rec, "npu_rec_plain": run_npu_rec_plain,
+           "npu_rec_one_table": run_npu_rec_one_table, "keras": run_keras,
+           "torchrec": run_torchrec, "torchrec_small": run_torchrec_small,
+           "tf_loop": run_tf_loop, "mlp_only": run_mlp_only}
 
 
 def main(argv):
@@ -323,21 +337,31 @@ def main(argv):
     for name in _RUNS.value:
         if name in rates:
             results[name] = statistics.median(rates[name])
-    print(f"{'run':<10} {'samples/s':>12}   blocks")
+    print(f"{'run':<17} {'samples/s':>12}   blocks")
     for name, value in results.items():
         if isinstance(value, float):
             blocks = ", ".join(f"{r:,.0f}" for r in rates[name])
-            print(f"{name:<10} {value:>12,.0f}   [{blocks}]")
+            print(f"{name:<17} {value:>12,.0f}   [{blocks}]")
         else:
-            print(f"{name:<10} {value}")
-    ratios, targets = {}, {"npu_rec / torchrec": 1.2, "npu_rec / mlp_only": 0.55}
-    for other in ("torchrec", "torchrec_small", "mlp_only", "tf_loop", "keras"):
-        if isinstance(results.get(other), float) and isinstance(results.get("npu_rec"), float):
-            ratios[f"npu_rec / {other}"] = results["npu_rec"] / results[other]
+            print(f"{name:<17} {value}")
+    # Ratios of the median rates, and per round (blocks of one round ran back to back,
+    # so a per-round ratio cancels slow drifts in the machine's speed).
+    ratios, round_ratios = {}, {}
+    targets = {"npu_rec / torchrec": 1.2, "npu_rec / mlp_only": 0.55}
+    pairs = [("npu_rec", o) for o in ("torchrec", "torchrec_small", "mlp_only", "tf_loop",
+                                      "keras", "npu_rec_one_table")]
+    for mine, other in pairs:
+        if mine in rates and other in rates:
+            key = f"{mine} / {other}"
+            ratios[key] = results[mine] / results[other]
+            round_ratios[key] = [a / b for a, b in zip(rates[mine], rates[other], strict=True)]
     for k, v in ratios.items():
         target = f"  (target >= {targets[k]})" if k in targets else ""
-        print(f"{k}: {v:.2f}{target}")
-    out = {"results": results, "block_rates": rates, "ratios": ratios, "targets": targets,
+        per_round = round_ratios[k]
+        print(f"{k}: {v:.2f}{target}   per round: median {statistics.median(per_round):.2f}, "
+              f"{min(per_round):.2f}-{max(per_round):.2f}")
+    out = {"results": results, "block_rates": rates, "ratios": ratios,
+           "round_ratios": round_ratios, "targets": targets,
            "command": " ".join(sys.argv),
            "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
                        "load_average": os.getloadavg(),
