@@ -353,6 +353,9 @@ class SparseTable(TableStateMixin):
             # metadata read is released before the scatters (no copy-on-write).
             self._eager_evict = tf.function(
                 self._build_evict, input_signature=[tf.TensorSpec([], tf.int64)])
+            # One trace per table by design: without this, TF warns of "excessive
+            # retracing" of `_build_evict` once a model's tables are evicted.
+            self._eager_evict._omit_frequent_tracing_warning = True
         return int(self._eager_evict(tf.constant(now_value, tf.int64)))
 
 def create_table(name: str, dim: int, *, key_dtype=tf.int64, initializer=None, optimizer=None,

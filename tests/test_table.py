@@ -144,6 +144,27 @@ def test_evict_without_timestamp_feature_uses_wall_clock():
     assert table.evict(now=int(tf.timestamp()) + 5000) == 1
 
 
+def test_evicting_many_tables_logs_no_retracing_warning():
+    """Each table compiles its eager evict once; a model's worth of tables must not set
+    off TensorFlow's "excessive retracing" warning (it names `_build_evict`)."""
+    import logging
+
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    tf.get_logger().addHandler(handler)
+    try:
+        for i in range(8):
+            table = npu_rec.create_table(f"many{i}", 2, access_threshold=0,
+                                         eviction_threshold=10)
+            npu_rec.sparse_lookup(table, tf.constant([i], tf.int64),
+                                  timestamps=tf.constant([100], tf.int64))
+            assert table.evict(now=200) == 1
+    finally:
+        tf.get_logger().removeHandler(handler)
+    assert not [r for r in records if "retracing" in r.getMessage()]
+
+
 @pytest.mark.parametrize("combiner", ["sum", "mean", "sqrtn"])
 def test_ragged_and_sparse_combiners(combiner):
     table = npu_rec.create_table(f"c_{combiner}", 3)
