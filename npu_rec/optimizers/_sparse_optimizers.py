@@ -114,7 +114,8 @@ class Adagrad(SparseOptimizer):
 
     def apply_sparse(self, values, slots, rows, grads, step, current=None):
         acc = tf.gather(slots["accumulator"], rows) + tf.square(grads)
-        new = self._rows_now(values, rows, current) - self.learning_rate * grads / (tf.sqrt(acc) + self.epsilon)
+        step_size = self.learning_rate * grads / (tf.sqrt(acc) + self.epsilon)
+        new = self._rows_now(values, rows, current) - step_size
         return tf.group(slots["accumulator"].scatter_update(tf.IndexedSlices(acc, rows)),
                         values.scatter_update(tf.IndexedSlices(new, rows)))
 
