@@ -30,7 +30,7 @@ import tensorflow as tf
 
 from npu_rec import _table_registry
 from npu_rec._keyed_init import _splitmix64
-from npu_rec._sparse_table import SparseTable
+from npu_rec._sparse_table import SparseTable, _rows_with_values
 from npu_rec._table_config import TableConfig
 from npu_rec._table_state import _NO_NOW
 
@@ -142,12 +142,8 @@ class ShardedTable(SparseTable):
     def _apply_rows(self, rows, grads, all_rows=False, current=None):
         if self.optimizer is None:
             return self._shards[0]._apply_rows(rows, grads)  # raises the no-optimizer error
-        grads = tf.cast(grads, tf.float32)
-        if not all_rows:
-            valid = tf.where(rows >= 0)[:, 0]
-            rows, grads = tf.gather(rows, valid), tf.gather(grads, valid)
-            if current is not None:
-                current = tf.gather(current, valid)
+        rows, grads, current = _rows_with_values(rows, tf.cast(grads, tf.float32), current,
+                                                 all_rows)
         sid = tf.cast(rows % self.num_shards, tf.int32)
         local = tf.dynamic_partition(rows // self.num_shards, sid, self.num_shards)
         part = tf.dynamic_partition(grads, sid, self.num_shards)

@@ -249,12 +249,8 @@ class SparseTable(TableStateMixin):
                 "npu_rec.create_table. Received: optimizer=None")
         step = self._opt_step.assign_add(1)
         s = self._storage
-        grads = tf.cast(grads, tf.float32)
-        if not all_rows:
-            valid = tf.where(rows >= 0)[:, 0]
-            rows, grads = tf.gather(rows, valid), tf.gather(grads, valid)
-            if current is not None:
-                current = tf.gather(current, valid)
+        rows, grads, current = _rows_with_values(rows, tf.cast(grads, tf.float32), current,
+                                                 all_rows)
         return self.optimizer.apply_sparse(s.values, s.slots, rows, grads, step,
                                            current=current)
 
@@ -357,6 +353,15 @@ class SparseTable(TableStateMixin):
             # retracing" of `_build_evict` once a model's tables are evicted.
             self._eager_evict._omit_frequent_tracing_warning = True
         return int(self._eager_evict(tf.constant(now_value, tf.int64)))
+
+def _rows_with_values(rows, grads, current, all_rows: bool):
+    """(rows, grads, current) without the entries of rows < 0 (unchanged if `all_rows`)."""
+    if all_rows:
+        return rows, grads, current
+    valid = tf.where(rows >= 0)[:, 0]
+    return (tf.gather(rows, valid), tf.gather(grads, valid),
+            None if current is None else tf.gather(current, valid))
+
 
 def create_table(name: str, dim: int, *, key_dtype=tf.int64, initializer=None, optimizer=None,
                  capacity: int | None = None, access_threshold: int = -1,
