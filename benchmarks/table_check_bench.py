@@ -1,4 +1,4 @@
-"""Cost of the invariant check every table save runs (`npu_rec._table_check`).
+"""Cost of the invariant check every table save runs (`npu_rec.table._check`).
 
 Fills one table (Adagrad, so one slot) with `--keys` live keys, then times,
 alternating, the read of its whole state for a save without and with the
@@ -74,7 +74,7 @@ def main(argv):
     del argv
     results = {}
     for mode, fn in (("eager", _eager), ("graph", _graph)):
-        npu_rec._table_registry.clear()
+        npu_rec.table._registry.clear()
         r = fn()
         r["check_s"] = r["read_and_check_s"] - r["read_s"]
         results[mode] = r

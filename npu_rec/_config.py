@@ -309,7 +309,8 @@ def shutdown() -> None:
     if one fails; the first failure is then re-raised.
     """
     global _active
-    from npu_rec import _cpu, _steps
+    from npu_rec import _cpu
+    from npu_rec.training import _steps
 
     with _lock:
         _active = None

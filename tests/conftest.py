@@ -11,7 +11,7 @@ import tensorflow as tf  # noqa: E402
 tf.config.threading.set_intra_op_parallelism_threads(2)
 tf.config.threading.set_inter_op_parallelism_threads(2)
 
-from npu_rec import _table_registry  # noqa: E402
+from npu_rec.table import _registry as _table_registry  # noqa: E402
 
 
 @pytest.fixture

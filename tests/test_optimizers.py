@@ -6,8 +6,8 @@ import tensorflow as tf
 
 import npu_rec
 from npu_rec import optimizers
-from tests.table_helpers import OPTIMIZERS, assert_same_state
-from tests.table_reference import ReferenceTable
+from tests.table.table_helpers import OPTIMIZERS, assert_same_state
+from tests.table.table_reference import ReferenceTable
 
 
 @pytest.mark.parametrize("name", sorted(OPTIMIZERS))

@@ -24,8 +24,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from npu_rec._lookup import PAD_ID  # noqa: F401  (the core owns the pad id; re-exported)
 from npu_rec.data._columns import Ragged
+from npu_rec.table._lookup import PAD_ID  # noqa: F401  (the core owns the pad id; re-exported)
 
 MISSING_ID = 0
 DENSE_FILL = 0.0

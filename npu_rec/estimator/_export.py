@@ -21,11 +21,11 @@ import time
 import tensorflow as tf
 
 from npu_rec import _log as logging
-from npu_rec import _table_registry
 from npu_rec.estimator import _scaffold
 from npu_rec.estimator._graph import call_model_fn, dense_saver
 from npu_rec.estimator._spec import ModeKeys
 from npu_rec.estimator.export._outputs import serving_export_outputs, signature_def_map
+from npu_rec.table import _registry as _table_registry
 
 
 def _index_variables(sess, table) -> tf.Operation:

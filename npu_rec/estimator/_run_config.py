@@ -20,7 +20,7 @@ import tensorflow as tf
 from tensorflow.core.protobuf import rewriter_config_pb2
 
 from npu_rec._config import check_int
-from npu_rec._precision import check_precision_compatibility, parse_accelerate_train_mode
+from npu_rec.training._precision import check_precision_compatibility, parse_accelerate_train_mode
 
 _UNSET: Any = object()
 #: Steps between checkpoints when neither steps nor seconds are given.

@@ -18,14 +18,14 @@ import tensorflow as tf
 
 from npu_rec import _log as logging
 from npu_rec._config import get_config
-from npu_rec._policies import SavePolicy
-from npu_rec._precision import PrecisionSwitch
-from npu_rec._steps import check_estimator_train
 from npu_rec.checkpoint._training_dir import TrainingDir
 from npu_rec.estimator import _data_position, _hooks, _scaffold
 from npu_rec.estimator._graph import batch_size_of
 from npu_rec.estimator._sparse_train import add_missing_sparse_updates, enable_loss_scaling
 from npu_rec.estimator._spec import ModeKeys
+from npu_rec.training._policies import SavePolicy
+from npu_rec.training._precision import PrecisionSwitch
+from npu_rec.training._steps import check_estimator_train
 
 UNSET = object()
 _logged: set[str] = set()

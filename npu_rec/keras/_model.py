@@ -10,10 +10,10 @@ from keras.src.saving import object_registration
 from keras.src.trainers.trainer import Trainer
 
 from npu_rec import _log as logging
-from npu_rec import _lookup
 from npu_rec.keras import _amp, _finite, _online
 from npu_rec.keras._layers import model_tables
 from npu_rec.keras._model_state import ModelStateMixin
+from npu_rec.table import _lookup
 
 _REC_ARGS = ("network", "loss_fn", "optimizer", "metrics", "eval_network", "eval_indexes",
              "amp_level", "boost_level")

@@ -59,7 +59,7 @@ class TableInvariantError(ValueError):
 @pytest.fixture
 def failing_table_save(monkeypatch):
     """Makes reading a table's state for a save at or after `fail_from[0]` raise."""
-    from npu_rec._table_state import TableStateMixin
+    from npu_rec.table._state import TableStateMixin
 
     real = TableStateMixin._read_state
     fail = {"on": False}

@@ -11,7 +11,7 @@ STEPS = 4  # batches per epoch
 
 
 def _model(lr=0.1):
-    npu_rec._table_registry.clear()
+    npu_rec.table._registry.clear()
     keras.utils.set_random_seed(0)
     ids = keras.Input(shape=(), dtype="int64", name="ids")
     emb = SparseEmbedding("cb_item", 4, optimizer=npu_rec.optimizers.Adagrad(lr))(ids)

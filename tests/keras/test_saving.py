@@ -52,7 +52,7 @@ def test_save_and_load_model_give_identical_predictions_and_tables(tmp_path, tra
         np.testing.assert_array_equal(a["values"], b["values"])
         for slot in a["slots"]:
             np.testing.assert_array_equal(a["slots"][slot], b["slots"][slot])
-    assert npu_rec._table_registry.get("user") is loaded.tables[0]
+    assert npu_rec.table._registry.get("user") is loaded.tables[0]
     # The loaded model is compiled and keeps training its tables.
     before = loaded.tables[0].export()["values"].copy()
     loaded.fit(x, (x["user"] % 2).astype("float32"), batch_size=32, epochs=1, verbose=0)

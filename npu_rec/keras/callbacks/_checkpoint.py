@@ -12,8 +12,6 @@ import numpy as np
 
 from npu_rec import _log as logging
 from npu_rec._config import ConfigError, check_int, get_config
-from npu_rec._policies import DELTA, FULL, SavePolicy
-from npu_rec._steps import check_keras_fit
 from npu_rec.checkpoint import CheckpointCorruptedError, TableCheckpointManager
 from npu_rec.checkpoint._file_format import fsync_path
 from npu_rec.checkpoint._training_dir import TrainingDir
@@ -27,6 +25,8 @@ from npu_rec.checkpoint._versions import (
 )
 from npu_rec.keras._finite import check_finite_state
 from npu_rec.keras.callbacks._common import global_step, tables_of
+from npu_rec.training._policies import DELTA, FULL, SavePolicy
+from npu_rec.training._steps import check_keras_fit
 
 
 class SparseCheckpoint(keras.callbacks.Callback):

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from npu_rec import _table_check
+from npu_rec.table import _check as _table_check
 
 _NO_NOW = np.iinfo(np.int64).min
 
@@ -99,7 +99,7 @@ class TableStateMixin:
           min_period: Only rows sighted at least this often since the last save.
           session: graph mode only (see `evict`).
           check: Verify the table's invariants in the same read (every save does;
-            see `npu_rec._table_check`).
+            see `npu_rec.table._check`).
 
         Raises:
           TableInvariantError: `check` and an invariant is broken.
@@ -163,7 +163,7 @@ class TableStateMixin:
 
         Raises:
           npu_rec.TableInvariantError: the table's state is inconsistent or holds
-            NaN/Inf (nothing is written; see `npu_rec._table_check`).
+            NaN/Inf (nothing is written; see `npu_rec.table._check`).
         """
         from npu_rec.checkpoint import _file_format  # noqa: PLC0415
 

@@ -30,8 +30,8 @@ import numpy as np
 import tensorflow as tf
 
 from npu_rec._compat import keep_out_of_meta_graphs
-from npu_rec._key_pipeline import PreparedIds
-from npu_rec._sparse_table import SparseTable, _flat_keys
+from npu_rec.table._key_pipeline import PreparedIds
+from npu_rec.table._sparse import SparseTable, _flat_keys
 
 #: Graph collection of `LookupRecord`s of training lookups in a v1 graph.
 LOOKUP_COLLECTION = "npu_rec_sparse_lookups"

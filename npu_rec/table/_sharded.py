@@ -28,11 +28,12 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from npu_rec import _table_check, _table_registry
-from npu_rec._keyed_init import _splitmix64
-from npu_rec._sparse_table import SparseTable, _rows_with_values
-from npu_rec._table_config import TableConfig
-from npu_rec._table_state import _NO_NOW
+from npu_rec.table import _check as _table_check
+from npu_rec.table import _registry as _table_registry
+from npu_rec.table._config import TableConfig
+from npu_rec.table._keyed_init import _splitmix64
+from npu_rec.table._sparse import SparseTable, _rows_with_values
+from npu_rec.table._state import _NO_NOW
 
 _M64 = (1 << 64) - 1
 _GOLDEN, _MIX1, _MIX2 = 0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB

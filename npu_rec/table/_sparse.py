@@ -19,20 +19,21 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from npu_rec import _keyed_init, _table_registry
 from npu_rec import _log as logging
-from npu_rec._admission import PendingCounts
-from npu_rec._key_index import KeyIndex
-from npu_rec._key_pipeline import flat_keys as _flat_keys
-from npu_rec._table_config import (
+from npu_rec.table import _keyed_init
+from npu_rec.table import _registry as _table_registry
+from npu_rec.table._admission import PendingCounts
+from npu_rec.table._config import (
     DEFAULT_DYNAMIC_CAPACITY,
     DEFAULT_FIXED_CAPACITY,
     DEFAULT_MAX_PENDING_KEYS,
     TableConfig,
     global_use_dynamic_expansion,
 )
-from npu_rec._table_state import _NO_NOW, TableStateMixin
-from npu_rec._table_storage import RowStorage
+from npu_rec.table._key_index import KeyIndex
+from npu_rec.table._key_pipeline import flat_keys as _flat_keys
+from npu_rec.table._state import _NO_NOW, TableStateMixin
+from npu_rec.table._storage import RowStorage
 
 #: A training timestamp more than this many seconds ahead of the wall clock (a
 #: millisecond or garbage value among seconds) is replaced by the table's clock.
@@ -477,7 +478,7 @@ def create_table(name: str, dim: int, *, key_dtype=tf.int64, initializer=None, o
       dynamic_expansion: Grow on demand; None = `npu_rec.init`'s
         `use_dynamic_expansion` (False before init).
       max_pending_keys: Bound on counted not-yet-admitted keys (see
-        `npu_rec._admission`), for the whole table.
+        `npu_rec.table._admission`), for the whole table.
       num_shards: Split the table by key hash into this many shards, each with
         its own hash map, rows, counters and free list (one process for now;
         see docs/design.md "Scale-out"). `capacity` and `max_pending_keys` are
@@ -511,7 +512,7 @@ def create_table(name: str, dim: int, *, key_dtype=tf.int64, initializer=None, o
                          dynamic_expansion=dynamic_expansion, max_pending_keys=max_pending_keys,
                          num_shards=num_shards)
     if num_shards > 1:
-        from npu_rec._sharded_table import ShardedTable  # noqa: PLC0415
+        from npu_rec.table._sharded import ShardedTable  # noqa: PLC0415
 
         return ShardedTable(config)
     return SparseTable(config)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 import npu_rec
-from tests.table_reference import RefOptimizer
+from tests.table.table_reference import RefOptimizer
 
 OPTIMIZERS = {
     "sgd": (lambda: npu_rec.optimizers.SGD(0.1),

@@ -12,10 +12,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import npu_rec
-from npu_rec import _table_registry
 from npu_rec.checkpoint import TableCheckpointManager
-from tests.table_helpers import OPTIMIZERS, assert_same_state
-from tests.table_reference import ReferenceTable
+from npu_rec.table import _registry as _table_registry
+from tests.table.table_helpers import OPTIMIZERS, assert_same_state
+from tests.table.table_reference import ReferenceTable
 
 DIM = 3
 # (access_threshold, eviction_threshold, max_pending_keys, dynamic, capacity)

@@ -5,8 +5,8 @@ import pytest
 import tensorflow as tf
 
 import npu_rec
-from npu_rec import _table_registry
-from npu_rec._sharded_table import shard_of, shard_of_numpy
+from npu_rec.table import _registry as _table_registry
+from npu_rec.table._sharded import shard_of, shard_of_numpy
 
 IDS = np.array([[1, 5, 9, 1], [2**40 + 3, -7, 5, 11], [13, 17, 19, 23]], np.int64)
 

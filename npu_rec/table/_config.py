@@ -45,7 +45,7 @@ class TableConfig:
       name: Unique table name (non-empty, no "/").
       dim: Embedding width, >= 1.
       key_dtype: `tf.int64` or `tf.int32`.
-      initializer: None (keyed uniform(-0.05, 0.05), see `npu_rec._keyed_init`),
+      initializer: None (keyed uniform(-0.05, 0.05), see `npu_rec.table._keyed_init`),
         a Keras/TF initializer, or a callable `(shape, dtype) -> tensor`.
       optimizer: An `npu_rec.optimizers.SparseOptimizer` or None (not trainable).
       capacity: Initial rows; the fixed size when dynamic expansion is off.
