@@ -13,6 +13,7 @@ from npu_rec import checkpoint, optimizers  # noqa: E402, F401
 from npu_rec.table import _registry as _table_registry  # noqa: E402, F401
 from npu_rec.table._check import TableInvariantError  # noqa: E402
 from npu_rec.table._config import TableConfig  # noqa: E402
+from npu_rec.table._create import create_table  # noqa: E402
 from npu_rec.table._key_pipeline import PreparedIds, prepare_ids, prepare_keys  # noqa: E402
 from npu_rec.table._lookup import (  # noqa: E402
     LOOKUP_COLLECTION,
@@ -21,7 +22,7 @@ from npu_rec.table._lookup import (  # noqa: E402
     record_lookups,
     sparse_lookup,
 )
-from npu_rec.table._sparse import SparseTable, create_table  # noqa: E402
+from npu_rec.table._sparse import SparseTable  # noqa: E402
 
 __version__ = "0.1.0"
 

@@ -16,6 +16,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
+from npu_rec import _cpu
 from npu_rec import _log as logging
 
 INT32_MAX = 2147483647
@@ -269,8 +270,6 @@ def init(**kwargs: Any) -> None:
     for message in config.advisories():
         warnings.warn(message, UserWarning, stacklevel=2)
 
-    from npu_rec import _cpu  # local import: _cpu imports this module
-
     with _lock:
         if _active is not None:
             logging.info("npu_rec.init() called again: replacing the earlier settings.")
@@ -303,19 +302,15 @@ def shutdown() -> None:
     """Forgets the settings and the tables (for tests and notebooks).
 
     Resets `get_config()` to the defaults, restores the CPU affinity the
-    process had before `bind_cpu`, forgets step values resolved from the front
-    ends, and runs every callback registered with `register_shutdown_callback`
-    (the sparse-table core uses one to drop its tables). All callbacks run even
+    process had before `bind_cpu`, and runs every callback registered with
+    `register_shutdown_callback` (the sparse-table core uses one to drop its
+    tables, the step rules one to forget what they logged). All callbacks run even
     if one fails; the first failure is then re-raised.
     """
     global _active
-    from npu_rec import _cpu
-    from npu_rec.training import _steps
-
     with _lock:
         _active = None
         _cpu.unbind()
-        _steps.forget_logged()
         callbacks = list(_shutdown_callbacks)
     first_error: BaseException | None = None
     for callback in callbacks:

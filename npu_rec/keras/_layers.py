@@ -18,8 +18,9 @@ from npu_rec import optimizers
 from npu_rec._compat import shown_as_raised
 from npu_rec.table import _lookup
 from npu_rec.table import _registry as _table_registry
+from npu_rec.table._create import create_table
 from npu_rec.table._key_pipeline import PreparedIds
-from npu_rec.table._sparse import SparseTable, create_table
+from npu_rec.table._sparse import SparseTable
 
 _TABLE_KWARGS = ("key_dtype", "initializer", "optimizer", "capacity", "access_threshold",
                  "eviction_threshold", "dynamic_expansion", "max_pending_keys")

@@ -24,11 +24,7 @@ from npu_rec.table import _keyed_init
 from npu_rec.table import _registry as _table_registry
 from npu_rec.table._admission import PendingCounts
 from npu_rec.table._config import (
-    DEFAULT_DYNAMIC_CAPACITY,
-    DEFAULT_FIXED_CAPACITY,
-    DEFAULT_MAX_PENDING_KEYS,
     TableConfig,
-    global_use_dynamic_expansion,
 )
 from npu_rec.table._key_index import KeyIndex
 from npu_rec.table._key_pipeline import flat_keys as _flat_keys
@@ -451,68 +447,3 @@ def _rows_with_values(rows, grads, current, all_rows: bool):
     valid = tf.where(rows >= 0)[:, 0]
     return (tf.gather(rows, valid), tf.gather(grads, valid),
             None if current is None else tf.gather(current, valid))
-
-
-def create_table(name: str, dim: int, *, key_dtype=tf.int64, initializer=None, optimizer=None,
-                 capacity: int | None = None, access_threshold: int = -1,
-                 eviction_threshold: int = -1, dynamic_expansion: bool | None = None,
-                 max_pending_keys: int = DEFAULT_MAX_PENDING_KEYS,
-                 num_shards: int = 1) -> SparseTable:
-    """Creates a sparse embedding table keyed by raw ids.
-
-    Args:
-      name: Unique table name.
-      dim: Embedding width (>= 1).
-      key_dtype: `tf.int64` or `tf.int32`; raw ids, no vocabulary needed (an
-        int32 table refuses ids outside the int32 range).
-      initializer: Initial rows of admitted keys: None = keyed uniform(-0.05,
-        0.05) (a function of table name and key only), a Keras/TF initializer
-        (object or name such as "zeros") or a callable `(shape, dtype) -> tensor`.
-      optimizer: An `npu_rec.optimizers` sparse optimizer, or None (lookups only).
-      capacity: Initial rows; the fixed size when dynamic expansion is off.
-        None = 65536 rows fixed, or 1024 rows growing.
-      access_threshold: A key gets a row once its sightings (this batch
-        included) reach this; 0 = at once; -1 = admission off.
-      eviction_threshold: Free rows of keys idle longer than this many seconds
-        at `evict()`; -1 = off. Needs `access_threshold >= 0`.
-      dynamic_expansion: Grow on demand; None = `npu_rec.init`'s
-        `use_dynamic_expansion` (False before init).
-      max_pending_keys: Bound on counted not-yet-admitted keys (see
-        `npu_rec.table._admission`), for the whole table.
-      num_shards: Split the table by key hash into this many shards, each with
-        its own hash map, rows, counters and free list (one process for now;
-        see docs/design.md "Scale-out"). `capacity` and `max_pending_keys` are
-        divided between the shards (rounded up). Lookups, gradients, eviction,
-        export and checkpoints work across shards transparently.
-
-    Returns:
-      A `SparseTable` (a `ShardedTable` when `num_shards > 1`).
-
-    Raises:
-      ValueError: an argument is out of range, eviction is on without admission,
-        or a table of this name exists.
-      TypeError: wrong argument type.
-    """
-    if dynamic_expansion is None:
-        dynamic_expansion = global_use_dynamic_expansion()
-    if isinstance(initializer, str):
-        import keras  # noqa: PLC0415
-
-        try:
-            initializer = keras.initializers.get(initializer)
-        except ValueError as err:
-            raise ValueError("`initializer` must name a Keras initializer. "
-                             f"Received: initializer={initializer!r}") from err
-    if capacity is None:
-        capacity = DEFAULT_DYNAMIC_CAPACITY if dynamic_expansion else DEFAULT_FIXED_CAPACITY
-    config = TableConfig(name=name, dim=dim, key_dtype=key_dtype, initializer=initializer,
-                         optimizer=optimizer, capacity=capacity,
-                         access_threshold=access_threshold,
-                         eviction_threshold=eviction_threshold,
-                         dynamic_expansion=dynamic_expansion, max_pending_keys=max_pending_keys,
-                         num_shards=num_shards)
-    if num_shards > 1:
-        from npu_rec.table._sharded import ShardedTable  # noqa: PLC0415
-
-        return ShardedTable(config)
-    return SparseTable(config)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 
+from npu_rec import _config
 from npu_rec import _log as logging
 from npu_rec._config import ConfigError, RecConfig, check_int, get_config
 
@@ -56,9 +57,12 @@ def _log_once(message: str) -> None:
 
 
 def forget_logged() -> None:
-    """Lets every resolution be logged again (called by `npu_rec.shutdown`)."""
+    """Lets every resolution be logged again (run by `npu_rec.shutdown`)."""
     with _logged_lock:
         _logged.clear()
+
+
+_config.register_shutdown_callback(forget_logged)
 
 
 def _resolve(name: str, init_value: int, loop_label: str | None,
