@@ -55,7 +55,7 @@ def _eager():
     table = npu_rec.create_table("bench_eager", _DIM.value, capacity=_KEYS.value,
                                  optimizer=npu_rec.optimizers.Adagrad(0.1))
     _fill(table, lambda k: npu_rec.sparse_lookup(table, tf.constant(k)))
-    return _time(lambda check: table._read_state(0, check=check), _ROUNDS.value)
+    return _time(lambda check: table.read_state(0, check=check), _ROUNDS.value)
 
 
 def _graph():
@@ -67,7 +67,7 @@ def _graph():
         with tf.compat.v1.Session() as sess:
             sess.run(tf.compat.v1.global_variables_initializer())
             _fill(table, lambda k: sess.run(emb, {ids: k}))
-            return _time(lambda check: table._read_state(0, sess, check=check), _ROUNDS.value)
+            return _time(lambda check: table.read_state(0, sess, check=check), _ROUNDS.value)
 
 
 def main(argv):

@@ -22,7 +22,9 @@ from npu_rec.table._lookup import (  # noqa: E402
     record_lookups,
     sparse_lookup,
 )
-from npu_rec.table._sparse import SparseTable  # noqa: E402
+from npu_rec.table._base import SparseTable  # noqa: E402
+from npu_rec.table._sharded import ShardedTable  # noqa: E402
+from npu_rec.table._sparse import SingleShardTable  # noqa: E402
 
 __version__ = "0.1.0"
 
@@ -46,6 +48,8 @@ __all__ = [
     "LOOKUP_COLLECTION",
     "LookupRecord",
     "PreparedIds",
+    "ShardedTable",
+    "SingleShardTable",
     "SparseTable",
     "TableConfig",
     "TableInvariantError",

@@ -19,7 +19,7 @@ def _train(table, ids, ts, lr_sign=1.0):
 
 
 def _snapshot(table):
-    st = table._read_state()
+    st = table.read_state()
     st.pop("deleted_keys")
     return st
 

@@ -20,7 +20,7 @@ from npu_rec.table import _lookup
 from npu_rec.table import _registry as _table_registry
 from npu_rec.table._create import create_table
 from npu_rec.table._key_pipeline import PreparedIds
-from npu_rec.table._sparse import SparseTable
+from npu_rec.table._base import SparseTable
 
 _TABLE_KWARGS = ("key_dtype", "initializer", "optimizer", "capacity", "access_threshold",
                  "eviction_threshold", "dynamic_expansion", "max_pending_keys")
@@ -245,7 +245,7 @@ class SparseEmbedding(keras.layers.Layer):
 
     # Table state goes into `.keras` files beside the layer (no Keras weights).
     def save_own_variables(self, store):
-        state = self.table._read_state(0)
+        state = self.table.read_state(0)
         for key, value in state.items():
             store[_STATE_PREFIX + key.replace("/", "__")] = np.asarray(value)
 
@@ -255,7 +255,7 @@ class SparseEmbedding(keras.layers.Layer):
         if not state:
             raise ValueError(f"The saved file holds no table state for SparseEmbedding "
                              f"{self.name!r} (table {self.table_name!r}).")
-        self.table._write_state(state)
+        self.table.write_state(state)
 
 
 def _static_shape(ids) -> tuple | None:

@@ -1,13 +1,15 @@
 """`create_table`: the one way to make a sparse table, unsharded or sharded.
 
-It sits above both table classes (`SparseTable` in `_sparse`, `ShardedTable`
-in `_sharded`), so neither imports the other to pick one.
+It sits above both table classes (`SingleShardTable` in `_sparse`,
+`ShardedTable` in `_sharded`, siblings under `SparseTable` in `_base`),
+so neither imports the other to pick one.
 """
 
 from __future__ import annotations
 
 import tensorflow as tf
 
+from npu_rec.table._base import SparseTable
 from npu_rec.table._config import (
     DEFAULT_DYNAMIC_CAPACITY,
     DEFAULT_FIXED_CAPACITY,
@@ -16,7 +18,7 @@ from npu_rec.table._config import (
     global_use_dynamic_expansion,
 )
 from npu_rec.table._sharded import ShardedTable
-from npu_rec.table._sparse import SparseTable
+from npu_rec.table._sparse import SingleShardTable
 
 
 def create_table(name: str, dim: int, *, key_dtype=tf.int64, initializer=None, optimizer=None,
@@ -52,7 +54,8 @@ def create_table(name: str, dim: int, *, key_dtype=tf.int64, initializer=None, o
         export and checkpoints work across shards transparently.
 
     Returns:
-      A `SparseTable` (a `ShardedTable` when `num_shards > 1`).
+      A `SparseTable`: a `SingleShardTable`, or a `ShardedTable` when
+      `num_shards > 1` (both exported from `npu_rec`).
 
     Raises:
       ValueError: an argument is out of range, eviction is on without admission,
@@ -79,4 +82,4 @@ def create_table(name: str, dim: int, *, key_dtype=tf.int64, initializer=None, o
                          num_shards=num_shards)
     if num_shards > 1:
         return ShardedTable(config)
-    return SparseTable(config)
+    return SingleShardTable(config)

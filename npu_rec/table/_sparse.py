@@ -1,4 +1,4 @@
-"""`SparseTable`: a dynamic embedding table keyed by raw int64/int32 ids.
+"""`SingleShardTable`: a dynamic embedding table keyed by raw int64/int32 ids.
 
 Keys map to rows through `KeyIndex` (TF's `DenseHashTable` kernel on mixed
 keys; see docs/design.md);
@@ -19,48 +19,33 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from npu_rec import _log as logging
 from npu_rec.table import _keyed_init
-from npu_rec.table import _registry as _table_registry
 from npu_rec.table._admission import PendingCounts
-from npu_rec.table._config import (
-    TableConfig,
-)
+from npu_rec.table._base import MAX_SECONDS_AHEAD, NO_NOW, SparseTable, rows_with_values
+from npu_rec.table._config import TableConfig
 from npu_rec.table._key_index import KeyIndex
-from npu_rec.table._key_pipeline import flat_keys as _flat_keys
-from npu_rec.table._state import _NO_NOW, TableStateMixin
+from npu_rec.table._state import TableStateMixin
 from npu_rec.table._storage import RowStorage
 
-#: A training timestamp more than this many seconds ahead of the wall clock (a
-#: millisecond or garbage value among seconds) is replaced by the table's clock.
-MAX_SECONDS_AHEAD = 86400
 
+class SingleShardTable(TableStateMixin, SparseTable):
+    """A `SparseTable` with one hash map and one row storage.
 
-class SparseTable(TableStateMixin):
-    """A huge sparse embedding table on raw ids; create it with `create_table`.
-
-    Attributes:
-      name: The table name (unique per program, or per graph in graph mode).
-      dim: Row width.
-      config: The validated `TableConfig`.
+    `create_table` returns it when `num_shards == 1`; a `ShardedTable` holds
+    `num_shards` of them (unregistered, named `<name>_shard<i>`, seeded by
+    the sharded table's name so a key's first row does not depend on its shard).
 
     Example:
       >>> table = npu_rec.create_table("user", 8, optimizer=npu_rec.optimizers.SGD(0.1))
-      >>> emb = npu_rec.sparse_lookup(table, tf.constant([3, 7, 3], tf.int64))  # [3, 8]
+      >>> type(table).__name__
+      'SingleShardTable'
     """
 
-    def __init__(self, config: TableConfig, *, _register: bool = True, _seed_name=None):
-        self.config = config
-        self.name = config.name
-        self.dim = config.dim
-        self.key_dtype = tf.as_dtype(config.key_dtype)
-        self.optimizer = config.optimizer
-        self._seed = _keyed_init.name_seed(_seed_name or config.name)
+    def __init__(self, config: TableConfig, *, register: bool = True, seed_name=None):
+        super().__init__(config, register=register)
+        self._seed = _keyed_init.name_seed(seed_name or config.name)
         slot_specs = self.optimizer.slot_specs if self.optimizer is not None else ()
-        if _register:
-            _table_registry.register(self)
         with tf.init_scope():
-            self._graph_mode = not tf.executing_eagerly()
             with tf.name_scope(f"npu_rec_table_{config.name}"):
                 self._storage = RowStorage(config.name, config.dim, slot_specs,
                                            config.capacity, config.dynamic_expansion)
@@ -76,38 +61,36 @@ class SparseTable(TableStateMixin):
                 # Timestamps clamped so far (see `_clamp_times`), and the newest of them.
                 self._clamped = tf.Variable(tf.zeros([2], tf.int64), trainable=False,
                                             name="clamped_timestamps")
-                self._clamped_reported = 0
                 if self._graph_mode:
                     self._graph_ops = self._build_graph_ops()
 
     @property
     def num_shards(self) -> int:
-        """Number of key-hash shards (1 for an unsharded table)."""
         return 1
 
     @property
     def shards(self) -> list[SparseTable]:
-        """The single-shard tables holding the state: `[self]` when unsharded."""
         return [self]
 
     @property
     def slot_names(self) -> list[str]:
-        """Names of the optimizer slots kept per row (e.g. ["accumulator"])."""
         return list(self._storage.slots)
 
+    @property
+    def storage(self) -> RowStorage:
+        """The rows, slots and per-row metadata (`RowStorage`)."""
+        return self._storage
+
+    @property
+    def key_index(self) -> KeyIndex:
+        """The key -> row map (`KeyIndex`)."""
+        return self._index
+
     def variables(self) -> list[tf.Variable]:
-        """The (non-trainable) variables holding this table's state."""
         s = self._storage
         return [*s.per_row_variables(), s.next_row, s.num_free, self._max_seen,
                 self._ts_feature, self._opt_step, self._index.removed,
                 self._index.reserved_rows, self._clamped]
-
-    def __repr__(self) -> str:
-        c = self.config
-        return (f"SparseTable(name={c.name!r}, dim={c.dim}, optimizer={c.optimizer!r}, "
-                f"access_threshold={c.access_threshold}, "
-                f"eviction_threshold={c.eviction_threshold}, "
-                f"dynamic_expansion={c.dynamic_expansion})")
 
     # ----------------------------------------------------------------- lookups
     def _initial_values(self, keys: tf.Tensor) -> tf.Tensor:
@@ -127,9 +110,9 @@ class SparseTable(TableStateMixin):
                 f"Received: initializer={init!r}") from err
 
     @tf.autograph.experimental.do_not_convert
-    def _lookup_unique(self, keys: tf.Tensor, counts: tf.Tensor | None,
-                       times: tf.Tensor | None, training: bool, from_feature: bool = False,
-                       batch_time: tf.Tensor | None = None):
+    def lookup_unique(self, keys: tf.Tensor, counts: tf.Tensor | None,
+                      times: tf.Tensor | None, training: bool, from_feature: bool = False,
+                      batch_time: tf.Tensor | None = None):
         """Rows and embeddings of unique keys; admits and counts when training.
 
         Args:
@@ -250,51 +233,11 @@ class SparseTable(TableStateMixin):
             batch_time = tf.where(batch_time > limit, clock, batch_time)
         return times, batch_time, [count]
 
-    def _clamped_report(self) -> tf.Tensor:
-        """int64 [2]: timestamps clamped so far and the largest of them."""
+    def clamped_report(self) -> tf.Tensor:
         return self._clamped.read_value()
 
-    def _warn_clamped(self, session=None) -> None:
-        """Logs a warning when more timestamps were clamped since the last one."""
-        if self._graph_mode:
-            count, newest = self._session(session).run(self._graph_ops["clamped"])
-        else:
-            count, newest = self._clamped_report().numpy()
-        if count > self._clamped_reported:
-            logging.warning(
-                "npu_rec: sparse table %r replaced %d training timestamps (%d so far) lying "
-                "more than %d s ahead of the wall clock, e.g. %d, by its clock: timestamps "
-                "must be int seconds (not milliseconds).", self.name,
-                count - self._clamped_reported, count, MAX_SECONDS_AHEAD, newest)
-            self._clamped_reported = int(count)
-
-    def _checked_keys(self, keys: tf.Tensor) -> tf.Tensor:
-        """int64 [u] `keys`, once asserted to fit the table's key dtype (int32 tables).
-
-        An int64 id beyond the int32 range would otherwise be stored, and
-        exported, wrapped into another key.
-        """
-        if self.key_dtype != tf.int32:
-            return keys
-        low, high = tf.int32.min, tf.int32.max
-        bad = tf.boolean_mask(keys, (keys < low) | (keys > high))
-        rule = (f"Sparse table {self.name!r} has key_dtype=int32, so ids must lie in "
-                f"[{low}, {high}]; create it with key_dtype=tf.int64 for wider ids.")
-        if tf.executing_eagerly():
-            if tf.size(bad) > 0:
-                raise tf.errors.InvalidArgumentError(
-                    None, None, f"{rule} Received out-of-range ids (first 3): "
-                    f"{bad.numpy()[:3].tolist()}")
-            return keys
-        check = tf.debugging.Assert(tf.equal(tf.size(bad), 0), [
-            f"{rule} Received out-of-range ids (first 3):", bad[:3]], summarize=3)
-        with tf.control_dependencies([check]):
-            return tf.identity(keys)
-
-    @property
-    def admits_at_once(self) -> bool:
-        """True when a training lookup gives every key a row (access_threshold <= 1)."""
-        return self.config.access_threshold <= 1
+    def clock(self) -> tuple[tf.Tensor, tf.Tensor]:
+        return self._max_seen.read_value(), self._ts_feature.read_value()
 
     def _gather(self, rows: tf.Tensor, deps, all_rows: bool = False) -> tf.Tensor:
         """Rows' embeddings; zeros where rows < 0 (skipped when `all_rows`: none is)."""
@@ -306,8 +249,8 @@ class SparseTable(TableStateMixin):
 
     # --------------------------------------------------------------- gradients
     @tf.autograph.experimental.do_not_convert
-    def _apply_rows(self, rows: tf.Tensor, grads: tf.Tensor, all_rows: bool = False,
-                    current: tf.Tensor | None = None) -> tf.Operation:
+    def apply_rows(self, rows: tf.Tensor, grads: tf.Tensor, all_rows: bool = False,
+                   current: tf.Tensor | None = None) -> tf.Operation:
         """Applies summed gradients of unique rows (rows < 0 are skipped).
 
         Args:
@@ -318,74 +261,27 @@ class SparseTable(TableStateMixin):
           current: float32 [u, dim], the rows' values as read by this step's
             lookup (nothing wrote them since), or None to read them again.
         """
-        if self.optimizer is None:
-            raise ValueError(
-                f"Sparse table {self.name!r} has no optimizer, so it cannot apply gradients. "
-                "Pass `optimizer=npu_rec.optimizers.<SGD|Adagrad|Adam|Ftrl>(...)` to "
-                "npu_rec.create_table. Received: optimizer=None")
+        self._require_optimizer()
         step = self._opt_step.assign_add(1)
         s = self._storage
-        rows, grads, current = _rows_with_values(rows, tf.cast(grads, tf.float32), current,
+        rows, grads, current = rows_with_values(rows, tf.cast(grads, tf.float32), current,
                                                  all_rows)
         return self.optimizer.apply_sparse(s.values, s.slots, rows, grads, step,
                                            current=current)
 
-    @tf.autograph.experimental.do_not_convert
-    def apply_gradients(self, ids, grads) -> tf.Operation | None:
-        """Applies the table's sparse optimizer to the rows of `ids`.
-
-        Gradients of repeated ids are summed first; ids without a row (not
-        admitted, or evicted) are ignored. The hash map is only read.
-
-        Args:
-          ids: int [...] tensor or `tf.RaggedTensor` of the ids looked up.
-          grads: float32 [..., dim], d loss / d `sparse_lookup(table, ids)` (no
-            combiner); a `tf.IndexedSlices` or ragged tensor is accepted.
-
-        Returns:
-          The update op (None in eager mode, where it has run).
-
-        Raises:
-          ValueError: the table has no optimizer, or the shapes disagree.
-        """
-        flat_ids = _flat_keys(ids)
-        if isinstance(grads, tf.IndexedSlices):
-            grads = tf.convert_to_tensor(grads)
-        if isinstance(grads, tf.RaggedTensor):
-            grads = grads.flat_values
-        grads = tf.reshape(tf.cast(grads, tf.float32), [-1, self.dim])
-        uniq, idx = tf.unique(flat_ids, out_idx=tf.int64)
-        uniq = self._checked_keys(uniq)
-        summed = tf.math.unsorted_segment_sum(grads, idx, tf.size(uniq, out_type=tf.int64))
-        op = self._apply_rows(self._find_rows(uniq), summed)
-        return None if tf.executing_eagerly() else op
-
-    def _find_rows(self, keys: tf.Tensor) -> tf.Tensor:
+    def find_rows(self, keys: tf.Tensor) -> tf.Tensor:
         """int64 [u] rows of unique `keys` (-1 = no row); reads the hash map only."""
         return self._index.lookup(keys)
 
     # ------------------------------------------------------------- maintenance
-    @tf.autograph.experimental.do_not_convert
-    def size(self) -> int | tf.Tensor:
-        """Number of keys holding a row: an int in eager mode, else an int64 scalar tensor.
+    def build_size(self) -> tf.Tensor:
+        return self._storage.live_count()
 
-        Inside a `tf.compat.v1` graph or a `tf.function` it is a tensor (run or
-        return it); in eager mode it is a plain Python int, read now.
-        """
-        if self._graph_mode:
-            return self._graph_ops["size"]
-        count = self._storage.live_count()
-        return int(count) if tf.executing_eagerly() else count
-
-    def _default_now(self) -> tf.Tensor:
-        wall = tf.cast(tf.timestamp(), tf.int64)
-        return tf.where(self._ts_feature.read_value(), self._max_seen.read_value(), wall)
-
-    def _build_evict(self, now: tf.Tensor) -> tf.Tensor:
+    def build_evict(self, now: tf.Tensor) -> tf.Tensor:
         c, s = self.config, self._storage
         if not c.eviction:
             return tf.constant(0, tf.int64)
-        now = tf.where(tf.equal(now, _NO_NOW), self._default_now(), now)
+        now = tf.where(tf.equal(now, NO_NOW), self._default_now(), now)
         rows = s.idle_rows(now, c.eviction_threshold)
         keys = tf.gather(s.row_keys, rows)
         ops = [self._index.remove(keys), s.release(rows),
@@ -395,55 +291,3 @@ class SparseTable(TableStateMixin):
             compact = self._index.maybe_rebuild()
         with tf.control_dependencies([compact]):
             return tf.size(rows, out_type=tf.int64)
-
-    @tf.autograph.experimental.do_not_convert
-    def evict(self, now: int | tf.Tensor | None = None, session=None):
-        """Frees the rows (with slots and counts) of keys idle longer than the threshold.
-
-        A key is idle when `now - last_seen > eviction_threshold`. Counters of
-        not-yet-admitted keys idle that long are dropped too. Does nothing
-        (returns 0) when eviction is off.
-
-        Args:
-          now: int seconds; None = the newest timestamp seen by lookups with a
-            `timestamps=` feature, or the wall clock if the table never had one.
-          session: graph mode only: the session to run in (default: the default
-            session; if there is none, the int64 evict tensor is returned).
-
-        Returns:
-          The number of rows freed: an int (eager, or graph mode with a session)
-          or an int64 scalar tensor (inside `tf.function`, or graph mode without
-          a session).
-        """
-        now_value = _NO_NOW if now is None else now
-        if self._graph_mode:
-            ph, out = self._graph_ops["evict"]
-            sess = session or tf.compat.v1.get_default_session()
-            if sess is None:
-                if now is None:
-                    return out
-                return self._build_evict(tf.cast(now_value, tf.int64))
-            freed = int(sess.run(out, {ph: int(now_value)}))
-            self._warn_clamped(sess)
-            return freed
-        if not tf.executing_eagerly():
-            return self._build_evict(tf.cast(now_value, tf.int64))
-        if getattr(self, "_eager_evict", None) is None:
-            # Compiled once: a whole-table scan runs multi-threaded, and the
-            # metadata read is released before the scatters (no copy-on-write).
-            self._eager_evict = tf.function(
-                self._build_evict, input_signature=[tf.TensorSpec([], tf.int64)])
-            # One trace per table by design: without this, TF warns of "excessive
-            # retracing" of `_build_evict` once a model's tables are evicted.
-            self._eager_evict._omit_frequent_tracing_warning = True
-        freed = int(self._eager_evict(tf.constant(now_value, tf.int64)))
-        self._warn_clamped()
-        return freed
-
-def _rows_with_values(rows, grads, current, all_rows: bool):
-    """(rows, grads, current) without the entries of rows < 0 (unchanged if `all_rows`)."""
-    if all_rows:
-        return rows, grads, current
-    valid = tf.where(rows >= 0)[:, 0]
-    return (tf.gather(rows, valid), tf.gather(grads, valid),
-            None if current is None else tf.gather(current, valid))

@@ -146,7 +146,7 @@ def test_a_failed_table_write_publishes_nothing(trained, monkeypatch):
         raise ValueError(f"TableInvariantError: table {self.name!r}: duplicate keys")
 
     model, ckpt = _resume(trained, save_steps=2)
-    monkeypatch.setattr(TableStateMixin, "_read_state", broken)
+    monkeypatch.setattr(TableStateMixin, "read_state", broken)
     with pytest.raises(ValueError, match="TableInvariantError"):
         model.fit(stream(), epochs=1, steps_per_epoch=2, verbose=0, callbacks=[ckpt])
     after = sorted(str(p.relative_to(trained)) for p in trained.rglob("*") if p.is_file())

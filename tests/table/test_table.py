@@ -146,7 +146,7 @@ def test_evict_without_timestamp_feature_uses_wall_clock():
 
 def test_evicting_many_tables_logs_no_retracing_warning():
     """Each table compiles its eager evict once; a model's worth of tables must not set
-    off TensorFlow's "excessive retracing" warning (it names `_build_evict`)."""
+    off TensorFlow's "excessive retracing" warning (it names `build_evict`)."""
     import logging
 
     records = []

@@ -46,13 +46,13 @@ def test_sharded_table_equals_unsharded():
     _table_registry.clear()
     plain = _make("t", 1)
     _train(plain)
-    plain_state = plain._read_state()
+    plain_state = plain.read_state()
     _table_registry.clear()
     sharded = _make("t", 3)
     assert sharded.num_shards == 3 and len(sharded.shards) == 3
     assert isinstance(sharded, npu_rec.SparseTable)
     _train(sharded)
-    st = sharded._read_state()
+    st = sharded.read_state()
     for field in ("keys", "counts", "last_seen", "pending_keys", "opt_step", "max_seen"):
         np.testing.assert_array_equal(st[field], plain_state[field])
     np.testing.assert_allclose(st["values"], plain_state["values"], atol=1e-6)
