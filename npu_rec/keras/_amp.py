@@ -18,6 +18,7 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
+from npu_rec._validation import check_choice
 from npu_rec.keras._layers import SparseEmbedding
 
 AMP_LEVELS = ("O0", "O2", "O3", "auto")
@@ -26,10 +27,8 @@ _NORMALIZATIONS = (keras.layers.BatchNormalization, keras.layers.LayerNormalizat
 
 
 def check_level(name: str, value, allowed) -> str:
-    """Validates a level string; raises ValueError naming `name`, the choices and `value`."""
-    if value not in allowed:
-        raise ValueError(f"`{name}` must be one of {list(allowed)}. Received: {name}={value!r}")
-    return value
+    """Validates a level string; raises ConfigError naming `name`, the choices and `value`."""
+    return check_choice(name, value, allowed)
 
 
 def resolve_amp_level(level: str) -> str:
