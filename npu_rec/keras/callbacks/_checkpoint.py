@@ -12,8 +12,8 @@ import numpy as np
 
 from npu_rec import _log as logging
 from npu_rec._config import ConfigError, check_int, get_config
+from npu_rec._paths import atomic_file
 from npu_rec.checkpoint import CheckpointCorruptedError, TableCheckpointManager
-from npu_rec.checkpoint._file_format import fsync_path
 from npu_rec.checkpoint._training_dir import TrainingDir
 from npu_rec.checkpoint._versions import (
     Version,
@@ -274,10 +274,8 @@ class SparseCheckpoint(keras.callbacks.Callback):
             raise ValueError(f"Step {step} is already saved in {self.directory!r} ({taken}); "
                              "a saved version is never overwritten.")
         try:
-            tmp = dense + ".tmp.npz"
-            np.savez(tmp, **arrays)
-            fsync_path(tmp)
-            os.replace(tmp, dense)
+            with atomic_file(dense, "wb") as f:
+                np.savez(f, **arrays)
             write_json_atomic(state, sealed({"step": step, "kind": kind,
                                              "data": self.data_state(step)}))
 
@@ -289,7 +287,7 @@ class SparseCheckpoint(keras.callbacks.Callback):
 
             path = self.manager().save(step, delta=kind == DELTA, commit=commit)
         except BaseException:
-            tdir.discard(parts + [os.path.basename(dense) + ".tmp.npz"])
+            tdir.discard(parts)
             raise
         done = DELTA if path.endswith(".delta.nrc") else FULL  # a first delta becomes full
         if self.policy is not None:
