@@ -15,7 +15,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from npu_rec import optimizers
+from npu_rec import _keras_private, optimizers
 from npu_rec._compat import shown_as_raised
 from npu_rec._validation import check_int
 from npu_rec.table import _lookup
@@ -283,7 +283,7 @@ def _flat_int64(ids) -> tf.Tensor:
 def sparse_embeddings(model: keras.layers.Layer) -> list[SparseEmbedding]:
     """The `SparseEmbedding` layers of `model` (nested models included), deduplicated."""
     found, seen = [], set()
-    for layer in model._flatten_layers(include_self=True, recursive=True):
+    for layer in _keras_private.flatten_layers(model):
         if isinstance(layer, SparseEmbedding) and id(layer) not in seen:
             seen.add(id(layer))
             found.append(layer)
