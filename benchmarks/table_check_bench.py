@@ -21,11 +21,11 @@ import time
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
-from absl import app, flags  # noqa: E402
+import numpy as np
+import tensorflow as tf
+from absl import app, flags
 
-import npu_rec  # noqa: E402
+import npu_rec
 
 _KEYS = flags.DEFINE_integer("keys", 1_000_000, "Live keys in the table.", lower_bound=1000)
 _DIM = flags.DEFINE_integer("dim", 16, "Embedding width.", lower_bound=1)

@@ -9,7 +9,7 @@ from npu_rec import _compat
 
 _compat.check_installed()
 
-from npu_rec import checkpoint, optimizers  # noqa: E402, F401
+from npu_rec import checkpoint, optimizers  # noqa: E402  (F401)
 from npu_rec.table import _registry as _table_registry  # noqa: E402, F401
 from npu_rec.table._base import SparseTable  # noqa: E402
 from npu_rec.table._check import TableInvariantError  # noqa: E402

@@ -17,7 +17,7 @@ from typing import Any
 
 from npu_rec import _cpu, _validation
 from npu_rec import _log as logging
-from npu_rec._validation import (  # noqa: F401  (re-exported: the settings' errors and checks)
+from npu_rec._validation import (  # re-exported: the settings' errors and checks
     INT32_MAX,
     ConfigError,
     ConfigTypeError,
@@ -255,7 +255,7 @@ def shutdown() -> None:
     for callback in callbacks:
         try:
             callback()
-        except Exception as error:  # noqa: BLE001 - every callback must run
+        except Exception as error:  # every callback must run
             logging.error("npu_rec.shutdown(): callback %r failed: %s", callback, error)
             first_error = first_error or error
     if first_error is not None:

@@ -4,8 +4,8 @@ import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import pytest  # noqa: E402
-import tensorflow as tf  # noqa: E402
+import pytest
+import tensorflow as tf
 
 # Two cores on CI machines: keep TensorFlow from oversubscribing them.
 tf.config.threading.set_intra_op_parallelism_threads(2)

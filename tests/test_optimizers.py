@@ -62,7 +62,7 @@ def test_rec_sdk_aliases():
 
 
 def _decay():
-    import keras  # noqa: PLC0415
+    import keras
 
     return keras.optimizers.schedules.ExponentialDecay(0.2, decay_steps=2, decay_rate=0.5)
 

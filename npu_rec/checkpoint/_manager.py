@@ -36,10 +36,10 @@ class CheckpointVersion(NamedTuple):
 
 def _default_threshold() -> int:
     try:
-        from npu_rec._config import get_config  # noqa: PLC0415
+        from npu_rec._config import get_config
 
         return int(getattr(get_config(), "recent_key_count_threshold", 0) or 0)
-    except Exception:  # noqa: BLE001  (config module absent or not initialised)
+    except Exception:  # config module absent or not initialised
         return 0
 
 

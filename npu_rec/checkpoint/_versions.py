@@ -38,7 +38,7 @@ import uuid
 import zipfile
 
 from npu_rec import _log as logging
-from npu_rec._paths import fsync_path, write_json_atomic  # noqa: F401  (re-exported)
+from npu_rec._paths import fsync_path, write_json_atomic  # re-exported
 from npu_rec.checkpoint._file_format import CheckpointCorruptedError
 
 COMMITS = "commits"
@@ -124,7 +124,7 @@ def check_part(path: str) -> None:
     """Verifies a part that has no recorded digest by its own format."""
     name = os.path.basename(path)
     if name.endswith(".nrc"):
-        from npu_rec.checkpoint._file_format import read_file  # noqa: PLC0415
+        from npu_rec.checkpoint._file_format import read_file
         read_file(path)
     elif name.endswith(".npz"):
         try:

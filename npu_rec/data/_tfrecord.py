@@ -149,7 +149,7 @@ class TFRecordSource(RowSource):
         try:
             for rec in self._records(path, start).take(BLOCK_RECORDS):
                 raw.append(rec.numpy())
-        except Exception as e:  # noqa: BLE001 - a corrupted or truncated record
+        except Exception as e:  # a corrupted or truncated record
             err = e
         return np.array(raw, dtype=object), err
 
@@ -158,7 +158,7 @@ class TFRecordSource(RowSource):
 
         try:
             example = tf.train.Example.FromString(raw)
-        except Exception:  # noqa: BLE001 - not an Example: the parser will name the record
+        except Exception:  # not an Example: the parser will name the record
             example = tf.train.Example()
         kinds = {}
         for c in (self.label_name, *self._roles[1], *self._roles[2], *self._roles[3]):

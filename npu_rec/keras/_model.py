@@ -179,7 +179,7 @@ class RecModel(ModelStateMixin, keras.Model):
                 return None
         try:
             self._symbolic_build(data_batch=data_batch)
-        except Exception as err:  # noqa: BLE001 - Keras builds at the first trace instead
+        except Exception as err:  # Keras builds at the first trace instead
             logging.debug("npu_rec: symbolic build skipped (%s); building at the first trace.",
                           err)
         return None
@@ -271,7 +271,7 @@ class RecModel(ModelStateMixin, keras.Model):
     # ---------------------------------------------------------------- training
     def fit(self, *args, callbacks=None, **kwargs):
         """`keras.Model.fit`; also checks `npu_rec.init`'s step settings (`StepConsistency`)."""
-        from npu_rec.keras.callbacks import StepConsistency  # noqa: PLC0415
+        from npu_rec.keras.callbacks import StepConsistency
 
         callbacks = list(callbacks or [])
         if not getattr(self, "_online", False) and not any(

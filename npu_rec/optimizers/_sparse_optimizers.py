@@ -35,7 +35,7 @@ def _is_keras_schedule(value: Any) -> bool:
 def _check_learning_rate(value: Any):
     """A number > 0, a Keras `LearningRateSchedule` (or its config dict), or a callable."""
     if isinstance(value, dict) and "class_name" in value:
-        import keras  # noqa: PLC0415 - only a saved schedule needs Keras
+        import keras  # only a saved schedule needs Keras
 
         return keras.optimizers.schedules.deserialize(value)
     if callable(value) and not isinstance(value, bool):
@@ -84,7 +84,7 @@ class SparseOptimizer:
         """
         rate = self.learning_rate
         if _is_keras_schedule(rate):
-            import keras  # noqa: PLC0415
+            import keras
 
             rate = keras.optimizers.schedules.serialize(rate)
         elif callable(rate):

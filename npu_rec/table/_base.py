@@ -335,7 +335,7 @@ class SparseTable(abc.ABC):
           npu_rec.TableInvariantError: the table's state is inconsistent or holds
             NaN/Inf (nothing is written; see `npu_rec.table._check`).
         """
-        from npu_rec.checkpoint import _file_format  # noqa: PLC0415  (checkpoint is above)
+        from npu_rec.checkpoint import _file_format  # checkpoint is above
 
         st = self.read_state(0, session)
         _file_format.write_file(path, _file_format.table_arrays(self.name, st),
@@ -348,7 +348,7 @@ class SparseTable(abc.ABC):
           npu_rec.checkpoint.CheckpointCorruptedError: the file is truncated or altered.
           ValueError: the file holds no table of this name, or a different dim.
         """
-        from npu_rec.checkpoint import _file_format  # noqa: PLC0415  (checkpoint is above)
+        from npu_rec.checkpoint import _file_format  # checkpoint is above
 
         arrays, meta = _file_format.read_file(path)
         self.check_compatible(meta, path)

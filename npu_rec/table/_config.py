@@ -25,12 +25,12 @@ def global_use_dynamic_expansion() -> bool:
     keeps working while the config module is absent or not initialised.
     """
     try:
-        from npu_rec._config import get_config  # noqa: PLC0415
+        from npu_rec._config import get_config
     except ImportError:
         return False
     try:
         return bool(getattr(get_config(), "use_dynamic_expansion", False))
-    except Exception:  # noqa: BLE001  (not initialised: use the default)
+    except Exception:  # not initialised: use the default
         return False
 
 
@@ -107,7 +107,7 @@ class TableConfig:
                 f"(shape, dtype) -> tensor. Received: initializer={self.initializer!r}"
             )
         if self.optimizer is not None:
-            from npu_rec.optimizers import SparseOptimizer  # noqa: PLC0415
+            from npu_rec.optimizers import SparseOptimizer
 
             if not isinstance(self.optimizer, SparseOptimizer):
                 raise ConfigTypeError(

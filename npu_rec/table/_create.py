@@ -65,7 +65,7 @@ def create_table(name: str, dim: int, *, key_dtype=tf.int64, initializer=None, o
     if dynamic_expansion is None:
         dynamic_expansion = global_use_dynamic_expansion()
     if isinstance(initializer, str):
-        import keras  # noqa: PLC0415
+        import keras
 
         try:
             initializer = keras.initializers.get(initializer)

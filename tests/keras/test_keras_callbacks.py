@@ -150,7 +150,7 @@ class _RollBack(keras.callbacks.Callback):
 
 
 def test_tables_set_by_set_weights_reach_the_next_delta_checkpoint(tmp_path):
-    from npu_rec.keras.callbacks import SparseCheckpoint  # noqa: PLC0415
+    from npu_rec.keras.callbacks import SparseCheckpoint
 
     npu_rec.init(max_steps=3 * STEPS, save_steps=-1, is_incremental_checkpoint=True,
                  save_checkpoint_due_time=1000, save_delta_checkpoints_secs=2)

@@ -133,7 +133,7 @@ def _multi_valued_csv(path, rows=48, seed=0):
 def test_combiner_output_has_a_static_shape_inside_fit(tmp_path, combiner):
     # Ragged multi-valued ids from as_dataset (its default), a Dense right after the
     # combined embedding, built inside fit: no user-written tf.ensure_shape.
-    import npu_rec.data  # noqa: PLC0415
+    import npu_rec.data
 
     npu_rec.table._registry.clear()
     source = npu_rec.data.CsvSource(_multi_valued_csv(tmp_path / "t.csv"), label="click",
@@ -182,7 +182,7 @@ def test_combiner_output_shape_is_declared_in_a_traced_call(ids):
 
 
 def test_config_round_trip_with_a_table_learning_rate_schedule():
-    import json  # noqa: PLC0415
+    import json
 
     schedule = keras.optimizers.schedules.CosineDecay(0.1, decay_steps=100)
     layer = SparseEmbedding("sched", 4, optimizer=npu_rec.optimizers.Adagrad(schedule))
