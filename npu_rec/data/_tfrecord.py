@@ -59,12 +59,10 @@ class TFRecordSource(RowSource):
         log_dense: bool = False,
         label_domain=None,
     ):
-        super().__init__(on_error, label_domain, log_dense)
-        self._roles = _convert.check_columns(label, dense, categorical, multi_valued)
-        self.label_name = label
-        self._files = _convert.expand_paths(paths)
+        super().__init__(paths, label=label, dense=dense, categorical=categorical,
+                         multi_valued=multi_valued, on_error=on_error,
+                         label_domain=label_domain, log_dense=log_dense)
         self._compression = compression_type or ""
-        self._streams = _convert.column_streams(*self._roles)
         self._kinds = None
 
     def _open(self, loc, min_row):
