@@ -117,3 +117,16 @@ def test_num_shards_validated():
     with pytest.raises(ValueError, match=r"`num_shards` must be an integer >= 1. "
                                          r"Received: num_shards=0"):
         npu_rec.create_table("bad", 4, num_shards=0)
+
+
+def test_the_two_table_classes_are_siblings_under_sparse_table():
+    _table_registry.clear()
+    plain, sharded = _make("single", 1), _make("split", 2)
+    assert type(plain) is npu_rec.SingleShardTable and type(sharded) is npu_rec.ShardedTable
+    assert isinstance(plain, npu_rec.SparseTable) and isinstance(sharded, npu_rec.SparseTable)
+    assert not isinstance(sharded, npu_rec.SingleShardTable)
+    assert all(type(s) is npu_rec.SingleShardTable for s in sharded.shards)
+    assert repr(sharded).startswith("SparseTable(name='split'") and "num_shards=2" in repr(sharded)
+    assert "num_shards" not in repr(plain)
+    with pytest.raises(TypeError, match="abstract"):
+        npu_rec.SparseTable(plain.config)
