@@ -165,7 +165,7 @@ def _first_time(kind: str, message: str) -> bool:
 def log_once(message: str) -> None:
     """Logs `message` at INFO level the first time it is given (per process)."""
     if _first_time("info", message):
-        logging.info(message)
+        logging.info(message, stacklevel=2)  # the line of the caller, not this one
 
 
 def warn_once(message: str, stacklevel: int = 2) -> None:

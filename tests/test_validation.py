@@ -115,7 +115,7 @@ def test_check_choice_lists_the_choices():
 
 def test_log_once_logs_once_until_shutdown(monkeypatch):
     seen = []
-    monkeypatch.setattr(_validation.logging, "info", lambda msg, *a: seen.append(msg))
+    monkeypatch.setattr(_validation.logging, "info", lambda msg, *a, **k: seen.append(msg))
     for _ in range(3):
         _validation.log_once("hello")
     assert seen == ["hello"]
