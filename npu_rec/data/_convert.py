@@ -25,7 +25,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from npu_rec.data._columns import Ragged
-from npu_rec.table._lookup import PAD_ID  # noqa: F401  (the core owns the pad id; re-exported)
 
 MISSING_ID = 0
 #: A conventional fill value for densifying padded ids yourself, e.g.
