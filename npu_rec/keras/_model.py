@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import keras
 import tensorflow as tf
 
@@ -15,6 +17,27 @@ from npu_rec.table import _lookup
 
 _REC_ARGS = ("network", "loss_fn", "optimizer", "metrics", "eval_network", "eval_indexes",
              "amp_level", "boost_level")
+
+
+def _waits_for_the_batch(step):
+    """Every op of `step` runs after its batch has been read.
+
+    Keras ends an epoch over a dataset of unknown length when `get_next` fails
+    inside the step function. Ops of the step that do not depend on the batch
+    (a metric's sample count from a static batch size) could run all the same
+    and count a batch that never came: the epoch's loss and metrics were too
+    low by 1/(batches + 1). Control dependencies on the batch's tensors stop
+    them. Eagerly the batch is there before the step starts, and this is a no-op.
+    """
+
+    @functools.wraps(step)
+    def wrapped(self, data):
+        tensors = [t for t in tf.nest.flatten(data, expand_composites=True)
+                   if isinstance(t, tf.Tensor)]
+        with tf.control_dependencies(tensors):
+            return step(self, data)
+
+    return wrapped
 
 
 @keras.saving.register_keras_serializable(package="npu_rec")
@@ -197,6 +220,7 @@ class RecModel(ModelStateMixin, keras.Model):
                                  training=training)
         return x, y, y_pred, sample_weight, loss
 
+    @_waits_for_the_batch
     def train_step(self, data):
         with tf.GradientTape() as tape, _lookup.record_lookups(tape) as records:
             x, y, y_pred, sample_weight, loss = self._forward_loss(data, training=True)
@@ -248,6 +272,7 @@ class RecModel(ModelStateMixin, keras.Model):
         self.train_function = _finite.stop_on_nan(self, self.train_function)
         return self.train_function
 
+    @_waits_for_the_batch
     def test_step(self, data):
         if self.eval_network is None and not self._loss_in_network:
             return super().test_step(data)
