@@ -510,6 +510,11 @@ def create_table(name: str, dim: int, *, key_dtype=tf.int64, initializer=None, o
                          eviction_threshold=eviction_threshold,
                          dynamic_expansion=dynamic_expansion, max_pending_keys=max_pending_keys,
                          num_shards=num_shards)
+    from npu_rec.distribute._strategy import table_for_strategy  # noqa: PLC0415
+
+    table = table_for_strategy(config)  # sharded across workers under a multi-worker strategy
+    if table is not None:
+        return table
     if num_shards > 1:
         from npu_rec._sharded_table import ShardedTable  # noqa: PLC0415
 

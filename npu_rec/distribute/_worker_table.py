@@ -1,0 +1,197 @@
+"""`WorkerShardedTable`: a sparse table split by key hash across the workers of a strategy.
+
+Worker `w` of `W` owns the keys with `shard_of(key, W) == w` (the hash of
+`npu_rec._sharded_table`, so the split is the one-process `num_shards=W`
+split) and holds them in a plain, one-process `SparseTable` (`.local`):
+hash map, rows, optimizer slots, admission counters and free list, in plain
+(not mirrored) variables that the Keras optimizer never sees.
+
+Inside a replica step (`model.fit` under `MultiWorkerMirroredStrategy`):
+
+* lookup: each worker deduplicates its batch (as one process does), all
+  workers exchange their unique keys with their counts and newest
+  timestamps; each owner merges the copies of its keys (counts summed,
+  times maxed), so admission, eviction clocks and counts are exactly those
+  of one process on the global batch, looks them up in `.local`, and the
+  rows come back to the workers that asked;
+* update: each worker sends the gradients of the rows it looked up to
+  their owners; an owner sums the copies of a row and applies its sparse
+  optimizer once per step (every owner steps, possibly with no rows, so
+  Adam's step count is the one-process count).
+
+A row id handed out (in `LookupRecord.rows`) is `local_row * W + owner`.
+`export`, `save` and `size` describe this worker's keys; `restore` (and
+`TableCheckpointManager.restore`) keep the keys this worker owns, so a
+checkpoint of any number of workers, or of one process, restores here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+from npu_rec import _table_registry
+from npu_rec._sharded_table import shard_of, shard_of_numpy
+from npu_rec._sparse_table import SparseTable, _rows_with_values
+from npu_rec._table_config import TableConfig
+from npu_rec.distribute import _tf_private
+from npu_rec.distribute._exchange import Exchange
+
+_ROW_FIELDS = ("keys", "values", "counts", "last_seen")
+_PENDING_FIELDS = ("pending_keys", "pending_counts", "pending_last_seen")
+
+
+class WorkerShardedTable(SparseTable):
+    """A `SparseTable` whose keys are split by hash across the workers of a strategy.
+
+    Created by `npu_rec.create_table` (and so by `SparseEmbedding`) inside the
+    scope of a `MultiWorkerMirroredStrategy` with more than one worker; see the
+    module docstring.
+
+    Example (on every worker, `TF_CONFIG` set by `python -m npu_rec.launch`):
+      >>> strategy = npu_rec.distribute.multi_worker_strategy()
+      >>> with strategy.scope():
+      ...     table = npu_rec.create_table("item", 16, optimizer=npu_rec.optimizers.SGD(0.1))
+      >>> table.num_workers, table.rank
+      (2, 0)
+    """
+
+    def __init__(self, config: TableConfig, exchange: Exchange):  # noqa: D107
+        self.config = config
+        self.name = config.name
+        self.dim = config.dim
+        self.key_dtype = tf.as_dtype(config.key_dtype)
+        self.optimizer = config.optimizer
+        self._exchange = exchange
+        self._graph_mode = False
+        _table_registry.register(self)
+        local_cfg = dataclasses.replace(config, name=f"{config.name}_worker{exchange.rank}",
+                                        num_shards=1)
+        with _tf_private.outside_strategy():
+            self.local = SparseTable(local_cfg, _register=False, _seed_name=config.name)
+        self._clamped_reported = 0
+
+    @property
+    def num_workers(self) -> int:
+        return self._exchange.num_workers
+
+    @property
+    def rank(self) -> int:
+        return self._exchange.rank
+
+    @property
+    def shards(self) -> list[SparseTable]:
+        """This worker's shard (the other shards live in the other workers)."""
+        return [self.local]
+
+    @property
+    def slot_names(self) -> list[str]:
+        return self.local.slot_names
+
+    def variables(self) -> list[tf.Variable]:
+        return self.local.variables()
+
+    def __repr__(self) -> str:
+        return (super().__repr__()[:-1]
+                + f", num_workers={self.num_workers}, rank={self.rank})")
+
+    def owner_of(self, keys: tf.Tensor) -> tf.Tensor:
+        """int32 [n]: the worker owning each int64 key."""
+        return shard_of(keys, self.num_workers)
+
+    # ------------------------------------------------------------ lookups
+    def _gather(self, value, sizes=False):
+        if sizes:
+            return self._exchange.gather_with_sizes(value, self.name)
+        return self._exchange.gather(value, self.name)
+
+    @tf.autograph.experimental.do_not_convert
+    def _lookup_unique(self, keys, counts, times, training, from_feature=False,
+                       batch_time=None):
+        n_workers, rank = self.num_workers, self.rank
+        keys = tf.cast(keys, tf.int64)
+        if training:
+            asked = tf.stack([keys, tf.cast(counts, tf.int64), tf.cast(times, tf.int64)], 1)
+        else:
+            asked = keys[:, None]
+        everyone, sizes = self._gather(asked, sizes=True)            # [N, 1 or 3], [W]
+        owner = self.owner_of(everyone[:, 0])
+        mine = tf.where(tf.equal(owner, rank))[:, 0]
+        uniq, at = tf.unique(tf.gather(everyone[:, 0], mine), out_idx=tf.int64)
+        n_uniq = tf.size(uniq, out_type=tf.int64)
+        if training:
+            mine_rows = tf.gather(everyone, mine)
+            got_counts = tf.math.unsorted_segment_sum(mine_rows[:, 1], at, n_uniq)
+            got_times = tf.math.unsorted_segment_max(mine_rows[:, 2], at, n_uniq)
+            rows, emb = self.local._lookup_unique(uniq, got_counts, got_times, True,
+                                                  from_feature=from_feature)
+        else:
+            rows, emb = self.local._lookup_unique(uniq, None, None, False)
+        rows = tf.where(rows >= 0, rows * n_workers + rank, tf.constant(-1, tf.int64))
+        # Answers in the order of the asked positions this worker owns; gathered, they are
+        # ordered by owner, so position p's answer is at inverse(concat of owners' positions)[p].
+        answers_emb = self._gather(tf.gather(emb, at))
+        answers_rows = self._gather(tf.gather(rows, at))
+        by_owner = tf.dynamic_partition(tf.range(tf.size(owner, out_type=tf.int64)), owner,
+                                        n_workers)
+        where = tf.math.invert_permutation(tf.concat(by_owner, 0))
+        start = tf.reduce_sum(sizes[:rank])
+        mine_asked = tf.gather(where, tf.range(start, start + tf.size(keys, out_type=tf.int64)))
+        return tf.gather(answers_rows, mine_asked), tf.gather(answers_emb, mine_asked)
+
+    def _find_rows(self, keys):
+        raise NotImplementedError(
+            f"Sparse table {self.name!r} is sharded across workers: `apply_gradients(ids, "
+            "grads)` is not supported on it; train it through `RecModel.fit` (recorded "
+            "lookups) or `npu_rec.apply_recorded_gradients` inside the replica step.")
+
+    # --------------------------------------------------------- gradients
+    @tf.autograph.experimental.do_not_convert
+    def _apply_rows(self, rows, grads, all_rows=False, current=None):
+        if self.optimizer is None:
+            return self.local._apply_rows(rows, grads)  # raises the no-optimizer error
+        rows, grads, _ = _rows_with_values(rows, tf.cast(grads, tf.float32), None, all_rows)
+        rows = self._gather(rows)
+        grads = self._gather(grads)
+        mine = tf.where(tf.equal(rows % self.num_workers, self.rank))[:, 0]
+        local_rows, at = tf.unique(tf.gather(rows, mine) // self.num_workers,
+                                   out_idx=tf.int64)
+        summed = tf.math.unsorted_segment_sum(tf.gather(grads, mine), at,
+                                              tf.size(local_rows, out_type=tf.int64))
+        return self.local._apply_rows(local_rows, summed, all_rows=True)
+
+    # ------------------------------------------------------- maintenance
+    def size(self) -> int | tf.Tensor:
+        """Keys holding a row on this worker (an int in eager mode)."""
+        return self.local.size()
+
+    def evict(self, now=None, session=None):
+        """Evicts this worker's idle keys (see `SparseTable.evict`); every worker calls it."""
+        return self.local.evict(now, session)
+
+    def _warn_clamped(self, session=None) -> None:
+        self.local._warn_clamped(session)
+
+    # ------------------------------------------------------------- state
+    def _read_state(self, min_period: int = 0, session=None,
+                    check: bool = True) -> dict[str, np.ndarray]:
+        return self.local._read_state(min_period, session, check)
+
+    def _write_state(self, st: dict[str, np.ndarray], session=None) -> None:
+        """Loads the keys of `st` that this worker owns (`st` may hold any worker's keys)."""
+        row_fields = [*_ROW_FIELDS, *[f"slot/{n}" for n in self.slot_names]]
+        mine_rows = shard_of_numpy(st["keys"], self.num_workers) == self.rank
+        mine_pend = shard_of_numpy(st["pending_keys"], self.num_workers) == self.rank
+        sub = {k: v for k, v in st.items() if k not in row_fields + list(_PENDING_FIELDS)}
+        sub.update({f: np.asarray(st[f])[mine_rows] for f in row_fields})
+        sub.update({f: np.asarray(st[f])[mine_pend] for f in _PENDING_FIELDS})
+        self.local._write_state(sub, session)
+
+    def _end_period(self, session=None) -> None:
+        self.local._end_period(session)
+
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "num_workers": self.num_workers, "rank": self.rank}

@@ -1,0 +1,66 @@
+"""2 workers, Keras `fit`, SGD and Adagrad tables: the same losses and tables as one process.
+
+Both runs happen in subprocesses (`fit_worker.py`), each with a hard time limit and
+its own process group; the two-worker run goes through `npu_rec.launch`.
+"""
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from npu_rec._sharded_table import shard_of_numpy
+
+_WORKER = os.path.join(os.path.dirname(__file__), "fit_worker.py")
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _run(args, timeout):
+    env = {**os.environ, "PYTHONPATH": _ROOT, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    env.pop("TF_CONFIG", None)
+    proc = subprocess.run([sys.executable, *args], env=env, capture_output=True,
+                          timeout=timeout, start_new_session=True)
+    assert proc.returncode == 0, proc.stdout.decode()[-3000:] + proc.stderr.decode()[-3000:]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    out = tmp_path_factory.mktemp("fit")
+    _run([_WORKER, str(out)], timeout=200)
+    _run(["-m", "npu_rec.launch", "--workers", "2", "--timeout_secs", "240", _WORKER,
+          str(out)], timeout=260)
+    return np.load(out / "single.npz"), [np.load(out / f"{r}.npz") for r in (0, 1)]
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("opt", ["sgd", "adagrad"])
+def test_each_step_loss_equals_one_process(runs, opt):
+    single, workers = runs
+    assert len(single[f"{opt}/loss"]) == 50
+    np.testing.assert_allclose(workers[0][f"{opt}/loss"], single[f"{opt}/loss"], atol=1e-4)
+    np.testing.assert_array_equal(workers[0][f"{opt}/loss"], workers[1][f"{opt}/loss"])
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("opt", ["sgd", "adagrad"])
+@pytest.mark.parametrize("table", ["user", "item"])
+def test_union_of_worker_tables_equals_the_one_process_table(runs, opt, table):
+    single, workers = runs
+    name = f"{opt}/{table}_{opt}"
+    keys = [w[f"{name}/keys"] for w in workers]
+    assert not np.intersect1d(keys[0], keys[1]).size, "a key is held by both workers"
+    for rank, k in enumerate(keys):
+        assert np.all(shard_of_numpy(k, 2) == rank)
+        assert 0.35 <= len(k) / len(single[f"{name}/keys"]) <= 0.65
+    union = np.concatenate(keys)
+    order = np.argsort(union)
+    np.testing.assert_array_equal(union[order], single[f"{name}/keys"])
+    fields = ["values", "counts", "last_seen"] + (["slot_accumulator"] if opt == "adagrad" else [])
+    for field in fields:
+        merged = np.concatenate([w[f"{name}/{field}"] for w in workers])[order]
+        if field == "last_seen":  # wall-clock seconds of two processes: within the run
+            assert np.all(np.abs(merged - single[f"{name}/{field}"]) < 600)
+        else:
+            np.testing.assert_allclose(merged, single[f"{name}/{field}"], atol=1e-4)
