@@ -9,6 +9,7 @@ dense part is mirrored and trained by the Keras optimizer. See
 docs/distributed.md.
 """
 
+from npu_rec.distribute._checkpoint import merge_states, restore_tables, save_tables
 from npu_rec.distribute._exchange import (
     DEFAULT_TIMEOUT_SECONDS,
     Exchange,
@@ -19,4 +20,5 @@ from npu_rec.distribute._strategy import multi_worker_strategy, worker_rank
 from npu_rec.distribute._worker_table import WorkerShardedTable
 
 __all__ = ["DEFAULT_TIMEOUT_SECONDS", "Exchange", "NotInReplicaStepError", "WorkerShardedTable",
-           "communication_options", "multi_worker_strategy", "worker_rank"]
+           "communication_options", "merge_states", "multi_worker_strategy", "restore_tables",
+           "save_tables", "worker_rank"]

@@ -78,6 +78,21 @@ def main(out_dir: str) -> None:
                     result[f"{opt_name}/{table.name}/{field}"] = value
             for slot, value in table.export()["slots"].items():
                 result[f"{opt_name}/{table.name}/slot_{slot}"] = value
+        # Checkpoints: the SGD tables of this run, and a re-shard of the one-process save.
+        if opt_name == "sgd":
+            npu_rec.distribute.save_tables(os.path.join(out_dir, "ckpt_multi" if MULTI
+                                                        else "ckpt_single"), model.tables,
+                                           STEPS)
+    if MULTI:
+        npu_rec.shutdown()  # forget the tables, to re-create them under the same names
+        with STRATEGY.scope():
+            model = build("sgd")
+        step = npu_rec.distribute.restore_tables(os.path.join(out_dir, "ckpt_single"),
+                                                 model.tables)
+        assert step == STEPS, step
+        for table in model.tables:
+            for field in ("keys", "values", "counts"):
+                result[f"restored/{table.name}/{field}"] = table.export()[field]
     np.savez(os.path.join(out_dir, f"{tag}.npz"), **result)
     print(f"done {tag}", flush=True)
 

@@ -31,7 +31,16 @@ def runs(tmp_path_factory):
     _run([_WORKER, str(out)], timeout=200)
     _run(["-m", "npu_rec.launch", "--workers", "2", "--timeout_secs", "240", _WORKER,
           str(out)], timeout=260)
-    return np.load(out / "single.npz"), [np.load(out / f"{r}.npz") for r in (0, 1)]
+    return _Runs(np.load(out / "single.npz"), [np.load(out / f"{r}.npz") for r in (0, 1)], out)
+
+
+class _Runs(tuple):
+    """(one-process results, [worker 0, worker 1] results), and `.directory` of the files."""
+
+    def __new__(cls, single, workers, directory):
+        runs = super().__new__(cls, (single, workers))
+        runs.directory = directory
+        return runs
 
 
 @pytest.mark.timeout(600)
@@ -64,3 +73,40 @@ def test_union_of_worker_tables_equals_the_one_process_table(runs, opt, table):
             assert np.all(np.abs(merged - single[f"{name}/{field}"]) < 600)
         else:
             np.testing.assert_allclose(merged, single[f"{name}/{field}"], atol=1e-4)
+
+
+def _export(single, name):
+    return {f: single[f"sgd/{name}/{f}"] for f in ("keys", "values", "counts")}
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("num_shards", [1, 3])
+def test_two_worker_checkpoint_restores_in_one_process(runs, tmp_path, num_shards):
+    import npu_rec
+    from npu_rec.distribute import restore_tables
+
+    single, _ = runs
+    tables = [npu_rec.create_table("user_sgd", 8, optimizer=npu_rec.optimizers.SGD(0.05),
+                                   num_shards=num_shards),
+              npu_rec.create_table("item_sgd", 8, optimizer=npu_rec.optimizers.SGD(0.05),
+                                   access_threshold=2, num_shards=num_shards)]
+    assert restore_tables(str(runs.directory / "ckpt_multi"), tables) == 50
+    for table in tables:
+        want, got = _export(single, table.name), table.export()
+        np.testing.assert_array_equal(got["keys"], want["keys"])
+        np.testing.assert_array_equal(got["counts"], want["counts"])
+        np.testing.assert_allclose(got["values"], want["values"], atol=1e-4)
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("table", ["user_sgd", "item_sgd"])
+def test_one_process_checkpoint_restores_on_two_workers(runs, table):
+    single, workers = runs
+    want = _export(single, table)
+    keys = [w[f"restored/{table}/keys"] for w in workers]
+    for rank, k in enumerate(keys):
+        assert np.all(shard_of_numpy(k, 2) == rank)
+    order = np.argsort(np.concatenate(keys))
+    for field in ("keys", "values", "counts"):
+        merged = np.concatenate([w[f"restored/{table}/{field}"] for w in workers])[order]
+        np.testing.assert_array_equal(merged, want[field])
