@@ -16,9 +16,12 @@ from npu_rec.distribute._exchange import (
     NotInReplicaStepError,
     communication_options,
 )
+from npu_rec.distribute._faults import PEER_ERRORS, WorkerLostError, lost_tasks
+from npu_rec.distribute._faults import explain as explain_peer_error
 from npu_rec.distribute._strategy import multi_worker_strategy, worker_rank
 from npu_rec.distribute._worker_table import WorkerShardedTable
 
-__all__ = ["DEFAULT_TIMEOUT_SECONDS", "Exchange", "NotInReplicaStepError", "WorkerShardedTable",
-           "communication_options", "merge_states", "multi_worker_strategy", "restore_tables",
+__all__ = ["DEFAULT_TIMEOUT_SECONDS", "PEER_ERRORS", "Exchange", "NotInReplicaStepError",
+           "WorkerLostError", "WorkerShardedTable", "communication_options", "explain_peer_error",
+           "lost_tasks", "merge_states", "multi_worker_strategy", "restore_tables",
            "save_tables", "worker_rank"]

@@ -46,14 +46,18 @@ def symbolic_build(model, strategy, spec) -> None:
       spec: The `tf.TensorSpec` nest of one replica's batch, or None (then Keras
         builds at the first trace of the step).
     """
-    if spec is None:
-        return
     with strategy.scope():
-        try:
-            model._symbolic_build(data_batch=spec)
-        except Exception as err:  # noqa: BLE001 - Keras builds at the first trace instead
-            logging.debug("npu_rec: symbolic build skipped (%s); building at the first "
-                          "trace.", err)
+        if spec is not None:
+            try:
+                model._symbolic_build(data_batch=spec)
+            except Exception as err:  # noqa: BLE001 - the optimizer is built below
+                logging.info("npu_rec: symbolic build from the data spec failed (%s).", err)
+        # Variables made at the first trace would be made inside Keras' `tf.cond` over the
+        # iterator, which a multi-worker step cannot run (their initial values become
+        # unfed placeholders): build the optimizer's slots now.
+        optimizer = getattr(model, "optimizer", None)
+        if optimizer is not None and not optimizer.built and model.built:
+            optimizer.build(model.trainable_variables)
 
 
 def logs_for_reduction(logs):

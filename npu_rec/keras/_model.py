@@ -10,7 +10,7 @@ from keras.src.saving import object_registration
 from keras.src.trainers.trainer import Trainer
 
 from npu_rec import _log as logging
-from npu_rec import _lookup
+from npu_rec import _lookup, distribute
 from npu_rec.keras import _amp, _finite, _keras_fixes, _online
 from npu_rec.keras._layers import model_tables
 from npu_rec.keras._model_state import ModelStateMixin
@@ -290,6 +290,10 @@ class RecModel(ModelStateMixin, keras.Model):
             callbacks.append(StepConsistency())
         try:
             return super().fit(*args, callbacks=callbacks, **kwargs)
+        except distribute.PEER_ERRORS as err:
+            if _keras_fixes.multi_worker(self.distribute_strategy):
+                raise distribute.explain_peer_error(err) from err
+            raise
         finally:  # Keras skips on_train_end when training raises: free checkpoint locks
             for c in callbacks:
                 if callable(getattr(c, "release", None)):

@@ -4,6 +4,7 @@ Both runs happen in subprocesses (`fit_worker.py`), each with a hard time limit 
 its own process group; the two-worker run goes through `npu_rec.launch`.
 """
 
+import io
 import os
 import subprocess
 import sys
@@ -11,16 +12,21 @@ import sys
 import numpy as np
 import pytest
 
+from npu_rec import launch
 from npu_rec._sharded_table import shard_of_numpy
 
 _WORKER = os.path.join(os.path.dirname(__file__), "fit_worker.py")
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def _run(args, timeout):
+def _env():
     env = {**os.environ, "PYTHONPATH": _ROOT, "TF_CPP_MIN_LOG_LEVEL": "2"}
     env.pop("TF_CONFIG", None)
-    proc = subprocess.run([sys.executable, *args], env=env, capture_output=True,
+    return env
+
+
+def _run(args, timeout):
+    proc = subprocess.run([sys.executable, *args], env=_env(), capture_output=True,
                           timeout=timeout, start_new_session=True)
     assert proc.returncode == 0, proc.stdout.decode()[-3000:] + proc.stderr.decode()[-3000:]
 
@@ -29,8 +35,10 @@ def _run(args, timeout):
 def runs(tmp_path_factory):
     out = tmp_path_factory.mktemp("fit")
     _run([_WORKER, str(out)], timeout=200)
-    _run(["-m", "npu_rec.launch", "--workers", "2", "--timeout_secs", "240", _WORKER,
-          str(out)], timeout=260)
+    log = io.BytesIO()
+    code = launch.run([sys.executable, _WORKER, str(out)], workers=2, timeout_secs=240,
+                      out=log, env=_env())
+    assert code == 0, log.getvalue().decode()[-6000:]
     return _Runs(np.load(out / "single.npz"), [np.load(out / f"{r}.npz") for r in (0, 1)], out)
 
 
