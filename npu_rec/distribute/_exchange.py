@@ -62,9 +62,3 @@ class Exchange:
         ctx = self._context(table_name)
         # tf.identity: the gather input must be a tensor made inside the replica function.
         return ctx.all_gather(tf.identity(value), axis=0, options=self.options)
-
-    def gather_with_sizes(self, value: tf.Tensor, table_name: str):
-        """(`gather(value)`, int64 [W] first dimension of each worker's part)."""
-        n = tf.shape(value, out_type=tf.int64)[:1]
-        sizes = self.gather(n, table_name)
-        return self.gather(value, table_name), sizes

@@ -103,29 +103,29 @@ class WorkerShardedTable(SparseTable):
         return shard_of(keys, self.num_workers)
 
     # ------------------------------------------------------------ lookups
-    def _gather(self, value, sizes=False):
-        if sizes:
-            return self._exchange.gather_with_sizes(value, self.name)
+    def _gather(self, value):
         return self._exchange.gather(value, self.name)
 
     @tf.autograph.experimental.do_not_convert
     def _lookup_unique(self, keys, counts, times, training, from_feature=False,
                        batch_time=None):
+        # Two collectives (three with the update): each costs a network round trip
+        # (~5 ms on loopback here), which dominates a step of many small tables.
         n_workers, rank = self.num_workers, self.rank
         keys = tf.cast(keys, tf.int64)
+        sender = tf.fill(tf.shape(keys), tf.constant(rank, tf.int64))
+        columns = [keys, sender]
         if training:
-            asked = tf.stack([keys, tf.cast(counts, tf.int64), tf.cast(times, tf.int64)], 1)
-        else:
-            asked = keys[:, None]
-        everyone, sizes = self._gather(asked, sizes=True)            # [N, 1 or 3], [W]
+            columns += [tf.cast(counts, tf.int64), tf.cast(times, tf.int64)]
+        everyone = self._gather(tf.stack(columns, 1))               # [N, 2 or 4]
         owner = self.owner_of(everyone[:, 0])
         mine = tf.where(tf.equal(owner, rank))[:, 0]
         uniq, at = tf.unique(tf.gather(everyone[:, 0], mine), out_idx=tf.int64)
         n_uniq = tf.size(uniq, out_type=tf.int64)
         if training:
             mine_rows = tf.gather(everyone, mine)
-            got_counts = tf.math.unsorted_segment_sum(mine_rows[:, 1], at, n_uniq)
-            got_times = tf.math.unsorted_segment_max(mine_rows[:, 2], at, n_uniq)
+            got_counts = tf.math.unsorted_segment_sum(mine_rows[:, 2], at, n_uniq)
+            got_times = tf.math.unsorted_segment_max(mine_rows[:, 3], at, n_uniq)
             rows, emb = self.local._lookup_unique(uniq, got_counts, got_times, True,
                                                   from_feature=from_feature)
         else:
@@ -133,14 +133,13 @@ class WorkerShardedTable(SparseTable):
         rows = tf.where(rows >= 0, rows * n_workers + rank, tf.constant(-1, tf.int64))
         # Answers in the order of the asked positions this worker owns; gathered, they are
         # ordered by owner, so position p's answer is at inverse(concat of owners' positions)[p].
-        answers_emb = self._gather(tf.gather(emb, at))
-        answers_rows = self._gather(tf.gather(rows, at))
+        answers = self._gather(_pack(tf.gather(rows, at), tf.gather(emb, at)))
         by_owner = tf.dynamic_partition(tf.range(tf.size(owner, out_type=tf.int64)), owner,
                                         n_workers)
         where = tf.math.invert_permutation(tf.concat(by_owner, 0))
-        start = tf.reduce_sum(sizes[:rank])
-        mine_asked = tf.gather(where, tf.range(start, start + tf.size(keys, out_type=tf.int64)))
-        return tf.gather(answers_rows, mine_asked), tf.gather(answers_emb, mine_asked)
+        asked_here = tf.where(tf.equal(everyone[:, 1], rank))[:, 0]   # in this worker's order
+        got_rows, got_emb = _unpack(tf.gather(answers, tf.gather(where, asked_here)))
+        return got_rows, got_emb
 
     def _find_rows(self, keys):
         raise NotImplementedError(
@@ -154,8 +153,7 @@ class WorkerShardedTable(SparseTable):
         if self.optimizer is None:
             return self.local._apply_rows(rows, grads)  # raises the no-optimizer error
         rows, grads, _ = _rows_with_values(rows, tf.cast(grads, tf.float32), None, all_rows)
-        rows = self._gather(rows)
-        grads = self._gather(grads)
+        rows, grads = _unpack(self._gather(_pack(rows, grads)))
         mine = tf.where(tf.equal(rows % self.num_workers, self.rank))[:, 0]
         local_rows, at = tf.unique(tf.gather(rows, mine) // self.num_workers,
                                    out_idx=tf.int64)
@@ -195,3 +193,13 @@ class WorkerShardedTable(SparseTable):
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "num_workers": self.num_workers, "rank": self.rank}
+
+
+def _pack(rows: tf.Tensor, values: tf.Tensor) -> tf.Tensor:
+    """float32 [n, 2 + dim]: int64 rows [n] bit-cast into two columns, then values [n, dim]."""
+    return tf.concat([tf.bitcast(rows, tf.float32), values], 1)
+
+
+def _unpack(packed: tf.Tensor):
+    """(int64 rows [n], float32 values [n, dim]) from `_pack`'s result (bit-exact)."""
+    return tf.bitcast(packed[:, :2], tf.int64), packed[:, 2:]
