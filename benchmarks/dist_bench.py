@@ -11,6 +11,7 @@ Adagrad on one `SparseEmbedding` table per feature, no admission or eviction).
                (started by `npu_rec.launch`) with 1 thread each; every table is sharded
                by key hash across them, each worker trains on half of every global batch
 
+`--one_table` uses one table for all 26 features instead (one exchange per step).
 Both time `--steps` steps after `--warmup` untimed ones (tracing), `--rounds` times,
 and report the median samples/s of the global batch. The two-worker run also reports
 the bytes each worker receives per step, computed from the batches' unique ids with
@@ -48,6 +49,9 @@ from absl import app, flags  # noqa: E402
 from benchmarks import keras_bench as kb  # noqa: E402  (its flags: batch_size, steps, ...)
 
 _OUT = flags.DEFINE_string("dist_out", "dist_bench.json", "JSON output path.")
+_ONE_TABLE = flags.DEFINE_bool("one_table", False,
+                                "One table for all 26 features (table batching: one exchange "
+                                "per step instead of one per feature).")
 _LINK = 10e9 / 8  # bytes/s of a 10 Gb/s link
 _NUM_WORKERS = 2
 
@@ -63,11 +67,10 @@ def exchange_bytes(unique_per_worker: list[np.ndarray], dim: int, dense_params: 
     u = np.stack(unique_per_worker).astype(np.float64)          # [W, tables]
     w = u.shape[0]
     others = u.sum(0)[None, :] - u                              # ids sent by the others
-    ids = others * 24                                           # key, count, time (int64)
-    rows = others * (4 * dim + 8)                               # answers: row + row id
-    grads = others * (4 * dim + 8)                              # gradients + row ids
-    sizes = (w - 1) * 8 * np.ones_like(u)
-    sparse = (ids + rows + grads + sizes).sum(1).mean()
+    ids = others * 32                                   # key, sender, count, time (int64)
+    rows = others * (4 * dim + 8)                       # answers: row id + row
+    grads = others * (4 * dim + 8)                      # row ids + gradients
+    sparse = (ids + rows + grads).sum(1).mean()
     dense = 2 * (w - 1) / w * 4 * dense_params
     return {"sparse": float(sparse), "dense": float(dense), "total": float(sparse + dense)}
 
@@ -81,9 +84,14 @@ def _model(batches, vocab):
     dense = keras.Input((kb.NUM_DENSE,), name="numeric")
     cats = keras.Input((kb.NUM_CAT,), dtype="int64", name="cats")
     opt = npu_rec.optimizers.Adagrad(kb.LR)
-    embs = [SparseEmbedding(f"C{i + 1}", kb.DIM, optimizer=opt, capacity=min(v, 1 << 20),
-                            dynamic_expansion=True)(cats[:, i])
-            for i, v in enumerate(vocab)]
+    if _ONE_TABLE.value:  # the ids of different features are distinct in this data
+        emb = SparseEmbedding("all_C", kb.DIM, optimizer=opt, dynamic_expansion=True,
+                              capacity=sum(min(v, 1 << 20) for v in vocab))(cats)
+        embs = [keras.layers.Reshape((kb.NUM_CAT * kb.DIM,))(emb)]
+    else:
+        embs = [SparseEmbedding(f"C{i + 1}", kb.DIM, optimizer=opt, capacity=min(v, 1 << 20),
+                                dynamic_expansion=True)(cats[:, i])
+                for i, v in enumerate(vocab)]
     model = RecModel({"numeric": dense, "cats": cats}, kb.mlp(dense, embs))
     model.compile(optimizer="adam", loss="binary_crossentropy")
     return model
@@ -124,8 +132,10 @@ def _run_role(out_path: str) -> None:
         rates, batches, dense_params = _train(_STRATEGY)
         rank = npu_rec.distribute.worker_rank(_STRATEGY)
         half = kb._BATCH.value // _NUM_WORKERS
+        features = [list(range(kb.NUM_CAT))] if _ONE_TABLE.value else [
+            [f] for f in range(kb.NUM_CAT)]
         unique = [[np.array([len(np.unique(b[1][r * half:(r + 1) * half, f]))
-                             for f in range(kb.NUM_CAT)]) for r in range(_NUM_WORKERS)]
+                             for f in features]) for r in range(_NUM_WORKERS)]
                   for b in batches]
         per_step = [exchange_bytes(u, kb.DIM, dense_params) for u in unique]
         result = {"rank": rank, "rates": rates,
@@ -147,7 +157,8 @@ def _child_env(role: str, threads: int) -> dict:
 
 def _flag_args() -> list[str]:
     return [f"--{name}={getattr(flags.FLAGS, name)}" for name in
-            ("batch_size", "steps", "rounds", "warmup", "distinct_batches", "distinct_ids")]
+            ("batch_size", "steps", "rounds", "warmup", "distinct_batches", "distinct_ids",
+             "one_table")]
 
 
 def _driver() -> dict:
@@ -183,14 +194,15 @@ def main(argv):
     two = statistics.median(results["two_workers"]["rates"])
     nbytes = results["two_workers"]["bytes"]
     print(f"batch {kb._BATCH.value}, {kb._STEPS.value} steps x {kb._ROUNDS.value} rounds, "
-          f"{kb._IDS.value} distinct ids")
+          f"{kb._IDS.value} distinct ids, "
+          f"{'one table' if _ONE_TABLE.value else 'one table per feature'}")
     print(f"{'run':<28}{'samples/s':>12}")
     print(f"{'one process x 2 threads':<28}{one:>12.0f}")
     print(f"{'2 workers x 1 thread':<28}{two:>12.0f}   ({two / one:.2f}x)")
     print(f"bytes received per worker per step: sparse {nbytes['sparse'] / 1e6:.2f} MB, "
           f"dense {nbytes['dense'] / 1e6:.2f} MB; at 10 Gb/s: "
           f"{nbytes['total'] / _LINK * 1e3:.1f} ms")
-    results.update({"batch_size": kb._BATCH.value, "steps": kb._STEPS.value,
+    results.update({"one_table": _ONE_TABLE.value, "batch_size": kb._BATCH.value, "steps": kb._STEPS.value,
                     "rounds": kb._ROUNDS.value, "distinct_ids": kb._IDS.value,
                     "samples_per_sec": {"one_process": one, "two_workers": two}})
     with open(_OUT.value, "w") as f:
