@@ -26,7 +26,6 @@ import contextlib
 import threading
 from typing import Any, NamedTuple
 
-import numpy as np
 import tensorflow as tf
 
 from npu_rec._compat import keep_out_of_meta_graphs
@@ -37,9 +36,6 @@ from npu_rec._sparse_table import SparseTable, _flat_keys
 LOOKUP_COLLECTION = "npu_rec_sparse_lookups"
 keep_out_of_meta_graphs(LOOKUP_COLLECTION)  # Python objects: no meta-graph form
 _COMBINERS = (None, "sum", "mean", "sqrtn")
-#: Pads fixed-length multi-valued ids (`npu_rec.data.as_dataset(use_dynamic=False)`): with a
-#: combiner, trailing PAD_ID entries of dense [batch, k] ids are not looked up.
-PAD_ID = -1
 _STATE = threading.local()
 
 
@@ -183,6 +179,8 @@ def _times(timestamps, ids) -> tf.Tensor:
             per_value = tf.gather(level, per_value)
         return tf.gather(tf.reshape(ts, [-1]), per_value)
     if isinstance(ids, tf.SparseTensor):
+        if ts.shape.rank == 2:  # one timestamp per position of the [batch, k] ids
+            return tf.gather_nd(ts, ids.indices)
         return tf.gather(tf.reshape(ts, [-1]), ids.indices[:, 0])
     ids = tf.convert_to_tensor(ids)
     if ts.shape.rank == 1 and ids.shape.rank is not None and ids.shape.rank > 1:
@@ -210,9 +208,13 @@ def sparse_lookup(table: SparseTable, ids, *, combiner: str | None = None, times
         rank-2 `tf.SparseTensor` [batch, k] (needs `combiner`); or a
         `PreparedIds` of such ids (from `prepare_ids` / `prepare_keys`), whose
         precomputed unique keys are used instead of deduplicating here.
+        Every value is an id: dense ids are looked up in full (-1 is an id
+        like any other). Multi-valued ids of fixed shape are a SparseTensor
+        [batch, k] (as `npu_rec.data.as_dataset(use_dynamic=False)` gives
+        them): its absent entries are the padding, never looked up.
       combiner: None, or "sum" / "mean" / "sqrtn" over the last (ragged) axis.
-      timestamps: Optional int seconds per id (same shape as `ids`) or per
-        example ([batch]); default the wall clock. Used for eviction. A value
+      timestamps: Optional int seconds per id (same shape as `ids`; dense
+        [batch, k] for SparseTensor ids) or per example ([batch]); default the wall clock. Used for eviction. A value
         more than a day ahead of the wall clock is replaced by the table's
         clock and counted (`evict()` warns).
       is_training: When True the lookup counts sightings, admits keys, records
@@ -241,8 +243,6 @@ def sparse_lookup(table: SparseTable, ids, *, combiner: str | None = None, times
     if isinstance(ids, tf.SparseTensor) and combiner is None:
         raise ValueError("SparseTensor ids need a `combiner` ('sum', 'mean' or 'sqrtn'). "
                          "Received: combiner=None")
-    if prepared is None and combiner is not None and isinstance(ids, (tf.Tensor, np.ndarray)):
-        ids, timestamps = _strip_padding(ids, timestamps)
     with tf.name_scope(name or f"sparse_lookup_{table.name}"):
         if prepared is not None:
             uniq, idx, counts = prepared.unique, prepared.index, prepared.counts
@@ -275,19 +275,6 @@ def sparse_lookup(table: SparseTable, ids, *, combiner: str | None = None, times
             _, emb_u = table._lookup_unique(table._checked_keys(uniq), None, None, False)
         emb = tf.gather(emb_u, idx)
         return _shape_output(emb, ids, combiner, table.dim)
-
-
-def _strip_padding(ids, timestamps):
-    """Dense [batch, k] ids with trailing `PAD_ID`s become ragged rows without them."""
-    ids = tf.convert_to_tensor(ids)
-    if ids.shape.rank != 2:
-        return ids, timestamps
-    ragged = tf.RaggedTensor.from_tensor(ids, padding=tf.constant(PAD_ID, ids.dtype))
-    if timestamps is not None and not isinstance(timestamps, (tf.RaggedTensor, tf.SparseTensor)):
-        ts = tf.convert_to_tensor(timestamps)
-        if ts.shape.rank == 2:
-            timestamps = tf.RaggedTensor.from_tensor(ts, lengths=ragged.row_lengths())
-    return ragged, timestamps
 
 
 def _record(rec: LookupRecord) -> None:

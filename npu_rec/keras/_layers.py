@@ -68,6 +68,10 @@ class SparseEmbedding(keras.layers.Layer):
     Inputs are ids of any shape (int32/int64, raw 64-bit values, no
     vocabulary), a `tf.RaggedTensor` or a rank-2 `tf.SparseTensor` for
     multi-valued features. With `combiner` the last (ragged) axis is reduced.
+    Every id value is looked up (-1 included); the fixed-shape batches of
+    `npu_rec.data.as_dataset(use_dynamic=False)` are `tf.SparseTensor`s
+    [batch, pad_length] (`keras.Input(shape=(pad_length,), dtype="int64",
+    sparse=True)`) whose absent entries are the padding.
 
     In training mode (`training=True`) each lookup counts the ids, admits new
     keys (see `access_threshold`) and is recorded, so that `RecModel.train_step`
