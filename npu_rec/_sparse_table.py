@@ -479,13 +479,17 @@ def create_table(name: str, dim: int, *, key_dtype=tf.int64, initializer=None, o
       max_pending_keys: Bound on counted not-yet-admitted keys (see
         `npu_rec._admission`), for the whole table.
       num_shards: Split the table by key hash into this many shards, each with
-        its own hash map, rows, counters and free list (one process for now;
-        see docs/design.md "Scale-out"). `capacity` and `max_pending_keys` are
+        its own hash map, rows, counters and free list, in this process (see
+        docs/design.md "Scale-out"). Inside the scope of a
+        `MultiWorkerMirroredStrategy` with several workers the table is instead
+        sharded across the workers (a `npu_rec.distribute.WorkerShardedTable`,
+        docs/distributed.md) and `num_shards` is ignored. `capacity` and `max_pending_keys` are
         divided between the shards (rounded up). Lookups, gradients, eviction,
         export and checkpoints work across shards transparently.
 
     Returns:
-      A `SparseTable` (a `ShardedTable` when `num_shards > 1`).
+      A `SparseTable` (a `ShardedTable` when `num_shards > 1`; a
+      `WorkerShardedTable` under a multi-worker strategy).
 
     Raises:
       ValueError: an argument is out of range, eviction is on without admission,
