@@ -72,6 +72,9 @@ def main(out_dir: str) -> None:
             model = build(opt_name)
         history = model.fit(data(), epochs=STEPS, steps_per_epoch=1, verbose=0)
         result[f"{opt_name}/loss"] = np.asarray(history.history["loss"])
+        if opt_name == "sgd":  # evaluation and prediction look the tables up too
+            result["sgd/eval_loss"] = np.asarray(model.evaluate(data(), steps=5, verbose=0))
+            result["sgd/predict"] = model.predict(data(), steps=2, verbose=0)
         for table in model.tables:
             for field, value in table.export().items():
                 if field != "slots":

@@ -61,6 +61,15 @@ def test_each_step_loss_equals_one_process(runs, opt):
 
 
 @pytest.mark.timeout(600)
+def test_evaluate_and_predict_equal_one_process(runs):
+    single, workers = runs
+    for w in workers:
+        np.testing.assert_allclose(w["sgd/eval_loss"], single["sgd/eval_loss"], atol=1e-5)
+        assert w["sgd/predict"].shape == single["sgd/predict"].shape == (128, 1)
+        np.testing.assert_allclose(w["sgd/predict"], single["sgd/predict"], atol=1e-5)
+
+
+@pytest.mark.timeout(600)
 @pytest.mark.parametrize("opt", ["sgd", "adagrad"])
 @pytest.mark.parametrize("table", ["user", "item"])
 def test_union_of_worker_tables_equals_the_one_process_table(runs, opt, table):
