@@ -167,7 +167,12 @@ class WorkerShardedTable(SparseTable):
         return self.local.size()
 
     def evict(self, now=None, session=None):
-        """Evicts this worker's idle keys (see `SparseTable.evict`); every worker calls it."""
+        """Evicts this worker's idle keys (see `SparseTable.evict`); every worker calls it.
+
+        `now=None` is this worker's clock (the newest timestamp among its own keys'
+        lookups, or the wall clock), not the newest over all workers: pass `now` for
+        the one-process rule.
+        """
         return self.local.evict(now, session)
 
     def _warn_clamped(self, session=None) -> None:
