@@ -107,11 +107,11 @@ def _use_dynamic() -> bool:
 
         get = getattr(npu_rec, "get_config", None)
         if get is None:
-            from npu_rec import _config  # noqa: PLC0415
+            from npu_rec import _config
 
             get = _config.get_config
         return bool(get().use_dynamic)
-    except Exception:  # noqa: BLE001 - config not built yet, or not initialised
+    except Exception:  # config not built yet, or not initialised
         return True
 
 

@@ -80,7 +80,7 @@ class _Collect:
     def check_compatible(self, meta, path) -> None:
         self._table.check_compatible(meta, path)
 
-    def _write_state(self, st, session=None) -> None:
+    def write_state(self, st, session=None) -> None:
         self.state = st
 
 
@@ -111,7 +111,7 @@ def restore_tables(directory: str, tables: Sequence, version: int | None = None)
         for c in collect:
             states[c.name].append(c.state)
     for t in tables:
-        t._write_state(merge_states(states[t.name]))
+        t.write_state(merge_states(states[t.name]))
     # The tables changed under this run's manager: its next save is full.
     _MANAGERS.pop((directory, tuple(id(t) for t in tables)), None)
     return step

@@ -1,7 +1,7 @@
 """`WorkerShardedTable`: a sparse table split by key hash across the workers of a strategy.
 
 Worker `w` of `W` owns the keys with `shard_of(key, W) == w` (the hash of
-`npu_rec._sharded_table`, so the split is the one-process `num_shards=W`
+`npu_rec.table._sharded`, so the split is the one-process `num_shards=W`
 split) and holds them in a plain, one-process `SparseTable` (`.local`):
 hash map, rows, optimizer slots, admission counters and free list, in plain
 (not mirrored) variables that the Keras optimizer never sees.
@@ -33,12 +33,12 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from npu_rec import _table_registry
-from npu_rec._sharded_table import shard_of, shard_of_numpy
-from npu_rec._sparse_table import SparseTable, _rows_with_values
-from npu_rec._table_config import TableConfig
 from npu_rec.distribute import _tf_private
 from npu_rec.distribute._exchange import Exchange
+from npu_rec.table._base import SparseTable, rows_with_values
+from npu_rec.table._config import TableConfig
+from npu_rec.table._sharded import shard_of, shard_of_numpy
+from npu_rec.table._sparse import SingleShardTable
 
 _ROW_FIELDS = ("keys", "values", "counts", "last_seen")
 _PENDING_FIELDS = ("pending_keys", "pending_counts", "pending_last_seen")
@@ -60,19 +60,15 @@ class WorkerShardedTable(SparseTable):
     """
 
     def __init__(self, config: TableConfig, exchange: Exchange):  # noqa: D107
-        self.config = config
-        self.name = config.name
-        self.dim = config.dim
-        self.key_dtype = tf.as_dtype(config.key_dtype)
-        self.optimizer = config.optimizer
+        super().__init__(config)
         self._exchange = exchange
-        self._graph_mode = False
-        _table_registry.register(self)
         local_cfg = dataclasses.replace(config, name=f"{config.name}_worker{exchange.rank}",
                                         num_shards=1)
         with _tf_private.outside_strategy():
-            self.local = SparseTable(local_cfg, _register=False, _seed_name=config.name)
-        self._clamped_reported = 0
+            self.local = SingleShardTable(local_cfg, register=False, seed_name=config.name)
+        if self._graph_mode:
+            with tf.init_scope():
+                self._graph_ops = self._graph_ops_common(f"{config.name}_evict_now")
 
     @property
     def num_workers(self) -> int:
@@ -81,6 +77,11 @@ class WorkerShardedTable(SparseTable):
     @property
     def rank(self) -> int:
         return self._exchange.rank
+
+    @property
+    def num_shards(self) -> int:
+        """Shards in this process (1: the other workers hold the other shards)."""
+        return 1
 
     @property
     def shards(self) -> list[SparseTable]:
@@ -107,8 +108,8 @@ class WorkerShardedTable(SparseTable):
         return self._exchange.gather(value, self.name)
 
     @tf.autograph.experimental.do_not_convert
-    def _lookup_unique(self, keys, counts, times, training, from_feature=False,
-                       batch_time=None):
+    def lookup_unique(self, keys, counts, times, training, from_feature=False,
+                      batch_time=None):
         # Two collectives (three with the update): each costs a network round trip
         # (~5 ms on loopback here), which dominates a step of many small tables.
         n_workers, rank = self.num_workers, self.rank
@@ -126,10 +127,10 @@ class WorkerShardedTable(SparseTable):
             mine_rows = tf.gather(everyone, mine)
             got_counts = tf.math.unsorted_segment_sum(mine_rows[:, 2], at, n_uniq)
             got_times = tf.math.unsorted_segment_max(mine_rows[:, 3], at, n_uniq)
-            rows, emb = self.local._lookup_unique(uniq, got_counts, got_times, True,
+            rows, emb = self.local.lookup_unique(uniq, got_counts, got_times, True,
                                                   from_feature=from_feature)
         else:
-            rows, emb = self.local._lookup_unique(uniq, None, None, False)
+            rows, emb = self.local.lookup_unique(uniq, None, None, False)
         rows = tf.where(rows >= 0, rows * n_workers + rank, tf.constant(-1, tf.int64))
         # Answers in the order of the asked positions this worker owns; gathered, they are
         # ordered by owner, so position p's answer is at inverse(concat of owners' positions)[p].
@@ -141,7 +142,7 @@ class WorkerShardedTable(SparseTable):
         got_rows, got_emb = _unpack(tf.gather(answers, tf.gather(where, asked_here)))
         return got_rows, got_emb
 
-    def _find_rows(self, keys):
+    def find_rows(self, keys):
         raise NotImplementedError(
             f"Sparse table {self.name!r} is sharded across workers: `apply_gradients(ids, "
             "grads)` is not supported on it; train it through `RecModel.fit` (recorded "
@@ -149,41 +150,41 @@ class WorkerShardedTable(SparseTable):
 
     # --------------------------------------------------------- gradients
     @tf.autograph.experimental.do_not_convert
-    def _apply_rows(self, rows, grads, all_rows=False, current=None):
+    def apply_rows(self, rows, grads, all_rows=False, current=None):
         if self.optimizer is None:
-            return self.local._apply_rows(rows, grads)  # raises the no-optimizer error
-        rows, grads, _ = _rows_with_values(rows, tf.cast(grads, tf.float32), None, all_rows)
+            return self.local.apply_rows(rows, grads)  # raises the no-optimizer error
+        rows, grads, _ = rows_with_values(rows, tf.cast(grads, tf.float32), None, all_rows)
         rows, grads = _unpack(self._gather(_pack(rows, grads)))
         mine = tf.where(tf.equal(rows % self.num_workers, self.rank))[:, 0]
         local_rows, at = tf.unique(tf.gather(rows, mine) // self.num_workers,
                                    out_idx=tf.int64)
         summed = tf.math.unsorted_segment_sum(tf.gather(grads, mine), at,
                                               tf.size(local_rows, out_type=tf.int64))
-        return self.local._apply_rows(local_rows, summed, all_rows=True)
+        return self.local.apply_rows(local_rows, summed, all_rows=True)
 
     # ------------------------------------------------------- maintenance
-    def size(self) -> int | tf.Tensor:
-        """Keys holding a row on this worker (an int in eager mode)."""
-        return self.local.size()
+    # `size()` and `evict()` (from `SparseTable`) count and free this worker's keys;
+    # `evict(now=None)` uses this worker's clock (the newest timestamp among its own
+    # keys' lookups, or the wall clock), not the newest over all workers: pass `now`
+    # for the one-process rule.
+    def build_size(self) -> tf.Tensor:
+        return self.local.build_size()
 
-    def evict(self, now=None, session=None):
-        """Evicts this worker's idle keys (see `SparseTable.evict`); every worker calls it.
+    def build_evict(self, now: tf.Tensor) -> tf.Tensor:
+        return self.local.build_evict(now)
 
-        `now=None` is this worker's clock (the newest timestamp among its own keys'
-        lookups, or the wall clock), not the newest over all workers: pass `now` for
-        the one-process rule.
-        """
-        return self.local.evict(now, session)
+    def clock(self) -> tuple[tf.Tensor, tf.Tensor]:
+        return self.local.clock()
 
-    def _warn_clamped(self, session=None) -> None:
-        self.local._warn_clamped(session)
+    def clamped_report(self) -> tf.Tensor:
+        return self.local.clamped_report()
 
     # ------------------------------------------------------------- state
-    def _read_state(self, min_period: int = 0, session=None,
-                    check: bool = True) -> dict[str, np.ndarray]:
-        return self.local._read_state(min_period, session, check)
+    def read_state(self, min_period: int = 0, session=None,
+                   check: bool = True) -> dict[str, np.ndarray]:
+        return self.local.read_state(min_period, session, check)
 
-    def _write_state(self, st: dict[str, np.ndarray], session=None) -> None:
+    def write_state(self, st: dict[str, np.ndarray], session=None) -> None:
         """Loads the keys of `st` that this worker owns (`st` may hold any worker's keys)."""
         row_fields = [*_ROW_FIELDS, *[f"slot/{n}" for n in self.slot_names]]
         mine_rows = shard_of_numpy(st["keys"], self.num_workers) == self.rank
@@ -191,10 +192,10 @@ class WorkerShardedTable(SparseTable):
         sub = {k: v for k, v in st.items() if k not in row_fields + list(_PENDING_FIELDS)}
         sub.update({f: np.asarray(st[f])[mine_rows] for f in row_fields})
         sub.update({f: np.asarray(st[f])[mine_pend] for f in _PENDING_FIELDS})
-        self.local._write_state(sub, session)
+        self.local.write_state(sub, session)
 
-    def _end_period(self, session=None) -> None:
-        self.local._end_period(session)
+    def end_period(self, session=None) -> None:
+        self.local.end_period(session)
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "num_workers": self.num_workers, "rank": self.rank}

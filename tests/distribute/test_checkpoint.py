@@ -7,10 +7,10 @@ import pytest
 import tensorflow as tf
 
 import npu_rec
-from npu_rec import _table_registry
-from npu_rec._sharded_table import shard_of_numpy
 from npu_rec.checkpoint import TableCheckpointManager
 from npu_rec.distribute import merge_states, restore_tables
+from npu_rec.table import _registry as _table_registry
+from npu_rec.table._sharded import shard_of_numpy
 
 
 def _trained(name="t", ids=None, seed=0):
@@ -44,7 +44,7 @@ def _split(state, workers):
 
 def _write_workers(directory, table, workers, step=7):
     """Writes `table`'s state as a `workers`-worker checkpoint at `step`."""
-    for w, part in enumerate(_split(table._read_state(0), workers)):
+    for w, part in enumerate(_split(table.read_state(0), workers)):
         stand_in = _StandIn(table, part)
         TableCheckpointManager(os.path.join(directory, f"worker-{w}-of-{workers}"),
                                [stand_in]).save(step)
@@ -56,19 +56,19 @@ class _StandIn:
     def __init__(self, table, state):
         self.name, self._table, self._state = table.name, table, state
 
-    def _read_state(self, min_period=0, session=None, check=True):
+    def read_state(self, min_period=0, session=None, check=True):
         return self._state
 
     def describe(self):
         return self._table.describe()
 
-    def _end_period(self, session=None):
+    def end_period(self, session=None):
         pass
 
 
 def test_merging_worker_states_gives_back_the_table_state():
     table = _trained()
-    state = table._read_state(0)
+    state = table.read_state(0)
     merged = merge_states(_split(state, 3))
     assert set(merged) == set(state)
     for field, value in state.items():

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from npu_rec import launch
-from npu_rec._sharded_table import shard_of_numpy
+from npu_rec.table._sharded import shard_of_numpy
 
 _WORKER = os.path.join(os.path.dirname(__file__), "fit_worker.py")
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -5,10 +5,10 @@ import pytest
 import tensorflow as tf
 
 import npu_rec
-from npu_rec import _table_registry
-from npu_rec._sharded_table import shard_of_numpy
-from npu_rec._table_config import TableConfig
 from npu_rec.distribute import Exchange, NotInReplicaStepError, WorkerShardedTable
+from npu_rec.table import _registry as _table_registry
+from npu_rec.table._config import TableConfig
+from npu_rec.table._sharded import shard_of_numpy
 
 
 def _worker_table(rank, workers=2, name="w"):
@@ -48,6 +48,6 @@ def test_apply_gradients_by_ids_is_refused_with_the_way_to_train_it():
 
 def test_outside_a_multi_worker_strategy_create_table_makes_a_one_process_table():
     table = npu_rec.create_table("plain", 4)
-    assert type(table).__name__ == "SparseTable"
+    assert type(table).__name__ == "SingleShardTable"
     with tf.distribute.MirroredStrategy(["/cpu:0"]).scope():
-        assert type(npu_rec.create_table("mirrored", 4)).__name__ == "SparseTable"
+        assert type(npu_rec.create_table("mirrored", 4)).__name__ == "SingleShardTable"

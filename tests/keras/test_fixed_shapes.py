@@ -12,9 +12,9 @@ import pytest
 import tensorflow as tf
 
 import npu_rec
-from npu_rec import _table_registry
 from npu_rec.data import ParquetSource, as_dataset
 from npu_rec.keras import RecModel, SparseEmbedding, export_for_serving
+from npu_rec.table import _registry as _table_registry
 
 PAD_LENGTH = 4
 BATCH = 16

@@ -1,4 +1,4 @@
-"""The table's key -> row map (`npu_rec._key_index.KeyIndex`) against a dict."""
+"""The table's key -> row map (`npu_rec.table._key_index.KeyIndex`) against a dict."""
 
 import numpy as np
 import pytest
@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import npu_rec
-from npu_rec._key_index import (
+from npu_rec.table._key_index import (
     RESERVED_RAW_KEYS,
     KeyIndex,
     _mix,

@@ -6,8 +6,8 @@ import re
 import pytest
 
 import npu_rec
-from npu_rec import _steps
-from npu_rec._steps import ResolvedSteps
+from npu_rec.training import _steps
+from npu_rec.training._steps import ResolvedSteps
 
 
 @pytest.fixture(autouse=True)

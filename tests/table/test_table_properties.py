@@ -5,6 +5,8 @@ Operations: training step (lookup + gradients, via `apply_gradients` or the
 delta) and restore of the latest version (full save plus its deltas).
 """
 
+import tempfile
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -12,10 +14,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import npu_rec
-from npu_rec import _table_registry
 from npu_rec.checkpoint import TableCheckpointManager
-from tests.table_helpers import OPTIMIZERS, assert_same_state
-from tests.table_reference import ReferenceTable
+from npu_rec.table import _registry as _table_registry
+from tests.table.table_helpers import OPTIMIZERS, assert_same_state
+from tests.table.table_reference import ReferenceTable
 
 DIM = 3
 # (access_threshold, eviction_threshold, max_pending_keys, dynamic, capacity)
@@ -47,8 +49,9 @@ def _run(opt_name, feature, ops, seed, tmp_path, num_shards=1):
     ref = ReferenceTable("prop", DIM, make_ref_opt(), access, evict, max_pending, num_shards)
     rng = np.random.default_rng(seed)
     clock, saved, version = 0, None, 0
-    manager = TableCheckpointManager(str(tmp_path / f"ck{seed}_{len(ops)}_{num_shards}"),
-                                     [table])
+    # A fresh directory per example: hypothesis runs every example with the same tmp_path,
+    # and two examples with equal seed and length would otherwise share checkpoints.
+    manager = TableCheckpointManager(tempfile.mkdtemp(dir=tmp_path), [table])
     for op in ops:
         if op[0] == "step":
             _, ids, advance, use_record = op

@@ -9,7 +9,7 @@ no key twice, `size()` right).
 import numpy as np
 import pytest
 
-from tests.table_churn import MODES, ChurnDriver, check_table, reference
+from tests.table.table_churn import MODES, ChurnDriver, check_table, reference
 
 DIM = 4
 KWARGS = {"access_threshold": 1, "eviction_threshold": 5, "dynamic_expansion": True}

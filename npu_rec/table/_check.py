@@ -1,10 +1,10 @@
 """The invariant check a table runs before its state is saved.
 
-A single-shard table (`SparseTable`) keeps one state in three places: the
+A single-shard table (`SingleShardTable`) keeps one state in three places: the
 row storage (`counts`, `row_keys`, values, slots, free list), the allocator
 counters (`next_row - num_free`, i.e. `size()`) and the key index. Before
 every save (`SparseTable.save`, `TableCheckpointManager.save`, a Keras
-`.keras` file) `TableStateMixin._read_state` computes, in the same graph run
+`.keras` file) `TableStateMixin.read_state` computes, in the same graph run
 as the state it reads:
 
 * live rows (`counts > 0`) == `size()` == keys held by the index (the
@@ -35,7 +35,7 @@ class TableInvariantError(RuntimeError):
 
 def build_check(table) -> dict[str, tf.Tensor]:
     """Scalar tensors measuring `table`'s invariants (one shard; see module docstring)."""
-    s, index = table._storage, table._index
+    s, index = table.storage, table.key_index
     counts = s.counts.read_value()
     live = counts > 0
     mixed, rows = index.held_mixed()

@@ -13,9 +13,9 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from npu_rec import _table_registry
-from npu_rec._key_index import RESERVED_RAW_KEYS
-from tests.table_churn import MODES, ChurnDriver, check_table, reference
+from npu_rec.table import _registry as _table_registry
+from npu_rec.table._key_index import RESERVED_RAW_KEYS
+from tests.table.table_churn import MODES, ChurnDriver, check_table, reference
 
 DIM = 2
 STEPS = 60

@@ -2,7 +2,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from npu_rec._precision import (
+from npu_rec.training._precision import (
     AccelerateMode,
     PrecisionSwitch,
     check_precision_compatibility,

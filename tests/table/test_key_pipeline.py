@@ -7,8 +7,8 @@ import tensorflow as tf
 
 import npu_rec
 import npu_rec.data
-from npu_rec import _table_registry
 from npu_rec.keras import RecModel, SparseEmbedding
+from npu_rec.table import _registry as _table_registry
 
 RNG = np.random.default_rng(7)
 USER = RNG.integers(0, 40, size=(64, 3)).astype(np.int64)

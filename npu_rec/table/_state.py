@@ -1,8 +1,9 @@
 """Moving a table's state in and out: export, snapshot files, graph-mode ops.
 
-`TableStateMixin` is the part of `SparseTable` that reads the whole state
-into NumPy (sorted by key) and writes it back, for `export`, `save`,
-`restore` and `npu_rec.checkpoint`. In a `tf.compat.v1` graph it builds
+`TableStateMixin` is the part of `SingleShardTable` that reads the whole
+state into NumPy (sorted by key) and writes it back (`read_state`,
+`write_state`), which `SparseTable.export`/`save`/`restore`,
+`npu_rec.checkpoint` and the front ends use. In a `tf.compat.v1` graph it builds
 the ops once, with placeholders, when the table is created (before a
 `MonitoredTrainingSession` finalises the graph) and runs them in a session.
 
@@ -15,18 +16,14 @@ scalars `max_seen` (int64), `ts_feature` (bool), `opt_step` (int64).
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 import tensorflow as tf
 
-from npu_rec import _table_check
-
-_NO_NOW = np.iinfo(np.int64).min
+from npu_rec.table import _check as _table_check
 
 
 class TableStateMixin:
-    """State export / import of `SparseTable` (see module docstring)."""
+    """State export / import of `SingleShardTable` (see module docstring)."""
 
     def _build_state(self, min_period) -> dict[str, tf.Tensor]:
         s = self._storage
@@ -71,35 +68,25 @@ class TableStateMixin:
         sig.update({f"slot/{n}": (tf.float32, [None, self.dim]) for n in self._storage.slots})
         return sig
 
-    def _build_graph_ops(self) -> dict[str, Any]:
+    def _build_graph_ops(self) -> dict:
         ph = tf.compat.v1.placeholder
         min_period = ph(tf.int64, [], name="min_period")
-        now = tf.compat.v1.placeholder_with_default(tf.constant(_NO_NOW, tf.int64), [], "now")
         feeds = {k: ph(d, s, name=k.replace("/", "_")) for k, (d, s) in
                  self._state_signature().items()}
-        return {"size": self._storage.live_count(), "evict": (now, self._build_evict(now)),
+        return {**self._graph_ops_common("now"),
                 "state": (min_period, self._build_state(min_period)),
                 "load": (feeds, self._build_load(feeds)), "end_period": self._build_end_period(),
-                "check": _table_check.build_check(self), "clamped": self._clamped_report()}
+                "check": _table_check.build_check(self)}
 
-    def _session(self, session):
-        sess = session or tf.compat.v1.get_default_session()
-        if sess is None:
-            raise ValueError(
-                f"Sparse table {self.name!r} lives in a tf.compat.v1 graph: pass `session=` "
-                "(e.g. run_context.session in a SessionRunHook) or use a default session. "
-                "Received: session=None")
-        return sess
-
-    def _read_state(self, min_period: int = 0, session=None,
-                    check: bool = True) -> dict[str, np.ndarray]:
+    def read_state(self, min_period: int = 0, session=None,
+                   check: bool = True) -> dict[str, np.ndarray]:
         """All state as numpy (rows with >= `min_period` sightings this period), sorted by key.
 
         Args:
           min_period: Only rows sighted at least this often since the last save.
           session: graph mode only (see `evict`).
           check: Verify the table's invariants in the same read (every save does;
-            see `npu_rec._table_check`).
+            see `npu_rec.table._check`).
 
         Raises:
           TableInvariantError: `check` and an invariant is broken.
@@ -123,7 +110,7 @@ class TableStateMixin:
             _table_check.verify(self.name, chk, st["keys"])
         return st
 
-    def _write_state(self, st: dict[str, np.ndarray], session=None) -> None:
+    def write_state(self, st: dict[str, np.ndarray], session=None) -> None:
         sig = self._state_signature()
         st = {**st, "deleted_keys": np.zeros([0], np.int64)}  # a restore starts a new period
         st = {k: np.asarray(st[k], d.as_numpy_dtype).reshape(
@@ -135,67 +122,8 @@ class TableStateMixin:
         else:
             self._build_load({k: tf.constant(v) for k, v in st.items()})
 
-    def _end_period(self, session=None) -> None:
+    def end_period(self, session=None) -> None:
         if self._graph_mode:
             self._session(session).run(self._graph_ops["end_period"])
         else:
             self._build_end_period()
-
-    def export(self, session=None) -> dict[str, Any]:
-        """The live rows as numpy, sorted by key.
-
-        Args:
-          session: graph mode only (see `evict`).
-
-        Returns:
-          dict with `keys` [n] (key dtype), `values` float32 [n, dim], `slots`
-          (slot name -> float32 [n, dim]), `counts` int64 [n], `last_seen` int64 [n].
-        """
-        st = self._read_state(0, session, check=False)
-        return {"keys": st["keys"].astype(self.key_dtype.as_numpy_dtype),
-                "values": st["values"], "counts": st["counts"], "last_seen": st["last_seen"],
-                "slots": {n: st[f"slot/{n}"] for n in self.slot_names}}
-
-    def save(self, path: str, session=None) -> None:
-        """Writes a full snapshot of this table to the file `path` (atomic, checksummed).
-
-        Does not reset the delta tracking of `npu_rec.checkpoint.TableCheckpointManager`.
-
-        Raises:
-          npu_rec.TableInvariantError: the table's state is inconsistent or holds
-            NaN/Inf (nothing is written; see `npu_rec._table_check`).
-        """
-        from npu_rec.checkpoint import _file_format  # noqa: PLC0415
-
-        st = self._read_state(0, session)
-        _file_format.write_file(path, _file_format.table_arrays(self.name, st),
-                                {"tables": {self.name: self.describe()}, "kind": "full"})
-
-    def restore(self, path: str, session=None) -> None:
-        """Replaces this table's state by the snapshot in `path` (written by `save`).
-
-        Raises:
-          npu_rec.checkpoint.CheckpointCorruptedError: the file is truncated or altered.
-          ValueError: the file holds no table of this name, or a different dim.
-        """
-        from npu_rec.checkpoint import _file_format  # noqa: PLC0415
-
-        arrays, meta = _file_format.read_file(path)
-        self.check_compatible(meta, path)
-        self._write_state(_file_format.table_state(self.name, arrays), session)
-
-    def describe(self) -> dict[str, Any]:
-        """JSON-able description stored with checkpoints."""
-        return {"dim": self.dim, "key_dtype": self.key_dtype.name, "slots": self.slot_names}
-
-    def check_compatible(self, meta: dict[str, Any], path: str) -> None:
-        """Raises ValueError unless checkpoint `meta` has this table with the same layout."""
-        desc = meta.get("tables", {}).get(self.name)
-        if desc is None:
-            raise ValueError(f"Checkpoint file {path!r} has no table named {self.name!r}; "
-                             f"it holds {sorted(meta.get('tables', {}))}.")
-        if desc["dim"] != self.dim or list(desc["slots"]) != self.slot_names:
-            raise ValueError(
-                f"Checkpoint file {path!r} holds table {self.name!r} with dim={desc['dim']} "
-                f"and slots={desc['slots']}, but the table has dim={self.dim} and "
-                f"slots={self.slot_names} (is the optimizer the same?).")

@@ -5,8 +5,8 @@ import pytest
 import tensorflow as tf
 
 import npu_rec
-from npu_rec import _table_registry
-from npu_rec._sharded_table import shard_of, shard_of_numpy
+from npu_rec.table import _registry as _table_registry
+from npu_rec.table._sharded import shard_of, shard_of_numpy
 
 IDS = np.array([[1, 5, 9, 1], [2**40 + 3, -7, 5, 11], [13, 17, 19, 23]], np.int64)
 
@@ -46,13 +46,13 @@ def test_sharded_table_equals_unsharded():
     _table_registry.clear()
     plain = _make("t", 1)
     _train(plain)
-    plain_state = plain._read_state()
+    plain_state = plain.read_state()
     _table_registry.clear()
     sharded = _make("t", 3)
     assert sharded.num_shards == 3 and len(sharded.shards) == 3
     assert isinstance(sharded, npu_rec.SparseTable)
     _train(sharded)
-    st = sharded._read_state()
+    st = sharded.read_state()
     for field in ("keys", "counts", "last_seen", "pending_keys", "opt_step", "max_seen"):
         np.testing.assert_array_equal(st[field], plain_state[field])
     np.testing.assert_allclose(st["values"], plain_state["values"], atol=1e-6)
@@ -117,3 +117,16 @@ def test_num_shards_validated():
     with pytest.raises(ValueError, match=r"`num_shards` must be an integer >= 1. "
                                          r"Received: num_shards=0"):
         npu_rec.create_table("bad", 4, num_shards=0)
+
+
+def test_the_two_table_classes_are_siblings_under_sparse_table():
+    _table_registry.clear()
+    plain, sharded = _make("single", 1), _make("split", 2)
+    assert type(plain) is npu_rec.SingleShardTable and type(sharded) is npu_rec.ShardedTable
+    assert isinstance(plain, npu_rec.SparseTable) and isinstance(sharded, npu_rec.SparseTable)
+    assert not isinstance(sharded, npu_rec.SingleShardTable)
+    assert all(type(s) is npu_rec.SingleShardTable for s in sharded.shards)
+    assert repr(sharded).startswith("SparseTable(name='split'") and "num_shards=2" in repr(sharded)
+    assert "num_shards" not in repr(plain)
+    with pytest.raises(TypeError, match="abstract"):
+        npu_rec.SparseTable(plain.config)

@@ -19,12 +19,12 @@ interval has elapsed since the last such save (inclusive). Times come from
 
 from __future__ import annotations
 
-import numbers
 import time
 from collections.abc import Callable
 from typing import Literal
 
-from npu_rec._config import ConfigError, ConfigTypeError, RecConfig, check_int
+from npu_rec._config import ConfigError, RecConfig, check_int
+from npu_rec._validation import check_number
 
 SaveKind = Literal["full", "delta"]
 FULL: SaveKind = "full"
@@ -32,16 +32,8 @@ DELTA: SaveKind = "delta"
 
 
 def _check_seconds(name: str, value: float | None) -> float | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise ConfigTypeError(
-            f"`{name}` must be None or a number of seconds > 0. Received: {name}={value!r} "
-            f"of type {type(value).__name__}")
-    if not value > 0:
-        raise ConfigError(
-            f"`{name}` must be None or a number of seconds > 0. Received: {name}={value}")
-    return float(value)
+    return check_number(name, value, 0, lower_open=True, optional=True,
+                        rule="None or a number of seconds > 0")
 
 
 def _crossed(step: int, last: int, every: int) -> bool:

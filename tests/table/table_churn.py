@@ -14,7 +14,7 @@ import tensorflow as tf
 
 import npu_rec
 from npu_rec.checkpoint import TableCheckpointManager
-from tests.table_reference import ReferenceTable, RefOptimizer
+from tests.table.table_reference import ReferenceTable, RefOptimizer
 
 MODES = ("eager", "function", "graph")
 LEARNING_RATE = 0.1

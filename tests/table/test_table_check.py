@@ -1,4 +1,4 @@
-"""The invariant check run before every save (`npu_rec._table_check`)."""
+"""The invariant check run before every save (`npu_rec.table._check`)."""
 
 import os
 
@@ -109,7 +109,7 @@ def test_v1_graph_save_runs_the_check(tmp_path):
 
 
 def test_a_key_live_in_two_shards_is_refused():
-    from npu_rec import _table_check
+    from npu_rec.table import _check as _table_check
 
     _table_check.verify_unique_keys("two", np.array([1, 5, 9]))
     with pytest.raises(npu_rec.TableInvariantError, match="'two' is inconsistent.*key 5 has two"):

@@ -29,8 +29,9 @@ from typing import Any, NamedTuple
 import tensorflow as tf
 
 from npu_rec._compat import keep_out_of_meta_graphs
-from npu_rec._key_pipeline import PreparedIds
-from npu_rec._sparse_table import SparseTable, _flat_keys
+from npu_rec.table._base import SparseTable
+from npu_rec.table._key_pipeline import PreparedIds
+from npu_rec.table._key_pipeline import flat_keys as _flat_keys
 
 #: Graph collection of `LookupRecord`s of training lookups in a v1 graph.
 LOOKUP_COLLECTION = "npu_rec_sparse_lookups"
@@ -120,13 +121,13 @@ def apply_recorded_gradients(records, grads) -> tf.Operation | None:
         # Rows of training lookups are all >= 0 when the table admits at once.
         if len(rows) == 1:
             # The lookup's embeddings are the rows' values: no second read.
-            ops.append(table._apply_rows(rows[0], gs[0], all_rows=table.admits_at_once,
+            ops.append(table.apply_rows(rows[0], gs[0], all_rows=table.admits_at_once,
                                          current=embs[0]))
             continue
         uniq, idx = tf.unique(tf.concat(rows, 0), out_idx=tf.int64)
         summed = tf.math.unsorted_segment_sum(tf.concat(gs, 0), idx,
                                               tf.size(uniq, out_type=tf.int64))
-        ops.append(table._apply_rows(uniq, summed, all_rows=table.admits_at_once))
+        ops.append(table.apply_rows(uniq, summed, all_rows=table.admits_at_once))
     return None if tf.executing_eagerly() else tf.group(*ops)
 
 
@@ -252,7 +253,7 @@ def sparse_lookup(table: SparseTable, ids, *, combiner: str | None = None, times
         if is_training:
             if prepared is None:
                 uniq, idx, counts = tf.unique_with_counts(flat, out_idx=tf.int64)
-            uniq = table._checked_keys(uniq)
+            uniq = table.checked_keys(uniq)
             nuniq = tf.size(uniq, out_type=tf.int64)
             batch_time = None
             if timestamps is None or (not isinstance(timestamps, (tf.RaggedTensor,
@@ -265,14 +266,14 @@ def sparse_lookup(table: SparseTable, ids, *, combiner: str | None = None, times
             else:
                 times = tf.math.unsorted_segment_max(
                     _times(timestamps, ids), idx, nuniq)
-            rows, emb_u = table._lookup_unique(uniq, tf.cast(counts, tf.int64), times, True,
+            rows, emb_u = table.lookup_unique(uniq, tf.cast(counts, tf.int64), times, True,
                                                from_feature=timestamps is not None,
                                                batch_time=batch_time)
             _record(LookupRecord(table, uniq, rows, emb_u))
         else:
             if prepared is None:
                 uniq, idx = tf.unique(flat, out_idx=tf.int64)
-            _, emb_u = table._lookup_unique(table._checked_keys(uniq), None, None, False)
+            _, emb_u = table.lookup_unique(table.checked_keys(uniq), None, None, False)
         emb = tf.gather(emb_u, idx)
         return _shape_output(emb, ids, combiner, table.dim)
 

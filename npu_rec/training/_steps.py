@@ -18,13 +18,9 @@ arguments and the `RecConfig` (the active one unless `config=` is given).
 from __future__ import annotations
 
 import dataclasses
-import threading
 
-from npu_rec import _log as logging
-from npu_rec._config import ConfigError, RecConfig, check_int, get_config
-
-_logged: set[str] = set()
-_logged_lock = threading.Lock()
+from npu_rec._config import RecConfig, get_config
+from npu_rec._validation import ConfigError, check_int, log_once
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,20 +43,6 @@ class ResolvedSteps:
     save_steps: int | None = None
 
 
-def _log_once(message: str) -> None:
-    with _logged_lock:
-        if message in _logged:
-            return
-        _logged.add(message)
-    logging.info(message)
-
-
-def forget_logged() -> None:
-    """Lets every resolution be logged again (called by `npu_rec.shutdown`)."""
-    with _logged_lock:
-        _logged.clear()
-
-
 def _resolve(name: str, init_value: int, loop_label: str | None,
              loop_value: int | None) -> int | None:
     """Reconciles init's `name=init_value` with the loop's value.
@@ -73,12 +55,12 @@ def _resolve(name: str, init_value: int, loop_label: str | None,
     """
     if init_value == -1:
         if loop_value is not None:
-            _log_once(f"npu_rec.init({name}=-1) takes the value of {loop_label}: "
+            log_once(f"npu_rec.init({name}=-1) takes the value of {loop_label}: "
                       f"{name}={loop_value}")
         return loop_value
     if loop_value is None:
         if loop_label is not None:
-            _log_once(f"{loop_label.replace('=None', '')} is unset, so the training loop uses "
+            log_once(f"{loop_label.replace('=None', '')} is unset, so the training loop uses "
                       f"npu_rec.init({name}={init_value})")
         return init_value
     if init_value != loop_value:
@@ -176,11 +158,11 @@ def check_train_and_evaluate(*, save_checkpoints_steps: int | None = None,
     save, train = resolved.save_steps, config.train_steps
     if train == -1:
         if save is not None:
-            _log_once(f"npu_rec.init(train_steps=-1) takes the checkpoint cadence: "
+            log_once(f"npu_rec.init(train_steps=-1) takes the checkpoint cadence: "
                       f"train_steps={save}")
         train = save
     elif save is None and save_checkpoints_secs is None:
-        _log_once(f"npu_rec.init(train_steps={train}) also sets the checkpoint cadence: "
+        log_once(f"npu_rec.init(train_steps={train}) also sets the checkpoint cadence: "
                   f"save_steps={train}")
         save = train
     elif train != save:

@@ -5,7 +5,7 @@ import re
 import pytest
 
 import npu_rec
-from npu_rec._policies import EvictPolicy, SavePolicy
+from npu_rec.training._policies import EvictPolicy, SavePolicy
 
 
 class FakeClock:

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import npu_rec
-from npu_rec import _lookup
+from npu_rec.table import _lookup
 
 
 def _reference(values, indices, num_rows):

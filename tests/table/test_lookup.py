@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import npu_rec
-from npu_rec import _table_registry
+from npu_rec.table import _registry as _table_registry
 
 COMBINERS = ["sum", "mean", "sqrtn"]
 # Small id pools so rows repeat ids; -1 (the old pad value) and other negatives are ids.

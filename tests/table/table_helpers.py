@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 import npu_rec
-from tests.table_reference import RefOptimizer
+from tests.table.table_reference import RefOptimizer
 
 OPTIMIZERS = {
     "sgd": (lambda: npu_rec.optimizers.SGD(0.1),
@@ -32,7 +32,7 @@ def assert_same_state(table, ref, atol=1e-5):
     assert sorted(got["slots"]) == sorted(want["slots"])
     for name in want["slots"]:
         np.testing.assert_allclose(got["slots"][name], want["slots"][name], atol=atol)
-    st = table._read_state()
+    st = table.read_state()
     pending = {int(k): (int(c), int(t)) for k, c, t in zip(
         st["pending_keys"], st["pending_counts"], st["pending_last_seen"], strict=True)}
     assert pending == want["pending"]

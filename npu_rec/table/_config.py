@@ -8,6 +8,8 @@ from typing import Any
 
 import tensorflow as tf
 
+from npu_rec._validation import ConfigError, ConfigTypeError, check_bool, check_int
+
 #: Rows allocated up front by a table with dynamic expansion and no `capacity`.
 DEFAULT_DYNAMIC_CAPACITY = 1024
 #: Rows of a fixed-size table created without `capacity`.
@@ -23,18 +25,13 @@ def global_use_dynamic_expansion() -> bool:
     keeps working while the config module is absent or not initialised.
     """
     try:
-        from npu_rec._config import get_config  # noqa: PLC0415
+        from npu_rec._config import get_config
     except ImportError:
         return False
     try:
         return bool(getattr(get_config(), "use_dynamic_expansion", False))
-    except Exception:  # noqa: BLE001  (not initialised: use the default)
+    except Exception:  # not initialised: use the default
         return False
-
-
-def _check_int(name: str, value: Any, low: int, rule: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ValueError(f"`{name}` must be {rule}. Received: {name}={value!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,7 +42,7 @@ class TableConfig:
       name: Unique table name (non-empty, no "/").
       dim: Embedding width, >= 1.
       key_dtype: `tf.int64` or `tf.int32`.
-      initializer: None (keyed uniform(-0.05, 0.05), see `npu_rec._keyed_init`),
+      initializer: None (keyed uniform(-0.05, 0.05), see `npu_rec.table._keyed_init`),
         a Keras/TF initializer, or a callable `(shape, dtype) -> tensor`.
       optimizer: An `npu_rec.optimizers.SparseOptimizer` or None (not trainable).
       capacity: Initial rows; the fixed size when dynamic expansion is off.
@@ -72,46 +69,48 @@ class TableConfig:
         self._validate()
 
     def _validate(self) -> None:
-        """The table of rules of `create_table`'s arguments."""
-        if not isinstance(self.name, str) or not self.name or "/" in self.name:
-            raise ValueError(
-                "`name` must be a non-empty string without '/'. "
-                f"Received: name={self.name!r}"
-            )
-        _check_int("dim", self.dim, 1, "an integer >= 1")
-        if tf.as_dtype(self.key_dtype) not in (tf.int64, tf.int32):
-            raise TypeError(
+        """The table of rules of `create_table`'s arguments (errors: `npu_rec._validation`)."""
+        name_rule = "`name` must be a non-empty string without '/'. "
+        if not isinstance(self.name, str):
+            raise ConfigTypeError(f"{name_rule}Received: name={self.name!r} of type "
+                                  f"{type(self.name).__name__}")
+        if not self.name or "/" in self.name:
+            raise ConfigError(f"{name_rule}Received: name={self.name!r}")
+        ints = (("dim", 1, "an integer >= 1"),
+                ("capacity", 1, "an integer >= 1 (or None)"),
+                ("access_threshold", -1, "an integer >= -1 (-1 = off)"),
+                ("eviction_threshold", -1, "an integer >= -1 (-1 = off)"),
+                ("max_pending_keys", 2, "an integer >= 2"),
+                ("num_shards", 1, "an integer >= 1"))
+        for field, low, rule in ints:          # NumPy integers are stored as int
+            value = check_int(field, getattr(self, field), low, None, rule=rule)
+            object.__setattr__(self, field, value)
+        try:
+            key_dtype = tf.as_dtype(self.key_dtype)
+        except TypeError:
+            key_dtype = None
+        if key_dtype not in (tf.int64, tf.int32):
+            raise ConfigTypeError(
                 f"`key_dtype` must be tf.int64 or tf.int32. Received: key_dtype={self.key_dtype!r}"
             )
-        _check_int("capacity", self.capacity, 1, "an integer >= 1 (or None)")
-        _check_int("access_threshold", self.access_threshold, -1, "an integer >= -1 (-1 = off)")
-        _check_int(
-            "eviction_threshold", self.eviction_threshold, -1, "an integer >= -1 (-1 = off)"
-        )
-        _check_int("max_pending_keys", self.max_pending_keys, 2, "an integer >= 2")
-        _check_int("num_shards", self.num_shards, 1, "an integer >= 1")
         if self.eviction_threshold >= 0 and self.access_threshold < 0:
-            raise ValueError(
+            raise ConfigError(
                 "Eviction needs admission: `eviction_threshold` >= 0 requires "
                 "`access_threshold` >= 0 (0 admits every key at once). Received: "
                 f"eviction_threshold={self.eviction_threshold}, "
                 f"access_threshold={self.access_threshold}"
             )
-        if not isinstance(self.dynamic_expansion, bool):
-            raise TypeError(
-                "`dynamic_expansion` must be a bool or None. "
-                f"Received: dynamic_expansion={self.dynamic_expansion!r}"
-            )
+        check_bool("dynamic_expansion", self.dynamic_expansion, rule="a bool or None")
         if self.initializer is not None and not callable(self.initializer):
-            raise TypeError(
+            raise ConfigTypeError(
                 "`initializer` must be None, a Keras/TF initializer or a callable "
                 f"(shape, dtype) -> tensor. Received: initializer={self.initializer!r}"
             )
         if self.optimizer is not None:
-            from npu_rec.optimizers import SparseOptimizer  # noqa: PLC0415
+            from npu_rec.optimizers import SparseOptimizer
 
             if not isinstance(self.optimizer, SparseOptimizer):
-                raise TypeError(
+                raise ConfigTypeError(
                     "`optimizer` must be an npu_rec.optimizers sparse optimizer "
                     "(SGD, Adagrad, Adam, Ftrl) or None. "
                     f"Received: optimizer={self.optimizer!r}"

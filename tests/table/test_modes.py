@@ -5,7 +5,7 @@ import pytest
 import tensorflow as tf
 
 import npu_rec
-from npu_rec import _table_registry
+from npu_rec.table import _registry as _table_registry
 
 STEPS, BATCH, EVICT_EVERY = 6, 8, 3
 
@@ -151,7 +151,7 @@ def test_v1_update_of_new_rows_waits_for_their_admission():
     order = np.argsort(exported["keys"])
     values = exported["values"][order]
     # Each step adds -1 to each row: three steps move every row by exactly -3 from its init.
-    from tests.table_reference import keyed_uniform
+    from tests.table.table_reference import keyed_uniform
 
     init = np.stack([keyed_uniform(k, 2, "linear_v1") for k in (11, 12)])
     np.testing.assert_allclose(values, init - 3.0, atol=1e-6)

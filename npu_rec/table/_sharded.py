@@ -1,8 +1,9 @@
 """`ShardedTable`: a sparse table split by key hash into single-shard tables.
 
 Key `k` lives in shard `shard_of(k) = (splitmix64(k) >> 32) mod S`; each
-shard is a plain `SparseTable` (own hash map, rows, slots, counters, free
-list) that is not registered under its own name. The sharded table routes
+shard is a `SingleShardTable` (own hash map, rows, slots, counters, free
+list) that is not registered under its own name; the two classes are
+siblings under `SparseTable`. The sharded table routes
 the unique keys of a batch to their shards (`tf.dynamic_partition`) and
 stitches the rows back in order, so lookups, gradients, eviction, export,
 `save`/`restore` and `TableCheckpointManager` see one table.
@@ -28,11 +29,11 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from npu_rec import _table_check, _table_registry
-from npu_rec._keyed_init import _splitmix64
-from npu_rec._sparse_table import SparseTable, _rows_with_values
-from npu_rec._table_config import TableConfig
-from npu_rec._table_state import _NO_NOW
+from npu_rec.table import _check as _table_check
+from npu_rec.table._base import NO_NOW, SparseTable, rows_with_values
+from npu_rec.table._config import TableConfig
+from npu_rec.table._keyed_init import _splitmix64
+from npu_rec.table._sparse import SingleShardTable
 
 _M64 = (1 << 64) - 1
 _GOLDEN, _MIX1, _MIX2 = 0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
@@ -59,7 +60,7 @@ def shard_of_numpy(keys: np.ndarray, num_shards: int) -> np.ndarray:
 
 
 class ShardedTable(SparseTable):
-    """A `SparseTable` split by key hash into `num_shards` shards.
+    """A `SparseTable` split by key hash into `num_shards` single-shard tables.
 
     Create it with `npu_rec.create_table(..., num_shards=S)`; use it exactly
     like an unsharded table. See the module docstring for routing and state.
@@ -70,29 +71,18 @@ class ShardedTable(SparseTable):
       >>> emb = npu_rec.sparse_lookup(table, tf.constant([[3, 7]], tf.int64))  # [1, 2, 16]
     """
 
-    def __init__(self, config: TableConfig):  # noqa: D107  (no SparseTable.__init__)
-        self.config = config
-        self.name = config.name
-        self.dim = config.dim
-        self.key_dtype = tf.as_dtype(config.key_dtype)
-        self.optimizer = config.optimizer
+    def __init__(self, config: TableConfig):
+        super().__init__(config)
         n = config.num_shards
         shard_cfg = dataclasses.replace(
             config, num_shards=1, capacity=-(-config.capacity // n),
             max_pending_keys=max(2, -(-config.max_pending_keys // n)))
-        _table_registry.register(self)
         self._shards = [
-            SparseTable(dataclasses.replace(shard_cfg, name=f"{config.name}_shard{s}"),
-                        _register=False, _seed_name=config.name) for s in range(n)]
-        with tf.init_scope():
-            self._graph_mode = not tf.executing_eagerly()
-            if self._graph_mode:
-                now = tf.compat.v1.placeholder_with_default(
-                    tf.constant(_NO_NOW, tf.int64), [], f"{config.name}_evict_now")
-                self._graph_ops = {"size": self._build_size(),
-                                   "evict": (now, self._build_evict(now)),
-                                   "clamped": self._clamped_report()}
-        self._clamped_reported = 0
+            SingleShardTable(dataclasses.replace(shard_cfg, name=f"{config.name}_shard{s}"),
+                             register=False, seed_name=config.name) for s in range(n)]
+        if self._graph_mode:
+            with tf.init_scope():
+                self._graph_ops = self._graph_ops_common(f"{config.name}_evict_now")
 
     @property
     def num_shards(self) -> int:
@@ -109,9 +99,6 @@ class ShardedTable(SparseTable):
     def variables(self) -> list[tf.Variable]:
         return [v for s in self._shards for v in s.variables()]
 
-    def __repr__(self) -> str:
-        return super().__repr__()[:-1] + f", num_shards={self.num_shards})"
-
     # ------------------------------------------------------------ routing
     def _partition(self, keys: tf.Tensor, *values):
         sid = shard_of(keys, self.num_shards)
@@ -124,27 +111,26 @@ class ShardedTable(SparseTable):
         return tf.where(local >= 0, local * self.num_shards + shard, tf.constant(-1, tf.int64))
 
     @tf.autograph.experimental.do_not_convert
-    def _lookup_unique(self, keys, counts, times, training, from_feature=False,
-                       batch_time=None):
+    def lookup_unique(self, keys, counts, times, training, from_feature=False,
+                      batch_time=None):
         pos, (pk, pc, pt) = self._partition(keys, counts, times)
         rows, embs = [], []
         for s, shard in enumerate(self._shards):
-            r, e = shard._lookup_unique(pk[s], pc[s], pt[s], training, from_feature,
-                                        batch_time)
+            r, e = shard.lookup_unique(pk[s], pc[s], pt[s], training, from_feature,
+                                       batch_time)
             rows.append(self._global_rows(r, s))
             embs.append(e)
         return tf.dynamic_stitch(pos, rows), tf.dynamic_stitch(pos, embs)
 
-    def _find_rows(self, keys):
+    def find_rows(self, keys):
         pos, (pk,) = self._partition(keys)
-        return tf.dynamic_stitch(pos, [self._global_rows(shard._find_rows(pk[s]), s)
+        return tf.dynamic_stitch(pos, [self._global_rows(shard.find_rows(pk[s]), s)
                                        for s, shard in enumerate(self._shards)])
 
     @tf.autograph.experimental.do_not_convert
-    def _apply_rows(self, rows, grads, all_rows=False, current=None):
-        if self.optimizer is None:
-            return self._shards[0]._apply_rows(rows, grads)  # raises the no-optimizer error
-        rows, grads, current = _rows_with_values(rows, tf.cast(grads, tf.float32), current,
+    def apply_rows(self, rows, grads, all_rows=False, current=None):
+        self._require_optimizer()
+        rows, grads, current = rows_with_values(rows, tf.cast(grads, tf.float32), current,
                                                  all_rows)
         sid = tf.cast(rows % self.num_shards, tf.int32)
         local = tf.dynamic_partition(rows // self.num_shards, sid, self.num_shards)
@@ -152,41 +138,32 @@ class ShardedTable(SparseTable):
         now = ([None] * self.num_shards if current is None
                else tf.dynamic_partition(current, sid, self.num_shards))
         # Every shard steps (possibly with no rows), so their optimizer steps stay equal.
-        return tf.group(*[shard._apply_rows(local[s], part[s], all_rows=True, current=now[s])
+        return tf.group(*[shard.apply_rows(local[s], part[s], all_rows=True, current=now[s])
                           for s, shard in enumerate(self._shards)])
 
     # -------------------------------------------------------- maintenance
-    def _build_size(self) -> tf.Tensor:
-        return tf.add_n([s._storage.live_count() for s in self._shards])
+    def build_size(self) -> tf.Tensor:
+        return tf.add_n([s.build_size() for s in self._shards])
 
-    @tf.autograph.experimental.do_not_convert
-    def size(self) -> int | tf.Tensor:
-        """Keys holding a row, over all shards: an int in eager mode, else an int64 tensor."""
-        if self._graph_mode:
-            return self._graph_ops["size"]
-        count = self._build_size()
-        return int(count) if tf.executing_eagerly() else count
-
-    def _clamped_report(self) -> tf.Tensor:
-        reports = tf.stack([s._clamped_report() for s in self._shards])
+    def clamped_report(self) -> tf.Tensor:
+        reports = tf.stack([s.clamped_report() for s in self._shards])
         return tf.stack([tf.reduce_sum(reports[:, 0]), tf.reduce_max(reports[:, 1])])
 
-    def _default_now(self) -> tf.Tensor:
-        wall = tf.cast(tf.timestamp(), tf.int64)
-        seen = tf.reduce_max(tf.stack([s._max_seen.read_value() for s in self._shards]))
-        ts = tf.reduce_any(tf.stack([s._ts_feature.read_value() for s in self._shards]))
-        return tf.where(ts, seen, wall)
+    def clock(self) -> tuple[tf.Tensor, tf.Tensor]:
+        clocks = [s.clock() for s in self._shards]
+        return (tf.reduce_max(tf.stack([seen for seen, _ in clocks])),
+                tf.reduce_any(tf.stack([ts for _, ts in clocks])))
 
-    def _build_evict(self, now: tf.Tensor) -> tf.Tensor:
+    def build_evict(self, now: tf.Tensor) -> tf.Tensor:
         if not self.config.eviction:
             return tf.constant(0, tf.int64)
-        now = tf.where(tf.equal(now, _NO_NOW), self._default_now(), now)
-        return tf.add_n([s._build_evict(now) for s in self._shards])
+        now = tf.where(tf.equal(now, NO_NOW), self._default_now(), now)
+        return tf.add_n([s.build_evict(now) for s in self._shards])
 
     # -------------------------------------------------------------- state
-    def _read_state(self, min_period: int = 0, session=None,
-                    check: bool = True) -> dict[str, np.ndarray]:
-        parts = [s._read_state(min_period, session, check) for s in self._shards]
+    def read_state(self, min_period: int = 0, session=None,
+                   check: bool = True) -> dict[str, np.ndarray]:
+        parts = [s.read_state(min_period, session, check) for s in self._shards]
         st: dict[str, Any] = {}
         row_fields = [*_ROW_FIELDS, *[f"slot/{n}" for n in self.slot_names]]
         for fields in (row_fields, _PENDING_FIELDS, ("deleted_keys",)):
@@ -200,7 +177,7 @@ class ShardedTable(SparseTable):
             _table_check.verify_unique_keys(self.name, st["keys"])
         return st
 
-    def _write_state(self, st: dict[str, np.ndarray], session=None) -> None:
+    def write_state(self, st: dict[str, np.ndarray], session=None) -> None:
         row_fields = [*_ROW_FIELDS, *[f"slot/{n}" for n in self.slot_names]]
         rows_sid = shard_of_numpy(st["keys"], self.num_shards)
         pend_sid = shard_of_numpy(st["pending_keys"], self.num_shards)
@@ -208,11 +185,11 @@ class ShardedTable(SparseTable):
             sub = {k: v for k, v in st.items() if k not in row_fields + list(_PENDING_FIELDS)}
             sub.update({f: np.asarray(st[f])[rows_sid == s] for f in row_fields})
             sub.update({f: np.asarray(st[f])[pend_sid == s] for f in _PENDING_FIELDS})
-            shard._write_state(sub, session)
+            shard.write_state(sub, session)
 
-    def _end_period(self, session=None) -> None:
+    def end_period(self, session=None) -> None:
         for s in self._shards:
-            s._end_period(session)
+            s.end_period(session)
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "num_shards": self.num_shards}

@@ -5,8 +5,8 @@ import pytest
 import tensorflow as tf
 
 import npu_rec
-from npu_rec import _table_registry
-from tests.table_reference import keyed_uniform
+from npu_rec.table import _registry as _table_registry
+from tests.table.table_reference import keyed_uniform
 
 
 def test_lookup_reads_keyed_initial_rows_and_counts():
@@ -146,7 +146,7 @@ def test_evict_without_timestamp_feature_uses_wall_clock():
 
 def test_evicting_many_tables_logs_no_retracing_warning():
     """Each table compiles its eager evict once; a model's worth of tables must not set
-    off TensorFlow's "excessive retracing" warning (it names `_build_evict`)."""
+    off TensorFlow's "excessive retracing" warning (it names `build_evict`)."""
     import logging
 
     records = []
@@ -245,8 +245,8 @@ def test_table_variables_are_not_trainable():
 
 
 def test_two_lookups_of_one_table_make_one_optimizer_step():
-    from tests.table_helpers import OPTIMIZERS, assert_same_state
-    from tests.table_reference import ReferenceTable
+    from tests.table.table_helpers import OPTIMIZERS, assert_same_state
+    from tests.table.table_reference import ReferenceTable
 
     make_opt, make_ref = OPTIMIZERS["adam"]
     table = npu_rec.create_table("shared", 2, optimizer=make_opt())
