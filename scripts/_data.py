@@ -10,6 +10,7 @@ import numpy as np
 import tensorflow as tf
 
 from npu_rec import data as npd
+from scripts import _workers
 
 EVAL_START_ROW = 1 << 30  # held-out synthetic rows: far beyond anything trained on
 HOLD_OUT_EVERY = 10  # without --eval_data, one row in 10 of the files is held out
@@ -151,7 +152,9 @@ def train_dataset(p: DataPlan, batch_size: int, source=None):
     """
     static = _fixed_shapes(p, batch_size)
     source = source if source is not None else p.train_source()
-    ds = npd.as_dataset(source, batch_size, num_sweeps=None, use_dynamic=not static)
+    workers, rank = _workers.shard()  # each worker reads its own share
+    ds = npd.as_dataset(source, batch_size, num_sweeps=None, use_dynamic=not static,
+                        number_of_workers=workers, worker_rank=rank)
     position = ds.reading_position
     return ds.map(_select(p)), source, position
 

@@ -20,7 +20,7 @@ import npu_rec
 from npu_rec import estimator as E
 from npu_rec.keras import callbacks as kcb
 from npu_rec.models import TRAIN_OUTPUTS, build_rec_model, estimator_model_fn, specs_for
-from scripts import _checkpoints, _data, _report
+from scripts import _checkpoints, _data, _report, _workers
 
 
 @dataclasses.dataclass
@@ -109,8 +109,10 @@ def run_keras(s: RunSettings, plan: _data.DataPlan, *, train: bool = True):
     Returns:
       (metrics dict, `MetricLog`, model).
     """
-    model = keras_model(s, plan)
+    with _workers.scope():  # several workers: tables sharded, dense part mirrored
+        model = keras_model(s, plan)
     ds, source, position = _data.train_dataset(plan, s.batch_size)
+    ds = _workers.distribute(ds)
     ckpt = kcb.SparseCheckpoint(s.model_dir, save_freq=s.save_steps, data_source=source,
                                 reading_position=position,
                                 keep_checkpoint_max=s.keep_checkpoint_max)

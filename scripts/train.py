@@ -27,7 +27,15 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from absl import app, flags
 
-from scripts import _checkpoints, _cli, _data, _frontends, _report, _run_record
+from scripts import (
+    _checkpoints,
+    _cli,
+    _data,
+    _frontends,
+    _report,
+    _run_record,
+    _workers,
+)
 from scripts import _flags as F
 
 flags.adopt_module_key_flags(F)
@@ -74,7 +82,7 @@ def settings_and_plan(adjust=None, *, record_run: bool = False):
     Raises:
       app.UsageError: a flag, or the data's columns, conflict with the recorded run.
     """
-    model_dir = F.MODEL_DIR.value or tempfile.mkdtemp(prefix="npu_rec_run_")
+    model_dir = _workers.model_dir(F.MODEL_DIR.value or tempfile.mkdtemp(prefix="npu_rec_run_"))
     trained = bool(_checkpoints.restorable_versions(model_dir))
     record = _run_record.apply(model_dir) if trained else None  # else a run that saved nothing
     settings = settings_from_flags(model_dir)
@@ -125,6 +133,7 @@ def already_complete(settings) -> dict | None:
 def run() -> dict:
     """Trains and evaluates as the flags say; returns the metrics (also printed)."""
     settings, plan = settings_and_plan(record_run=True)
+    _workers.check_frontend(settings.frontend)
     done = already_complete(settings)
     if done is not None:
         return done
@@ -138,6 +147,7 @@ def run() -> dict:
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+    _workers.setup()  # several workers in TF_CONFIG: before any TensorFlow op
     F.check_now()
     _cli.quiet_logs()
     run()

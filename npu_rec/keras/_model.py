@@ -7,10 +7,10 @@ import functools
 import keras
 import tensorflow as tf
 
-from npu_rec import _keras_private
+from npu_rec import _keras_private, distribute
 from npu_rec import _log as logging
 from npu_rec._keras_private import Functional, Trainer, functional_init_arguments
-from npu_rec.keras import _amp, _finite, _online
+from npu_rec.keras import _amp, _finite, _keras_fixes, _online
 from npu_rec.keras._layers import model_tables
 from npu_rec.keras._model_state import ModelStateMixin
 from npu_rec.table import _lookup
@@ -194,6 +194,9 @@ class RecModel(ModelStateMixin, keras.Model):
         costly to trace, so the state is built here from the data's element
         spec (no batch is read) and the step is traced once.
         """
+        if _keras_fixes.multi_worker(self._distribute_strategy):
+            spec = _element_spec(iterator) if data_batch is None else data_batch
+            return _keras_fixes.symbolic_build(self, self._distribute_strategy, spec)
         if self._distribute_strategy is not None:
             return super()._maybe_symbolic_build(iterator=iterator, data_batch=data_batch)
         if data_batch is None:
@@ -224,7 +227,9 @@ class RecModel(ModelStateMixin, keras.Model):
     def train_step(self, data):
         with tf.GradientTape() as tape, _lookup.record_lookups(tape) as records:
             x, y, y_pred, sample_weight, loss = self._forward_loss(data, training=True)
-            _keras_private.loss_tracker(self).update_state(loss, sample_weight=_batch_size(x))
+            # Keras divides a compiled loss by the replicas (their gradients are summed).
+            _keras_private.loss_tracker(self).update_state(_keras_fixes.unscale_loss(loss),
+                                                           sample_weight=_batch_size(x))
             scaled = self.optimizer.scale_loss(loss)
         records = [r for r in records if r.table.optimizer is not None]
         dense_vars = list(self.trainable_variables)
@@ -250,8 +255,9 @@ class RecModel(ModelStateMixin, keras.Model):
         with tf.control_dependencies([_finite.check_loss(loss)]):
             self._apply_updates(records, dense_vars, dense_grads, sparse_grads, apply_sparse)
         if self._loss_in_network:
-            return self._metric_results()
-        return self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+            return _keras_fixes.logs_for_reduction(self._metric_results())
+        return _keras_fixes.logs_for_reduction(
+            self.compute_metrics(x, y, y_pred, sample_weight=sample_weight))
 
     def _apply_updates(self, records, dense_vars, dense_grads, sparse_grads, apply_sparse):
         if dense_vars:
@@ -274,6 +280,9 @@ class RecModel(ModelStateMixin, keras.Model):
 
     @_waits_for_the_batch
     def test_step(self, data):
+        return _keras_fixes.logs_for_reduction(self._test_logs(data))
+
+    def _test_logs(self, data):
         if self.eval_network is None and not self._loss_in_network:
             return super().test_step(data)
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
@@ -304,6 +313,10 @@ class RecModel(ModelStateMixin, keras.Model):
             callbacks.append(StepConsistency())
         try:
             return super().fit(*args, callbacks=callbacks, **kwargs)
+        except distribute.PEER_ERRORS as err:
+            if _keras_fixes.multi_worker(self.distribute_strategy):
+                raise distribute.explain_peer_error(err) from err
+            raise
         finally:  # Keras skips on_train_end when training raises: free checkpoint locks
             for c in callbacks:
                 if callable(getattr(c, "release", None)):

@@ -55,7 +55,10 @@ def create_table(name: str, dim: int, *, key_dtype=tf.int64, initializer=None, o
 
     Returns:
       A `SparseTable`: a `SingleShardTable`, or a `ShardedTable` when
-      `num_shards > 1` (both exported from `npu_rec`).
+      `num_shards > 1` (both exported from `npu_rec`); a
+      `npu_rec.distribute.WorkerShardedTable` inside the scope of a
+      `MultiWorkerMirroredStrategy` with several workers (`num_shards` is then
+      ignored: the table is sharded across the workers, docs/distributed.md).
 
     Raises:
       ValueError: an argument is out of range, eviction is on without admission,
@@ -80,6 +83,11 @@ def create_table(name: str, dim: int, *, key_dtype=tf.int64, initializer=None, o
                          eviction_threshold=eviction_threshold,
                          dynamic_expansion=dynamic_expansion, max_pending_keys=max_pending_keys,
                          num_shards=num_shards)
+    from npu_rec.distribute._strategy import table_for_strategy  # noqa: PLC0415
+
+    table = table_for_strategy(config)  # sharded across workers under a multi-worker strategy
+    if table is not None:
+        return table
     if num_shards > 1:
         return ShardedTable(config)
     return SingleShardTable(config)

@@ -188,8 +188,9 @@ class SparseCheckpoint(keras.callbacks.Callback):
             v.assign(data[f"w{i}"])
         opt = self.model.optimizer
         if opt is not None:
-            if not opt.built:
-                opt.build(self.model.trainable_variables)
+            if not opt.built:  # in the strategy's scope (multi-worker: mirrored slots)
+                with self.model.distribute_strategy.scope():
+                    opt.build(self.model.trainable_variables)
             for i, v in enumerate(opt.variables):
                 if f"o{i}" in data:
                     v.assign(data[f"o{i}"])

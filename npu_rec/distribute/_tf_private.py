@@ -1,0 +1,40 @@
+"""TensorFlow internals that multi-worker training needs, fenced in one place.
+
+`tests/distribute/test_tf_private.py` checks each of them against the
+installed TensorFlow and names the version when one breaks.
+
+* Plain variables inside a strategy scope: a worker's table shard must be
+  ordinary resource variables (not `MirroredVariable`s, whose updates the
+  strategy would synchronise across workers holding different keys), yet
+  tables are created inside `strategy.scope()` (by `SparseEmbedding.build`).
+  A variable creator that does not call the next creator in the stack
+  skips the strategy's creator; the default creator it calls instead is
+  `resource_variable_ops.default_variable_creator_v2` (TF 2.x).
+* The strategy's communication options (for their timeout), and the worker
+  count, kept privately by `CollectiveAllReduceExtended`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import tensorflow as tf
+from tensorflow.python.ops import resource_variable_ops
+
+
+def _plain_creator(next_creator, **kwargs):
+    del next_creator  # skip the strategy's creator (and any other) on purpose
+    return resource_variable_ops.default_variable_creator_v2(None, **kwargs)
+
+
+@contextlib.contextmanager
+def outside_strategy():
+    """Variables created in this block are plain `ResourceVariable`s, even in a strategy scope."""
+    with tf.variable_creator_scope(_plain_creator):
+        yield
+
+
+def strategy_timeout(strategy) -> float | None:
+    """The collective timeout set on `strategy`'s communication options, or None."""
+    options = getattr(strategy.extended, "_communication_options", None)
+    return getattr(options, "timeout_seconds", None)

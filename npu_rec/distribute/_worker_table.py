@@ -1,0 +1,211 @@
+"""`WorkerShardedTable`: a sparse table split by key hash across the workers of a strategy.
+
+Worker `w` of `W` owns the keys with `shard_of(key, W) == w` (the hash of
+`npu_rec.table._sharded`, so the split is the one-process `num_shards=W`
+split) and holds them in a plain, one-process `SparseTable` (`.local`):
+hash map, rows, optimizer slots, admission counters and free list, in plain
+(not mirrored) variables that the Keras optimizer never sees.
+
+Inside a replica step (`model.fit` under `MultiWorkerMirroredStrategy`):
+
+* lookup: each worker deduplicates its batch (as one process does), all
+  workers exchange their unique keys with their counts and newest
+  timestamps; each owner merges the copies of its keys (counts summed,
+  times maxed), so admission, eviction clocks and counts are exactly those
+  of one process on the global batch, looks them up in `.local`, and the
+  rows come back to the workers that asked;
+* update: each worker sends the gradients of the rows it looked up to
+  their owners; an owner sums the copies of a row and applies its sparse
+  optimizer once per step (every owner steps, possibly with no rows, so
+  Adam's step count is the one-process count).
+
+A row id handed out (in `LookupRecord.rows`) is `local_row * W + owner`.
+`export`, `save` and `size` describe this worker's keys; `restore` (and
+`TableCheckpointManager.restore`) keep the keys this worker owns, so a
+checkpoint of any number of workers, or of one process, restores here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+from npu_rec.distribute import _tf_private
+from npu_rec.distribute._exchange import Exchange
+from npu_rec.table._base import SparseTable, rows_with_values
+from npu_rec.table._config import TableConfig
+from npu_rec.table._sharded import shard_of, shard_of_numpy
+from npu_rec.table._sparse import SingleShardTable
+
+_ROW_FIELDS = ("keys", "values", "counts", "last_seen")
+_PENDING_FIELDS = ("pending_keys", "pending_counts", "pending_last_seen")
+
+
+class WorkerShardedTable(SparseTable):
+    """A `SparseTable` whose keys are split by hash across the workers of a strategy.
+
+    Created by `npu_rec.create_table` (and so by `SparseEmbedding`) inside the
+    scope of a `MultiWorkerMirroredStrategy` with more than one worker; see the
+    module docstring.
+
+    Example (on every worker, `TF_CONFIG` set by `python -m npu_rec.launch`):
+      >>> strategy = npu_rec.distribute.multi_worker_strategy()
+      >>> with strategy.scope():
+      ...     table = npu_rec.create_table("item", 16, optimizer=npu_rec.optimizers.SGD(0.1))
+      >>> table.num_workers, table.rank
+      (2, 0)
+    """
+
+    def __init__(self, config: TableConfig, exchange: Exchange):  # noqa: D107
+        super().__init__(config)
+        self._exchange = exchange
+        local_cfg = dataclasses.replace(config, name=f"{config.name}_worker{exchange.rank}",
+                                        num_shards=1)
+        with _tf_private.outside_strategy():
+            self.local = SingleShardTable(local_cfg, register=False, seed_name=config.name)
+        if self._graph_mode:
+            with tf.init_scope():
+                self._graph_ops = self._graph_ops_common(f"{config.name}_evict_now")
+
+    @property
+    def num_workers(self) -> int:
+        return self._exchange.num_workers
+
+    @property
+    def rank(self) -> int:
+        return self._exchange.rank
+
+    @property
+    def num_shards(self) -> int:
+        """Shards in this process (1: the other workers hold the other shards)."""
+        return 1
+
+    @property
+    def shards(self) -> list[SparseTable]:
+        """This worker's shard (the other shards live in the other workers)."""
+        return [self.local]
+
+    @property
+    def slot_names(self) -> list[str]:
+        return self.local.slot_names
+
+    def variables(self) -> list[tf.Variable]:
+        return self.local.variables()
+
+    def __repr__(self) -> str:
+        return (super().__repr__()[:-1]
+                + f", num_workers={self.num_workers}, rank={self.rank})")
+
+    def owner_of(self, keys: tf.Tensor) -> tf.Tensor:
+        """int32 [n]: the worker owning each int64 key."""
+        return shard_of(keys, self.num_workers)
+
+    # ------------------------------------------------------------ lookups
+    def _gather(self, value):
+        return self._exchange.gather(value, self.name)
+
+    @tf.autograph.experimental.do_not_convert
+    def lookup_unique(self, keys, counts, times, training, from_feature=False,
+                      batch_time=None):
+        # Two collectives (three with the update): each costs a network round trip
+        # (~5 ms on loopback here), which dominates a step of many small tables.
+        n_workers, rank = self.num_workers, self.rank
+        keys = tf.cast(keys, tf.int64)
+        sender = tf.fill(tf.shape(keys), tf.constant(rank, tf.int64))
+        columns = [keys, sender]
+        if training:
+            columns += [tf.cast(counts, tf.int64), tf.cast(times, tf.int64)]
+        everyone = self._gather(tf.stack(columns, 1))               # [N, 2 or 4]
+        owner = self.owner_of(everyone[:, 0])
+        mine = tf.where(tf.equal(owner, rank))[:, 0]
+        uniq, at = tf.unique(tf.gather(everyone[:, 0], mine), out_idx=tf.int64)
+        n_uniq = tf.size(uniq, out_type=tf.int64)
+        if training:
+            mine_rows = tf.gather(everyone, mine)
+            got_counts = tf.math.unsorted_segment_sum(mine_rows[:, 2], at, n_uniq)
+            got_times = tf.math.unsorted_segment_max(mine_rows[:, 3], at, n_uniq)
+            rows, emb = self.local.lookup_unique(uniq, got_counts, got_times, True,
+                                                  from_feature=from_feature)
+        else:
+            rows, emb = self.local.lookup_unique(uniq, None, None, False)
+        rows = tf.where(rows >= 0, rows * n_workers + rank, tf.constant(-1, tf.int64))
+        # Answers in the order of the asked positions this worker owns; gathered, they are
+        # ordered by owner, so position p's answer is at inverse(concat of owners' positions)[p].
+        answers = self._gather(_pack(tf.gather(rows, at), tf.gather(emb, at)))
+        by_owner = tf.dynamic_partition(tf.range(tf.size(owner, out_type=tf.int64)), owner,
+                                        n_workers)
+        where = tf.math.invert_permutation(tf.concat(by_owner, 0))
+        asked_here = tf.where(tf.equal(everyone[:, 1], rank))[:, 0]   # in this worker's order
+        got_rows, got_emb = _unpack(tf.gather(answers, tf.gather(where, asked_here)))
+        return got_rows, got_emb
+
+    def find_rows(self, keys):
+        raise NotImplementedError(
+            f"Sparse table {self.name!r} is sharded across workers: `apply_gradients(ids, "
+            "grads)` is not supported on it; train it through `RecModel.fit` (recorded "
+            "lookups) or `npu_rec.apply_recorded_gradients` inside the replica step.")
+
+    # --------------------------------------------------------- gradients
+    @tf.autograph.experimental.do_not_convert
+    def apply_rows(self, rows, grads, all_rows=False, current=None):
+        if self.optimizer is None:
+            return self.local.apply_rows(rows, grads)  # raises the no-optimizer error
+        rows, grads, _ = rows_with_values(rows, tf.cast(grads, tf.float32), None, all_rows)
+        rows, grads = _unpack(self._gather(_pack(rows, grads)))
+        mine = tf.where(tf.equal(rows % self.num_workers, self.rank))[:, 0]
+        local_rows, at = tf.unique(tf.gather(rows, mine) // self.num_workers,
+                                   out_idx=tf.int64)
+        summed = tf.math.unsorted_segment_sum(tf.gather(grads, mine), at,
+                                              tf.size(local_rows, out_type=tf.int64))
+        return self.local.apply_rows(local_rows, summed, all_rows=True)
+
+    # ------------------------------------------------------- maintenance
+    # `size()` and `evict()` (from `SparseTable`) count and free this worker's keys;
+    # `evict(now=None)` uses this worker's clock (the newest timestamp among its own
+    # keys' lookups, or the wall clock), not the newest over all workers: pass `now`
+    # for the one-process rule.
+    def build_size(self) -> tf.Tensor:
+        return self.local.build_size()
+
+    def build_evict(self, now: tf.Tensor) -> tf.Tensor:
+        return self.local.build_evict(now)
+
+    def clock(self) -> tuple[tf.Tensor, tf.Tensor]:
+        return self.local.clock()
+
+    def clamped_report(self) -> tf.Tensor:
+        return self.local.clamped_report()
+
+    # ------------------------------------------------------------- state
+    def read_state(self, min_period: int = 0, session=None,
+                   check: bool = True) -> dict[str, np.ndarray]:
+        return self.local.read_state(min_period, session, check)
+
+    def write_state(self, st: dict[str, np.ndarray], session=None) -> None:
+        """Loads the keys of `st` that this worker owns (`st` may hold any worker's keys)."""
+        row_fields = [*_ROW_FIELDS, *[f"slot/{n}" for n in self.slot_names]]
+        mine_rows = shard_of_numpy(st["keys"], self.num_workers) == self.rank
+        mine_pend = shard_of_numpy(st["pending_keys"], self.num_workers) == self.rank
+        sub = {k: v for k, v in st.items() if k not in row_fields + list(_PENDING_FIELDS)}
+        sub.update({f: np.asarray(st[f])[mine_rows] for f in row_fields})
+        sub.update({f: np.asarray(st[f])[mine_pend] for f in _PENDING_FIELDS})
+        self.local.write_state(sub, session)
+
+    def end_period(self, session=None) -> None:
+        self.local.end_period(session)
+
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "num_workers": self.num_workers, "rank": self.rank}
+
+
+def _pack(rows: tf.Tensor, values: tf.Tensor) -> tf.Tensor:
+    """float32 [n, 2 + dim]: int64 rows [n] bit-cast into two columns, then values [n, dim]."""
+    return tf.concat([tf.bitcast(rows, tf.float32), values], 1)
+
+
+def _unpack(packed: tf.Tensor):
+    """(int64 rows [n], float32 values [n, dim]) from `_pack`'s result (bit-exact)."""
+    return tf.bitcast(packed[:, :2], tf.int64), packed[:, 2:]

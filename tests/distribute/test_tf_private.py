@@ -1,0 +1,26 @@
+"""The TensorFlow internals fenced in `npu_rec/distribute/_tf_private.py` still work."""
+
+import tensorflow as tf
+
+from npu_rec.distribute import _tf_private
+
+
+def test_variables_made_outside_the_strategy_are_plain_inside_its_scope():
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
+    with strategy.scope():
+        mirrored = tf.Variable(1.0)
+        with _tf_private.outside_strategy():
+            plain = tf.Variable(tf.zeros([3]), trainable=False)
+            grows = tf.Variable(tf.zeros([2, 4]), shape=tf.TensorShape([None, 4]))
+    assert type(mirrored).__name__ == "MirroredVariable", (
+        f"TensorFlow {tf.__version__}: the strategy no longer mirrors; check this test")
+    assert type(plain).__name__ == "ResourceVariable", (
+        f"TensorFlow {tf.__version__} changed the default variable creator: fix "
+        "_tf_private.outside_strategy")
+    assert grows.shape.as_list() == [None, 4]
+    plain.assign_add(tf.ones([3]))
+    assert plain.numpy().tolist() == [1.0, 1.0, 1.0]
+
+
+def test_a_strategy_without_options_has_no_timeout():
+    assert _tf_private.strategy_timeout(tf.distribute.get_strategy()) is None
