@@ -22,6 +22,7 @@ import tensorflow as tf
 from npu_rec import _keyed_init, _table_registry
 from npu_rec import _log as logging
 from npu_rec._admission import PendingCounts
+from npu_rec._kernels import _ops as _kernel_ops
 from npu_rec._key_index import KeyIndex
 from npu_rec._key_pipeline import flat_keys as _flat_keys
 from npu_rec._table_config import (
@@ -201,26 +202,35 @@ class SparseTable(TableStateMixin):
         else:
             u = tf.shape(keys, out_type=tf.int64)[0]
             extra = tf.scatter_nd(adm_pos[:, None], adm_prior, tf.reshape(u, [1]))
-            live_pos = tf.where(rows >= 0)[:, 0]
-            live_rows = tf.gather(rows, live_pos)
-            add = tf.gather(counts + extra, live_pos)
-            live_times = tf.gather(times, live_pos)
+            if _kernel_ops.enabled():   # the kernel skips rows < 0 itself
+                live_rows, add, live_times = rows, counts + extra, times
+            else:
+                live_pos = tf.where(rows >= 0)[:, 0]
+                live_rows = tf.gather(rows, live_pos)
+                add = tf.gather(counts + extra, live_pos)
+                live_times = tf.gather(times, live_pos)
+        newest = (tf.reduce_max(tf.concat([times, [0]], 0)) if batch_time is None
+                  else tf.maximum(batch_time, 0))
+        seen = self._max_seen.assign(tf.maximum(self._max_seen.read_value(), newest),
+                                     read_value=False)
+        effects = [new_rows, seen, *pending_ops, *clamp_ops]
+        if from_feature:
+            effects.append(self._ts_feature.assign(True, read_value=False))
+        if _kernel_ops.enabled():
+            # One kernel: gather the rows, add the sightings, raise last-seen.
+            with tf.control_dependencies(effects):
+                emb = _kernel_ops.gather_touch(s, live_rows, add, live_times)
+            with tf.control_dependencies([emb]):
+                return tf.identity(rows), emb
         with tf.control_dependencies([new_rows]):
             old_counts = tf.gather(s.counts, live_rows)
             old_seen = tf.gather(s.last_seen, live_rows)
         # Unique rows: the count grows by the sightings, last-seen takes the max. (Gather
         # and assign: TF's CPU scatter-add/max kernels are ~4x slower than assign.)
-        meta_op = tf.group(
+        effects.append(tf.group(
             s.counts.scatter_update(tf.IndexedSlices(old_counts + add, live_rows)),
             s.last_seen.scatter_update(tf.IndexedSlices(tf.maximum(old_seen, live_times),
-                                                        live_rows)))
-        newest = (tf.reduce_max(tf.concat([times, [0]], 0)) if batch_time is None
-                  else tf.maximum(batch_time, 0))
-        seen = self._max_seen.assign(tf.maximum(self._max_seen.read_value(), newest),
-                                     read_value=False)
-        effects = [new_rows, meta_op, seen, *pending_ops, *clamp_ops]
-        if from_feature:
-            effects.append(self._ts_feature.assign(True, read_value=False))
+                                                        live_rows))))
         # Whatever consumes the rows (the embeddings, the sparse optimizer step) runs
         # after admission and bookkeeping, even when its gradient does not depend on
         # the row values: in a v1 graph, fetching the embeddings runs every effect.
@@ -315,7 +325,8 @@ class SparseTable(TableStateMixin):
 
         Args:
           rows: int64 [u], unique (or -1).
-          grads: float32 [u, dim].
+          grads: float32 [u, dim], or a `tf.IndexedSlices` of per-id gradients whose
+            indices point into `rows` (summed here).
           all_rows: The caller knows no row is -1 (training lookups of a table
             that admits at once): skip the filter.
           current: float32 [u, dim], the rows' values as read by this step's
@@ -328,6 +339,12 @@ class SparseTable(TableStateMixin):
                 "npu_rec.create_table. Received: optimizer=None")
         step = self._opt_step.assign_add(1)
         s = self._storage
+        if _kernel_ops.enabled() and _kernel_ops.supports(self.optimizer):
+            # Sums per-id gradients (IndexedSlices) and updates in one kernel; skips rows < 0.
+            return _kernel_ops.sparse_apply(self.optimizer, s, rows, grads, step)
+        if isinstance(grads, tf.IndexedSlices):
+            grads = tf.math.unsorted_segment_sum(grads.values, grads.indices,
+                                                 tf.shape(rows, out_type=tf.int64)[0])
         rows, grads, current = _rows_with_values(rows, tf.cast(grads, tf.float32), current,
                                                  all_rows)
         return self.optimizer.apply_sparse(s.values, s.slots, rows, grads, step,
@@ -359,7 +376,9 @@ class SparseTable(TableStateMixin):
         grads = tf.reshape(tf.cast(grads, tf.float32), [-1, self.dim])
         uniq, idx = tf.unique(flat_ids, out_idx=tf.int64)
         uniq = self._checked_keys(uniq)
-        summed = tf.math.unsorted_segment_sum(grads, idx, tf.size(uniq, out_type=tf.int64))
+        summed = tf.IndexedSlices(grads, idx)
+        if not _kernel_ops.enabled() or self.num_shards > 1:
+            summed = tf.math.unsorted_segment_sum(grads, idx, tf.size(uniq, out_type=tf.int64))
         op = self._apply_rows(self._find_rows(uniq), summed)
         return None if tf.executing_eagerly() else op
 
