@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from npu_rec import _keyed_init, _table_registry
+from npu_rec import _keyed_init, _table_lock, _table_registry
 from npu_rec import _log as logging
 from npu_rec._admission import PendingCounts
 from npu_rec._kernels import _ops as _kernel_ops
@@ -81,6 +81,7 @@ class SparseTable(TableStateMixin):
                 self._clamped = tf.Variable(tf.zeros([2], tf.int64), trainable=False,
                                             name="clamped_timestamps")
                 self._clamped_reported = 0
+                self._lock = _table_lock.make_lock(self._graph_mode, "lock")
                 if self._graph_mode:
                     self._graph_ops = self._build_graph_ops()
 
@@ -131,6 +132,7 @@ class SparseTable(TableStateMixin):
                 f"Received: initializer={init!r}") from err
 
     @tf.autograph.experimental.do_not_convert
+    @_table_lock.serialised(training_arg=3)
     def _lookup_unique(self, keys: tf.Tensor, counts: tf.Tensor | None,
                        times: tf.Tensor | None, training: bool, from_feature: bool = False,
                        batch_time: tf.Tensor | None = None):
@@ -403,6 +405,7 @@ class SparseTable(TableStateMixin):
         wall = tf.cast(tf.timestamp(), tf.int64)
         return tf.where(self._ts_feature.read_value(), self._max_seen.read_value(), wall)
 
+    @_table_lock.serialised()
     def _build_evict(self, now: tf.Tensor) -> tf.Tensor:
         c, s = self.config, self._storage
         if not c.eviction:
