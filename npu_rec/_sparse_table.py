@@ -219,9 +219,12 @@ class SparseTable(TableStateMixin):
         if from_feature:
             effects.append(self._ts_feature.assign(True, read_value=False))
         if _kernel_ops.enabled():
-            # One kernel: gather the rows, add the sightings, raise last-seen.
+            # One kernel: gather the rows, add the sightings, raise last-seen. (The
+            # effects hang on an identity: the kernel's own inputs made inside a
+            # control_dependencies block would not carry them.)
             with tf.control_dependencies(effects):
-                emb = _kernel_ops.gather_touch(s, live_rows, add, live_times)
+                live_rows = tf.identity(live_rows)
+            emb = _kernel_ops.gather_touch(s, live_rows, add, live_times)
             with tf.control_dependencies([emb]):
                 return tf.identity(rows), emb
         with tf.control_dependencies([new_rows]):
@@ -349,8 +352,11 @@ class SparseTable(TableStateMixin):
                                                  tf.shape(rows, out_type=tf.int64)[0])
         rows, grads, current = _rows_with_values(rows, tf.cast(grads, tf.float32), current,
                                                  all_rows)
-        return self.optimizer.apply_sparse(s.values, s.slots, rows, grads, step,
-                                           current=current)
+        update = self.optimizer.apply_sparse(s.values, s.slots, rows, grads, step,
+                                             current=current)
+        # In a v1 graph the step count would not run when the rate does not read it.
+        with tf.control_dependencies([step]):
+            return tf.group(update)
 
     @tf.autograph.experimental.do_not_convert
     def apply_gradients(self, ids, grads) -> tf.Operation | None:

@@ -88,6 +88,8 @@ def sparse_apply(optimizer, storage, rows, grads, step) -> tf.Operation:
         index = tf.range(tf.shape(values, out_type=tf.int64)[0])
     values = tf.reshape(values, [-1, storage.dim])
     kind, lr, attrs = _attrs(optimizer, step)
+    with tf.control_dependencies([step]):     # counted even when the rate does not read it
+        lr = tf.identity(lr)
     slots = [storage.slots[name].handle for name, _ in optimizer.slot_specs]
     return _build.library().npu_rec_sparse_apply(
         values=storage.values.handle, slots=slots, rows=rows, grads=values,
