@@ -18,9 +18,9 @@ half-written library, and two processes building at once both succeed.
   compiler's output.
 * `off`: always the stock ops.
 
-`NPU_REC_KERNEL_SANITIZE=1` builds with `-fsanitize=address,undefined` (a
-separate cache entry; the process must preload libasan, see
-`tests/run_sanitized_kernels.sh`).
+`NPU_REC_KERNEL_SANITIZE=1` builds with AddressSanitizer and
+UndefinedBehaviorSanitizer (a separate cache entry; the process must preload
+libasan, see `tests/run_sanitized_kernels.sh`).
 """
 
 from __future__ import annotations
@@ -38,8 +38,13 @@ from npu_rec import _log as logging
 
 _SOURCES = ("table_ops.cc",)
 _MODES = ("auto", "on", "off")
-_SANITIZE_FLAGS = ("-fsanitize=address,undefined", "-fno-omit-frame-pointer",
-                   "-fno-sanitize-recover=undefined")
+# AddressSanitizer and the UndefinedBehaviorSanitizer checks that GCC 12 compiles
+# TensorFlow's headers with (`-fsanitize=undefined` as a whole also turns on `null`
+# and the nonnull-attribute checks, which make an absl `constexpr` in them fail).
+_UBSAN = ("shift,integer-divide-by-zero,unreachable,vla-bound,return,signed-integer-overflow,"
+          "bounds,alignment,object-size,bool,enum,builtin,pointer-overflow")
+_SANITIZE_FLAGS = (f"-fsanitize=address,{_UBSAN}", "-fno-omit-frame-pointer",
+                   f"-fno-sanitize-recover={_UBSAN}")
 _BUILD_TIMEOUT = 600
 _LOCK = threading.Lock()
 _STATE: dict = {}
