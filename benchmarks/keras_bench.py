@@ -193,17 +193,9 @@ def run_npu_rec_stock(batches, vocab):
     and traced): the same model and tables as `npu_rec`, without the compiled kernels."""
     from npu_rec._kernels import _build
 
-    old = os.environ.get("NPU_REC_KERNELS")
-    os.environ["NPU_REC_KERNELS"] = "off"
-    _build.reset()
-    try:
+    with _build.forced(False):
         train = run_npu_rec(batches, vocab, prefix="stock_")
         train(_WARMUP.value)          # traced (and so fixed to the stock path) here
-    finally:
-        os.environ.pop("NPU_REC_KERNELS")
-        if old is not None:
-            os.environ["NPU_REC_KERNELS"] = old
-        _build.reset()
     return train
 
 

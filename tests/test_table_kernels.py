@@ -6,7 +6,6 @@ process (`kernel_path`) and compare them, and check the build, the cache and
 the fallback in subprocesses.
 """
 
-import contextlib
 import os
 import shutil
 import subprocess
@@ -34,20 +33,7 @@ needs_kernels = pytest.mark.skipif(
     reason="no C++ compiler, or NPU_REC_KERNELS=off: the kernel path is not built")
 
 
-@contextlib.contextmanager
-def kernel_path(on: bool):
-    """Forces the kernel path (on=True) or the stock path for the tables made inside."""
-    old = os.environ.get("NPU_REC_KERNELS")
-    os.environ["NPU_REC_KERNELS"] = "on" if on else "off"
-    _build.reset()
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop("NPU_REC_KERNELS")
-        else:
-            os.environ["NPU_REC_KERNELS"] = old
-        _build.reset()
+kernel_path = _build.forced
 
 
 @needs_kernels

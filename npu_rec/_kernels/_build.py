@@ -25,6 +25,7 @@ libasan, see `tests/run_sanitized_kernels.sh`).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import shutil
@@ -174,3 +175,24 @@ def reset() -> None:
     """Forgets the decision (tests: re-read the environment on the next use)."""
     with _LOCK:
         _STATE.clear()
+
+
+@contextlib.contextmanager
+def forced(on: bool):
+    """Within the block, ops built by tables use the kernels (True) or the stock ops.
+
+    For tests and benchmarks that compare the paths in one process: the path
+    is fixed when a table's ops are built (traced), so build both variants'
+    functions inside their own block.
+    """
+    old = os.environ.get("NPU_REC_KERNELS")
+    os.environ["NPU_REC_KERNELS"] = "on" if on else "off"
+    reset()
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("NPU_REC_KERNELS", None)
+        else:
+            os.environ["NPU_REC_KERNELS"] = old
+        reset()
