@@ -31,6 +31,7 @@
 #include "tensorflow/core/framework/resource_var.h"
 #include "tensorflow/core/framework/shape_inference.h"
 #include "tensorflow/core/framework/tensor.h"
+#include "tensorflow/core/platform/threadpool.h"
 
 namespace npu_rec {
 namespace {
@@ -118,6 +119,14 @@ absl::Status PrepareWrite(OpKernelContext* ctx, Var* var) {
   return absl::OkStatus();
 }
 
+// Runs fn(begin, end) over [0, n) on the device's intra-op threads (the kernels
+// touch unique rows, so ranges never write the same row).
+template <typename Fn>
+void ParallelRows(OpKernelContext* ctx, int64_t n, int64_t cost_per_row, Fn fn) {
+  auto* workers = ctx->device()->tensorflow_cpu_worker_threads()->workers;
+  workers->ParallelFor(n, cost_per_row, fn);
+}
+
 absl::Status GetVar(OpKernelContext* ctx, int input, RefCountPtr<Var>* var) {
   return ::tensorflow::LookupResource(ctx, ::tensorflow::HandleFromInput(ctx, input), var);
 }
@@ -174,31 +183,35 @@ class GatherTouchOp : public OpKernel {
     VarLocks locks(vars);
     OP_REQUIRES_OK(ctx, CheckRows(*values->tensor(), "values", rows, u, dim_));
     const float* src = values->tensor()->flat<float>().data();
-    for (int64_t i = 0; i < u; ++i) {
-      const int64_t r = rows[i];
-      if (r < 0) {
-        std::memset(dst + i * dim_, 0, sizeof(float) * dim_);
-      } else {
-        std::memcpy(dst + i * dim_, src + r * dim_, sizeof(float) * dim_);
+    const int64_t dim = dim_;
+    int64_t* cnt = nullptr;
+    int64_t* last = nullptr;
+    if (touch_) {
+      OP_REQUIRES_OK(ctx, PrepareWrite(ctx, counts.get()));
+      OP_REQUIRES_OK(ctx, PrepareWrite(ctx, seen.get()));
+      OP_REQUIRES_OK(ctx, CheckRows(*counts->tensor(), "counts", rows, u, 0));
+      OP_REQUIRES_OK(ctx, CheckRows(*seen->tensor(), "last_seen", rows, u, 0));
+      cnt = counts->tensor()->flat<int64_t>().data();
+      last = seen->tensor()->flat<int64_t>().data();
+    }
+    const int64_t* add = touch_ ? add_t.flat<int64_t>().data() : nullptr;
+    const int64_t* times = touch_ ? times_t.flat<int64_t>().data() : nullptr;
+    const bool one_time = touch_ && times_t.NumElements() == 1;
+    // Rows are unique (one per unique key, or -1), so the ranges write disjoint rows.
+    ParallelRows(ctx, u, 4 * dim + 40, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        const int64_t r = rows[i];
+        if (r < 0) {
+          std::memset(dst + i * dim, 0, sizeof(float) * dim);
+          continue;
+        }
+        std::memcpy(dst + i * dim, src + r * dim, sizeof(float) * dim);
+        if (cnt == nullptr) continue;
+        cnt[r] += add[i];
+        const int64_t t = one_time ? times[0] : times[i];
+        if (t > last[r]) last[r] = t;
       }
-    }
-    if (!touch_) return;
-    OP_REQUIRES_OK(ctx, PrepareWrite(ctx, counts.get()));
-    OP_REQUIRES_OK(ctx, PrepareWrite(ctx, seen.get()));
-    OP_REQUIRES_OK(ctx, CheckRows(*counts->tensor(), "counts", rows, u, 0));
-    OP_REQUIRES_OK(ctx, CheckRows(*seen->tensor(), "last_seen", rows, u, 0));
-    int64_t* cnt = counts->tensor()->flat<int64_t>().data();
-    int64_t* last = seen->tensor()->flat<int64_t>().data();
-    const int64_t* add = add_t.flat<int64_t>().data();
-    const int64_t* times = times_t.flat<int64_t>().data();
-    const bool one_time = times_t.NumElements() == 1;
-    for (int64_t i = 0; i < u; ++i) {
-      const int64_t r = rows[i];
-      if (r < 0) continue;
-      cnt[r] += add[i];
-      const int64_t t = one_time ? times[0] : times[i];
-      if (t > last[r]) last[r] = t;
-    }
+    });
   }
 
  private:
@@ -283,61 +296,72 @@ class SparseApplyOp : public OpKernel {
     float* w = values->tensor()->flat<float>().data();
     float* s0 = k > 0 ? slots[0]->tensor()->flat<float>().data() : nullptr;
     float* s1 = k > 1 ? slots[1]->tensor()->flat<float>().data() : nullptr;
-    std::vector<float> g(dim);
-    for (int64_t i = 0; i < u; ++i) {
-      const int64_t r = rows[i];
-      if (r < 0) continue;
-      std::fill(g.begin(), g.end(), 0.0f);
-      for (int64_t p = start[i]; p < start[i + 1]; ++p) {
-        const float* src = grads + order[p] * dim;
-        for (int64_t d = 0; d < dim; ++d) g[d] += src[d];
+    // Rows are unique, so the ranges update disjoint rows and slots.
+    const int64_t ids_per_row = n / std::max<int64_t>(u, 1);
+    const int64_t cost = (kind_ == Kind::kFtrl ? 60 : 20) * dim + 8 * dim * ids_per_row;
+    ParallelRows(ctx, u, cost, [&](int64_t begin, int64_t end) {
+      std::vector<float> g(dim);
+      for (int64_t i = begin; i < end; ++i) {
+        const int64_t r = rows[i];
+        if (r < 0) continue;
+        std::fill(g.begin(), g.end(), 0.0f);
+        for (int64_t p = start[i]; p < start[i + 1]; ++p) {
+          const float* src = grads + order[p] * dim;
+          for (int64_t d = 0; d < dim; ++d) g[d] += src[d];
+        }
+        ApplyRow(r * dim, dim, g.data(), lr, w, s0, s1);
       }
-      float* row = w + r * dim;
-      switch (kind_) {
-        case Kind::kSgd:
-          for (int64_t d = 0; d < dim; ++d) row[d] = row[d] - lr * g[d];
-          break;
-        case Kind::kAdagrad: {
-          float* acc = s0 + r * dim;
-          for (int64_t d = 0; d < dim; ++d) {
-            const float a = acc[d] + g[d] * g[d];
-            acc[d] = a;
-            row[d] = row[d] - (lr * g[d]) / (std::sqrt(a) + eps_);
-          }
-          break;
+    });
+  }
+
+ private:
+  // One optimizer step of the row at `off` (and its slots) from its summed gradient.
+  void ApplyRow(int64_t off, int64_t dim, const float* g, float lr, float* w, float* s0,
+                float* s1) const {
+    float* row = w + off;
+    switch (kind_) {
+      case Kind::kSgd:
+        for (int64_t d = 0; d < dim; ++d) row[d] = row[d] - lr * g[d];
+        break;
+      case Kind::kAdagrad: {
+        float* acc = s0 + off;
+        for (int64_t d = 0; d < dim; ++d) {
+          const float a = acc[d] + g[d] * g[d];
+          acc[d] = a;
+          row[d] = row[d] - (lr * g[d]) / (std::sqrt(a) + eps_);
         }
-        case Kind::kAdam: {
-          float* m = s0 + r * dim;
-          float* v = s1 + r * dim;
-          for (int64_t d = 0; d < dim; ++d) {
-            const float mm = b1_ * m[d] + c1_ * g[d];
-            const float vv = b2_ * v[d] + c2_ * (g[d] * g[d]);
-            m[d] = mm;
-            v[d] = vv;
-            row[d] = row[d] - (lr * mm) / (std::sqrt(vv) + eps_);
-          }
-          break;
+        break;
+      }
+      case Kind::kAdam: {
+        float* m = s0 + off;
+        float* v = s1 + off;
+        for (int64_t d = 0; d < dim; ++d) {
+          const float mm = b1_ * m[d] + c1_ * g[d];
+          const float vv = b2_ * v[d] + c2_ * (g[d] * g[d]);
+          m[d] = mm;
+          v[d] = vv;
+          row[d] = row[d] - (lr * mm) / (std::sqrt(vv) + eps_);
         }
-        case Kind::kFtrl: {
-          float* acc = s0 + r * dim;
-          float* lin = s1 + r * dim;
-          for (int64_t d = 0; d < dim; ++d) {
-            const float a_new = acc[d] + g[d] * g[d];
-            const float p_new = std::pow(a_new, power_);
-            const float l = (lin[d] + g[d]) - ((p_new - std::pow(acc[d], power_)) / lr) * row[d];
-            const float quad = p_new / lr + two_l2_;
-            const float clipped = std::min(std::max(l, -l1_), l1_);
-            acc[d] = a_new;
-            lin[d] = l;
-            row[d] = (clipped - l) / quad;
-          }
-          break;
+        break;
+      }
+      case Kind::kFtrl: {
+        float* acc = s0 + off;
+        float* lin = s1 + off;
+        for (int64_t d = 0; d < dim; ++d) {
+          const float a_new = acc[d] + g[d] * g[d];
+          const float p_new = std::pow(a_new, power_);
+          const float l = (lin[d] + g[d]) - ((p_new - std::pow(acc[d], power_)) / lr) * row[d];
+          const float quad = p_new / lr + two_l2_;
+          const float clipped = std::min(std::max(l, -l1_), l1_);
+          acc[d] = a_new;
+          lin[d] = l;
+          row[d] = (clipped - l) / quad;
         }
+        break;
       }
     }
   }
 
- private:
   Kind kind_;
   int num_slots_;
   float eps_, b1_, c1_, b2_, c2_, power_, l1_, two_l2_;
