@@ -23,14 +23,14 @@ import time
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import numpy as np  # noqa: E402
-import pyarrow as pa  # noqa: E402
-import pyarrow.compute as pc  # noqa: E402
-import pyarrow.csv as pacsv  # noqa: E402
-import pyarrow.parquet as pq  # noqa: E402
-from absl import app, flags  # noqa: E402
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+from absl import app, flags
 
-from npu_rec import data as npd  # noqa: E402
+from npu_rec import data as npd
 
 _ROWS = flags.DEFINE_integer("rows", 1_000_000, "Rows of the generated file.", lower_bound=1000)
 _TFRECORD_ROWS = flags.DEFINE_integer(

@@ -156,7 +156,7 @@ def dense_at(model_dir: str, version) -> dict:
     if npz is not None:
         with np.load(os.path.join(model_dir, npz)) as data:
             return {k: data[k] for k in data.files}
-    import tensorflow as tf  # noqa: PLC0415
+    import tensorflow as tf
 
     index = version.part("model.ckpt-")
     prefix = os.path.join(model_dir, index.split(".index")[0].split(".data-")[0])
@@ -325,7 +325,7 @@ def check(result: dict, model_dir: str, ref_dir: str, expected: dict) -> None:
             chain = log.chain(v, found)
             log.verify(chain)
             got = state_of(model_dir, v, chain)
-        except Exception as err:  # noqa: BLE001  (any failure to restore counts)
+        except Exception as err:  # any failure to restore counts
             result["corrupt_or_inconsistent"] += 1
             result["failed_restarts"].append(f"version {v.step}: {err}")
             continue

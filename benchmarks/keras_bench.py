@@ -61,10 +61,10 @@ import time
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import keras  # noqa: E402
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
-from absl import app, flags  # noqa: E402
+import keras
+import numpy as np
+import tensorflow as tf
+from absl import app, flags
 
 _BATCH = flags.DEFINE_integer("batch_size", 4096, "Samples per step.", lower_bound=1)
 _STEPS = flags.DEFINE_integer("steps", 10, "Timed steps per block.", lower_bound=1)
@@ -339,7 +339,7 @@ def main(argv):
                 continue
             trainer(_WARMUP.value)
             trainers[name] = trainer
-        except Exception as error:  # noqa: BLE001 - report and go on with the next run
+        except Exception as error:  # report and go on with the next run
             results[name] = f"failed: {type(error).__name__}: {error}"[:300]
     rates = {name: [] for name in trainers}
     samples = _STEPS.value * _BATCH.value

@@ -35,9 +35,9 @@ import time
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
-from absl import app, flags  # noqa: E402
+import numpy as np
+import tensorflow as tf
+from absl import app, flags
 
 _TABLES = flags.DEFINE_integer("tables", 26, "Features (tables in `per_table`).", lower_bound=1)
 _BATCH = flags.DEFINE_integer("batch_size", 4096, "Examples per step.", lower_bound=1)

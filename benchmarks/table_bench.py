@@ -104,7 +104,7 @@ def _interleaved(cases, steps, warmup, block=5):
 
 
 def bench_table(tf, npu_rec, n_keys, dim, mode, rng, baseline):
-    npu_rec._table_registry.clear()
+    npu_rec.table._registry.clear()
     on = mode == "on"
     rss0 = _rss()
     table = npu_rec.create_table(
@@ -131,7 +131,7 @@ def bench_table(tf, npu_rec, n_keys, dim, mode, rng, baseline):
                     * v.dtype.size for v in table.variables())
     # The index's bucket array (16 B per bucket): its initial size, doubled by the
     # kernel while the live keys outgrow 80% of it (reading it would copy it).
-    from npu_rec._key_index import buckets_for  # noqa: PLC0415
+    from npu_rec.table._key_index import buckets_for
 
     index_bytes = 16 * max(table._index.initial_buckets, buckets_for(live))
     rss_per_key = rss_per_key_bytes / live
@@ -204,7 +204,7 @@ def bench_table(tf, npu_rec, n_keys, dim, mode, rng, baseline):
     }
 
     _release(tf, table)
-    npu_rec._table_registry.clear()
+    npu_rec.table._registry.clear()
     gc.collect()
     return result
 

@@ -1,4 +1,4 @@
-"""Cost of the invariant check every table save runs (`npu_rec._table_check`).
+"""Cost of the invariant check every table save runs (`npu_rec.table._check`).
 
 Fills one table (Adagrad, so one slot) with `--keys` live keys, then times,
 alternating, the read of its whole state for a save without and with the
@@ -21,11 +21,11 @@ import time
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
-from absl import app, flags  # noqa: E402
+import numpy as np
+import tensorflow as tf
+from absl import app, flags
 
-import npu_rec  # noqa: E402
+import npu_rec
 
 _KEYS = flags.DEFINE_integer("keys", 1_000_000, "Live keys in the table.", lower_bound=1000)
 _DIM = flags.DEFINE_integer("dim", 16, "Embedding width.", lower_bound=1)
@@ -55,7 +55,7 @@ def _eager():
     table = npu_rec.create_table("bench_eager", _DIM.value, capacity=_KEYS.value,
                                  optimizer=npu_rec.optimizers.Adagrad(0.1))
     _fill(table, lambda k: npu_rec.sparse_lookup(table, tf.constant(k)))
-    return _time(lambda check: table._read_state(0, check=check), _ROUNDS.value)
+    return _time(lambda check: table.read_state(0, check=check), _ROUNDS.value)
 
 
 def _graph():
@@ -67,14 +67,14 @@ def _graph():
         with tf.compat.v1.Session() as sess:
             sess.run(tf.compat.v1.global_variables_initializer())
             _fill(table, lambda k: sess.run(emb, {ids: k}))
-            return _time(lambda check: table._read_state(0, sess, check=check), _ROUNDS.value)
+            return _time(lambda check: table.read_state(0, sess, check=check), _ROUNDS.value)
 
 
 def main(argv):
     del argv
     results = {}
     for mode, fn in (("eager", _eager), ("graph", _graph)):
-        npu_rec._table_registry.clear()
+        npu_rec.table._registry.clear()
         r = fn()
         r["check_s"] = r["read_and_check_s"] - r["read_s"]
         results[mode] = r

@@ -10,81 +10,20 @@ callbacks registered by the core, the tables.
 from __future__ import annotations
 
 import dataclasses
-import numbers
 import threading
 import warnings
 from collections.abc import Callable
 from typing import Any
 
+from npu_rec import _cpu, _validation
 from npu_rec import _log as logging
-
-INT32_MAX = 2147483647
-
-
-class ConfigError(ValueError):
-    """An `npu_rec` setting is out of range or contradicts another setting.
-
-    Its message names the setting(s), the rule and the value(s) received.
-    """
-
-
-class ConfigTypeError(ConfigError, TypeError):
-    """A setting has the wrong type (e.g. a `bool` or a `float` for an int).
-
-    It is both a `ConfigError` (hence a `ValueError`) and a `TypeError`, so
-    `except TypeError` and `except npu_rec.ConfigError` both catch it.
-    """
-
-
-def _type_name(value: Any) -> str:
-    return type(value).__name__
-
-
-def check_int(name: str, value: Any, lower: int, upper: int = INT32_MAX, *,
-              optional: bool = False) -> int | None:
-    """Checks that `value` is an integer in [lower, upper] (or None if optional).
-
-    `bool` is rejected even though it subclasses `int`; NumPy integers are
-    accepted and returned as `int`.
-
-    Args:
-      name: The argument's name, used in the message.
-      value: The value received.
-      lower: Smallest allowed value.
-      upper: Largest allowed value.
-      optional: Whether None ("not set") is allowed.
-
-    Returns:
-      `value` as a Python `int`, or None.
-
-    Raises:
-      ConfigTypeError: `value` is not an integer (bool and float included).
-      ConfigError: `value` is outside [lower, upper].
-    """
-    rule = f"an integer in [{lower}, {upper}]"
-    if optional:
-        rule = "None or " + rule
-    if value is None and optional:
-        return None
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise ConfigTypeError(
-            f"`{name}` must be {rule}. Received: {name}={value!r} "
-            f"of type {_type_name(value)}"
-        )
-    value = int(value)
-    if not lower <= value <= upper:
-        raise ConfigError(f"`{name}` must be {rule}. Received: {name}={value}")
-    return value
-
-
-def check_bool(name: str, value: Any) -> bool:
-    """Checks that `value` is exactly `True` or `False` (not 0/1, not a string)."""
-    if not isinstance(value, bool):
-        raise ConfigTypeError(
-            f"`{name}` must be a bool (True or False). Received: {name}={value!r} "
-            f"of type {_type_name(value)}"
-        )
-    return value
+from npu_rec._validation import (  # re-exported: the settings' errors and checks
+    INT32_MAX,
+    ConfigError,
+    ConfigTypeError,
+    check_bool,
+    check_int,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -269,8 +208,6 @@ def init(**kwargs: Any) -> None:
     for message in config.advisories():
         warnings.warn(message, UserWarning, stacklevel=2)
 
-    from npu_rec import _cpu  # local import: _cpu imports this module
-
     with _lock:
         if _active is not None:
             logging.info("npu_rec.init() called again: replacing the earlier settings.")
@@ -303,24 +240,22 @@ def shutdown() -> None:
     """Forgets the settings and the tables (for tests and notebooks).
 
     Resets `get_config()` to the defaults, restores the CPU affinity the
-    process had before `bind_cpu`, forgets step values resolved from the front
-    ends, and runs every callback registered with `register_shutdown_callback`
-    (the sparse-table core uses one to drop its tables). All callbacks run even
+    process had before `bind_cpu`, lets messages logged once be logged again,
+    and runs every callback registered with `register_shutdown_callback` (the
+    sparse-table core uses one to drop its tables). All callbacks run even
     if one fails; the first failure is then re-raised.
     """
     global _active
-    from npu_rec import _cpu, _steps
-
     with _lock:
         _active = None
         _cpu.unbind()
-        _steps.forget_logged()
+        _validation.forget_logged()
         callbacks = list(_shutdown_callbacks)
     first_error: BaseException | None = None
     for callback in callbacks:
         try:
             callback()
-        except Exception as error:  # noqa: BLE001 - every callback must run
+        except Exception as error:  # every callback must run
             logging.error("npu_rec.shutdown(): callback %r failed: %s", callback, error)
             first_error = first_error or error
     if first_error is not None:

@@ -19,15 +19,15 @@ import sys
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import tensorflow as tf  # noqa: E402
-from absl import app, flags  # noqa: E402
+import tensorflow as tf
+from absl import app, flags
 
-from npu_rec import estimator as E  # noqa: E402
-from npu_rec.keras import callbacks as kcb  # noqa: E402
-from npu_rec.keras import export_for_serving  # noqa: E402
-from scripts import _checkpoints, _cli, _frontends  # noqa: E402
-from scripts import _flags as F  # noqa: E402
-from scripts.train import settings_and_plan  # noqa: E402
+from npu_rec import estimator as E
+from npu_rec.keras import callbacks as kcb
+from npu_rec.keras import export_for_serving
+from scripts import _checkpoints, _cli, _frontends
+from scripts import _flags as F
+from scripts.train import settings_and_plan
 
 _EXPORT_DIR = flags.DEFINE_string("export_dir", None, "Where to write the SavedModel.")
 

@@ -17,10 +17,10 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from absl import app, flags  # noqa: E402
+from absl import app, flags
 
-from scripts import _checkpoints, _cli  # noqa: E402
-from scripts import _flags as F  # noqa: E402
+from scripts import _checkpoints, _cli
+from scripts import _flags as F
 
 flags.declare_key_flag("model_dir")
 _JSON = flags.DEFINE_bool("json", False, "Print the description as JSON.")

@@ -25,10 +25,10 @@ import tempfile
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from absl import app, flags  # noqa: E402
+from absl import app, flags
 
-from scripts import _checkpoints, _cli, _data, _frontends, _report, _run_record  # noqa: E402
-from scripts import _flags as F  # noqa: E402
+from scripts import _checkpoints, _cli, _data, _frontends, _report, _run_record
+from scripts import _flags as F
 
 flags.adopt_module_key_flags(F)
 

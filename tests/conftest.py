@@ -4,19 +4,19 @@ import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import pytest  # noqa: E402
-import tensorflow as tf  # noqa: E402
+import pytest
+import tensorflow as tf
 
 # Two cores on CI machines: keep TensorFlow from oversubscribing them.
 tf.config.threading.set_intra_op_parallelism_threads(2)
 tf.config.threading.set_inter_op_parallelism_threads(2)
 
-from npu_rec import _table_registry  # noqa: E402
 from npu_rec._kernels import _build  # noqa: E402
+from npu_rec.table import _registry as _table_registry  # noqa: E402
 
 # Build (or load from the cache) the table kernels once, before any test: the
 # suite runs on the kernel path when a compiler is present, on the stock path
-# otherwise (NPU_REC_KERNELS=off forces it); tests/test_table_kernels.py runs both.
+# otherwise (NPU_REC_KERNELS=off forces it); tests/table/test_table_kernels.py runs both.
 _build.library()
 
 

@@ -19,7 +19,7 @@ def _train(table, ids, ts, lr_sign=1.0):
 
 
 def _snapshot(table):
-    st = table._read_state()
+    st = table.read_state()
     st.pop("deleted_keys")
     return st
 
@@ -73,7 +73,7 @@ def test_restore_each_version_equals_live_state(history, version):
 
 def test_restore_into_a_fresh_table_keeps_admitting_and_evicting(history):
     _, _, live, tmp_path = history
-    npu_rec._table_registry.clear()
+    npu_rec.table._registry.clear()
     fresh = _make_table()
     TableCheckpointManager(str(tmp_path), [fresh]).restore(20)
     _assert_same(_snapshot(fresh), live[20])
@@ -134,7 +134,7 @@ def test_restore_errors_name_the_problem(tmp_path):
     manager.save(3)
     with pytest.raises(FileNotFoundError, match="at or before step 2"):
         manager.restore(2)
-    npu_rec._table_registry.clear()
+    npu_rec.table._registry.clear()
     other = npu_rec.create_table("err", 5)
     with pytest.raises(ValueError, match="dim=2"):
         TableCheckpointManager(str(tmp_path), [other]).restore()

@@ -6,8 +6,8 @@ import tensorflow as tf
 
 import npu_rec
 from npu_rec import optimizers
-from tests.table_helpers import OPTIMIZERS, assert_same_state
-from tests.table_reference import ReferenceTable
+from tests.table.table_helpers import OPTIMIZERS, assert_same_state
+from tests.table.table_reference import ReferenceTable
 
 
 @pytest.mark.parametrize("name", sorted(OPTIMIZERS))
@@ -62,7 +62,7 @@ def test_rec_sdk_aliases():
 
 
 def _decay():
-    import keras  # noqa: PLC0415
+    import keras
 
     return keras.optimizers.schedules.ExponentialDecay(0.2, decay_steps=2, decay_rate=0.5)
 

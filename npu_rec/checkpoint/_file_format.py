@@ -24,6 +24,8 @@ from typing import Any
 
 import numpy as np
 
+from npu_rec._paths import atomic_file, fsync_path  # noqa: F401  (fsync_path re-exported)
+
 MAGIC = b"NPURECT1"
 _DIGEST = 32
 _CHUNK = 1 << 24
@@ -31,15 +33,6 @@ _CHUNK = 1 << 24
 
 class CheckpointCorruptedError(ValueError):
     """A checkpoint file is truncated, altered or not a table checkpoint."""
-
-
-def fsync_path(path: str) -> None:
-    """Flushes a file (e.g. one TF's Saver wrote) or a directory's entries to disk."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def write_file(path: str, arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> None:
@@ -55,26 +48,17 @@ def write_file(path: str, arrays: dict[str, np.ndarray], meta: dict[str, Any]) -
         {"name": k, "dtype": v.dtype.str, "shape": list(v.shape)} for k, v in arrays.items()]},
         sort_keys=True).encode("utf-8")
     digest = hashlib.sha256()
-    tmp = f"{path}.tmp-{os.getpid()}"
-    try:
-        with open(tmp, "wb") as f:
-            for chunk in (MAGIC, struct.pack("<Q", len(header)), header):
-                digest.update(chunk)
-                f.write(chunk)
-            for v in arrays.values():
-                view = memoryview(v.reshape(-1).view(np.uint8))
-                for start in range(0, len(view), _CHUNK):
-                    piece = view[start:start + _CHUNK]
-                    digest.update(piece)
-                    f.write(piece)
-            f.write(digest.digest())
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-    fsync_path(os.path.dirname(os.path.abspath(path)))
+    with atomic_file(path, "wb") as f:
+        for chunk in (MAGIC, struct.pack("<Q", len(header)), header):
+            digest.update(chunk)
+            f.write(chunk)
+        for v in arrays.values():
+            view = memoryview(v.reshape(-1).view(np.uint8))
+            for start in range(0, len(view), _CHUNK):
+                piece = view[start:start + _CHUNK]
+                digest.update(piece)
+                f.write(piece)
+        f.write(digest.digest())
 
 
 def read_file(path: str) -> tuple[dict[str, np.ndarray], dict[str, Any]]:

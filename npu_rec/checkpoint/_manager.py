@@ -36,10 +36,10 @@ class CheckpointVersion(NamedTuple):
 
 def _default_threshold() -> int:
     try:
-        from npu_rec._config import get_config  # noqa: PLC0415
+        from npu_rec._config import get_config
 
         return int(getattr(get_config(), "recent_key_count_threshold", 0) or 0)
-    except Exception:  # noqa: BLE001  (config module absent or not initialised)
+    except Exception:  # config module absent or not initialised
         return 0
 
 
@@ -121,7 +121,7 @@ class TableCheckpointManager:
         min_period = max(1, self.recent_key_count_threshold) if delta else 0
         arrays = {}
         for t in self.tables:
-            arrays.update(_file_format.table_arrays(t.name, t._read_state(min_period, session)))
+            arrays.update(_file_format.table_arrays(t.name, t.read_state(min_period, session)))
         meta = {"step": step, "kind": kind, "parent": self._last_step if delta else None,
                 "tables": {t.name: t.describe() for t in self.tables},
                 "recent_key_count_threshold": self.recent_key_count_threshold}
@@ -134,7 +134,7 @@ class TableCheckpointManager:
         if commit is not None:
             commit(path)
         for t in self.tables:
-            t._end_period(session)
+            t.end_period(session)
         self._last_step = step
         return path
 
@@ -197,7 +197,7 @@ class TableCheckpointManager:
                 states[t.name] = st if kind == "full" else _merge(states[t.name], st)
             prev = int(meta["step"])
         for t in self.tables:
-            t._write_state(states[t.name], session)
+            t.write_state(states[t.name], session)
         self._last_step = prev
         return prev
 

@@ -38,7 +38,8 @@ import uuid
 import zipfile
 
 from npu_rec import _log as logging
-from npu_rec.checkpoint._file_format import CheckpointCorruptedError, fsync_path
+from npu_rec._paths import fsync_path, write_json_atomic  # re-exported
+from npu_rec.checkpoint._file_format import CheckpointCorruptedError
 
 COMMITS = "commits"
 RETIRED = "retired"
@@ -74,21 +75,6 @@ class Version:
             if os.path.basename(path).startswith(prefix):
                 return path
         return None
-
-
-def write_json_atomic(path: str, payload: dict) -> None:
-    """Writes `payload` to `path` via a fsynced temp file and a rename (then fsyncs the dir)."""
-    tmp = f"{path}.tmp-{os.getpid()}"
-    try:
-        with open(tmp, "w") as f:
-            json.dump(payload, f, sort_keys=True)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-    fsync_path(os.path.dirname(os.path.abspath(path)))
 
 
 def digest_of(payload: dict) -> str:
@@ -138,7 +124,7 @@ def check_part(path: str) -> None:
     """Verifies a part that has no recorded digest by its own format."""
     name = os.path.basename(path)
     if name.endswith(".nrc"):
-        from npu_rec.checkpoint._file_format import read_file  # noqa: PLC0415
+        from npu_rec.checkpoint._file_format import read_file
         read_file(path)
     elif name.endswith(".npz"):
         try:

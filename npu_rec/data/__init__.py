@@ -1,6 +1,5 @@
 """Training data for npu_rec: feature specs, minibatch sources, tf.data adapters."""
 
-from npu_rec._key_pipeline import prepare_keys
 from npu_rec.data._convert import DENSE_FILL, MISSING_ID, PAD_ID, hash_strings
 from npu_rec.data._csv import CsvSource
 from npu_rec.data._dataset import DEFAULT_PAD_LENGTH, ReadingPosition, as_dataset, as_input_fn
@@ -29,6 +28,7 @@ from npu_rec.data._synthetic import (
 )
 from npu_rec.data._synthetic_source import SyntheticSource
 from npu_rec.data._tfrecord import TFRecordSource, write_examples
+from npu_rec.table._key_pipeline import prepare_keys
 
 __all__ = [
     "CATEGORICAL_NAMES",

@@ -24,10 +24,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from npu_rec._lookup import PAD_ID  # noqa: F401  (the core owns the pad id; re-exported)
 from npu_rec.data._columns import Ragged
 
 MISSING_ID = 0
+#: A conventional fill value for densifying padded ids yourself, e.g.
+#: `tf.sparse.to_dense(ids, default_value=PAD_ID)`. npu_rec gives it no meaning: -1 is a
+#: valid id, looked up like any other. Fixed-shape multi-valued batches
+#: (`as_dataset(use_dynamic=False)`) are `tf.SparseTensor`s whose absent entries are the padding.
+PAD_ID = -1
 DENSE_FILL = 0.0
 HASH_BUCKETS = 2**63 - 1
 

@@ -100,29 +100,29 @@ class CsvSource(RowSource):
         block_bytes: int = BLOCK_BYTES,
         label_domain=None,
     ):
-        super().__init__(on_error, label_domain, log_dense)
-        self._roles = _convert.check_columns(label, dense, categorical, multi_valued)
-        self.label_name = label
-        if not isinstance(delimiter, str) or len(delimiter) != 1:
-            raise ValueError(
-                f"`delimiter` must be a single character. Received: delimiter={delimiter!r}"
-            )
-        if not header and column_names is None:
-            raise ValueError(
-                "`column_names` is required when header=False. Received: column_names=None"
-            )
-        self._files = _convert.expand_paths(paths)
+        def check_options():
+            if not isinstance(delimiter, str) or len(delimiter) != 1:
+                raise ValueError(
+                    f"`delimiter` must be a single character. Received: delimiter={delimiter!r}"
+                )
+            if not header and column_names is None:
+                raise ValueError(
+                    "`column_names` is required when header=False. Received: column_names=None"
+                )
+
+        super().__init__(paths, label=label, dense=dense, categorical=categorical,
+                         multi_valued=multi_valued, on_error=on_error,
+                         label_domain=label_domain, log_dense=log_dense,
+                         check_options=check_options)
         self._delimiter = delimiter
         self._header = bool(header)
         self._column_names = None if column_names is None else tuple(column_names)
         self._separator = separator
         self._block_bytes = int(block_bytes)
-        self._wanted = [label, *self._roles[1], *self._roles[2], *self._roles[3]]
         self._numeric = [label, *self._roles[1]]
         self._types = {c: pa.float64() for c in self._numeric}
         self._types.update({c: pa.dictionary(pa.int32(), pa.string()) for c in self._roles[2]})
         self._types.update({c: pa.string() for c in self._roles[3]})
-        self._streams = _convert.column_streams(*self._roles)
         self._pool = None
 
     @classmethod

@@ -24,7 +24,6 @@ import threading
 import numpy as np
 
 from npu_rec.data._columns import Ragged
-from npu_rec.data._convert import PAD_ID
 from npu_rec.data._source import MinibatchSource, check_sharding
 
 _logger = logging.getLogger("npu_rec.data")
@@ -108,11 +107,11 @@ def _use_dynamic() -> bool:
 
         get = getattr(npu_rec, "get_config", None)
         if get is None:
-            from npu_rec import _config  # noqa: PLC0415
+            from npu_rec import _config
 
             get = _config.get_config
         return bool(get().use_dynamic)
-    except Exception:  # noqa: BLE001 - config not built yet, or not initialised
+    except Exception:  # config not built yet, or not initialised
         return True
 
 
@@ -145,17 +144,24 @@ def as_dataset(
       prefetch: batches read ahead.
       use_dynamic: ragged, variable-size batches (True) or fixed shapes (False:
         the short last batch of a sweep is dropped, multi-valued streams are
-        padded with `PAD_ID` (-1) or truncated to `pad_length`). Default:
-        `npu_rec.get_config().use_dynamic`, or True before `npu_rec.init`.
+        `tf.SparseTensor`s of dense shape `[batch, pad_length]`, truncated
+        beyond `pad_length`; the absent entries are the padding, so no id
+        value is reserved for it). Default: `npu_rec.get_config().use_dynamic`,
+        or True before `npu_rec.init`.
       pad_length: fixed length of multi-valued streams (an int, or a dict by
         stream name); default `DEFAULT_PAD_LENGTH` (16).
       position: a `ReadingPosition` to record into; default a new one.
 
     Returns:
       A dataset of `(features, label)`: `features` maps stream names to
-      `[batch]` float32/int64 tensors, or `[batch, None]` int64 ragged (dynamic)
-      / `[batch, pad_length]` int64 (static) for multi-valued streams; `label`
-      is float32 `[batch]`. The `reading_position` attribute is the position.
+      `[batch]` float32/int64 tensors, or, for multi-valued streams,
+      `[batch, None]` int64 `tf.RaggedTensor`s (dynamic) / int64
+      `tf.SparseTensor`s of static dense shape `[batch, pad_length]` whose
+      entries of row `i` are its first ids at columns `0 .. n_i - 1` (static;
+      `sparse_lookup` and `SparseEmbedding` with a combiner take them, and
+      `tf.sparse.to_dense(ids, default_value=PAD_ID)` makes a padded dense
+      tensor); `label` is float32 `[batch]`. The `reading_position` attribute
+      is the position.
 
     Raises:
       ValueError: at construction, for bad arguments. When iterated (wrapped by
@@ -192,7 +198,7 @@ def as_dataset(
                 return tf.RaggedTensorSpec(
                     [None, None], tf.int64, ragged_rank=1, row_splits_dtype=tf.int64
                 )
-            return tf.TensorSpec([batch_dim, lengths[s.name]], tf.int64)
+            return tf.SparseTensorSpec([batch_dim, lengths[s.name]], tf.int64)
         return tf.TensorSpec([batch_dim], tf.as_dtype(s.dtype))
 
     features_spec = {s.name: spec(s) for s in infos if s.name != label}
@@ -227,7 +233,7 @@ def as_dataset(
                 if s.name == label:
                     continue
                 if s.storage_format == "ragged" and not dynamic:
-                    feats[s.name] = _pad(d.data, lengths[s.name], s.name)
+                    feats[s.name] = _truncated(d.data, lengths[s.name], s.name)
                 else:
                     feats[s.name] = d.data
             yield feats, np.asarray(mb[source.stream(label)].data, np.float32)
@@ -255,19 +261,21 @@ def _no_batch_message(source, rows: int, b: int, w: int, r: int, dynamic: bool) 
 _warned = set()
 
 
-def _pad(ragged, length: int, name: str) -> np.ndarray:
+def _truncated(ragged, length: int, name: str):
+    """Ragged ids [batch, (k)] as a `tf.SparseTensor` [batch, length], each row cut to `length`."""
+    import tensorflow as tf
+
     values, splits = ragged.values.numpy(), ragged.row_splits.numpy()
     col = Ragged(values, splits)
     lens = np.diff(col.splits)
     if (lens > length).any() and name not in _warned:
         _warned.add(name)
         _logger.warning("Truncating multi-valued stream %r to pad_length=%d ids", name, length)
-    out = np.full((len(lens), length), PAD_ID, np.int64)
     pos = np.arange(len(values)) - np.repeat(splits[:-1], lens)
     rows = np.repeat(np.arange(len(lens)), lens)
     keep = pos < length
-    out[rows[keep], pos[keep]] = values[keep]
-    return out
+    indices = np.stack([rows[keep], pos[keep]], axis=1).astype(np.int64).reshape(-1, 2)
+    return tf.SparseTensor(indices, np.asarray(values[keep], np.int64), [len(lens), length])
 
 
 def as_input_fn(source: MinibatchSource, batch_size: int, **kwargs):

@@ -25,20 +25,15 @@ import hashlib
 
 import numpy as np
 
+from npu_rec._validation import check_int
+
 MAX_THRESHOLD = 2147483647
 TIMESTAMP_KEY = "timestamp"
 _UNSET = object()
 
 
 def _int_or_none(name, value, low, high=None):
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise ValueError(f"`{name}` must be None or an integer. Received: {name}={value!r}")
-    if value < low or (high is not None and value > high):
-        rule = f"in [{low}, {high}]" if high is not None else f">= {low}"
-        raise ValueError(f"`{name}` must be {rule}. Received: {name}={value!r}")
-    return int(value)
+    return check_int(name, value, low, high, optional=True)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -52,13 +52,10 @@ class ParquetSource(RowSource):
         separator: str = "|",
         label_domain=None,
     ):
-        super().__init__(on_error, label_domain, log_dense)
-        self._roles = _convert.check_columns(label, dense, categorical, multi_valued)
-        self.label_name = label
-        self._files = _convert.expand_paths(paths)
+        super().__init__(paths, label=label, dense=dense, categorical=categorical,
+                         multi_valued=multi_valued, on_error=on_error,
+                         label_domain=label_domain, log_dense=log_dense)
         self._separator = separator
-        self._wanted = [label, *self._roles[1], *self._roles[2], *self._roles[3]]
-        self._streams = _convert.column_streams(*self._roles)
 
     def _open(self, loc, min_row):
         first = 0 if loc is None else loc["file"]

@@ -30,6 +30,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from npu_rec.data import _columns as C
+from npu_rec.data import _convert
 from npu_rec.data._errors import ErrorLog
 from npu_rec.data._source import (
     STATE_VERSION,
@@ -82,8 +83,12 @@ def check_label_domain(label_domain) -> tuple | None:
 class RowSource(MinibatchSource):
     """Shards, sweeps and checkpoints the rows of a format-specific reader.
 
-    Subclasses set `self._streams` (list of StreamInformation), `self._files`
-    and `self.label_name`, and implement `_open(loc, min_row)`: a generator of
+    The constructor takes what every file format shares (the files, the
+    column roles, the error policy) and sets `self._files`, `self._roles`
+    (label, dense, categorical, multi-valued), `self.label_name`,
+    `self._wanted` (the columns to read) and `self._streams` (list of
+    StreamInformation). Subclasses add their format's options and implement
+    `_open(loc, min_row)`: a generator of
     `(columns, rownums, loc)` blocks starting at the block that `loc` names
     (`None` for the start of the data), with rows whose number is below
     `min_row` left out. `rownums` are int64 numbers that increase within a file
@@ -92,11 +97,20 @@ class RowSource(MinibatchSource):
 
     unit = "row"  # how errors name a record: "line" (CSV), "row" (Parquet), "record" (TFRecord)
 
-    def __init__(self, on_error: str, label_domain=None, log_dense: bool = False):
+    def __init__(self, paths, *, label: str, dense=(), categorical=(), multi_valued=(),
+                 on_error: str = "raise", label_domain=None, log_dense: bool = False,
+                 check_options=None):
         if on_error not in ("raise", "skip"):
             raise ValueError(
                 f"`on_error` must be 'raise' or 'skip'. Received: on_error={on_error!r}"
             )
+        self._roles = _convert.check_columns(label, dense, categorical, multi_valued)
+        self.label_name = label
+        if check_options is not None:
+            check_options()     # the format's own argument checks, before touching files
+        self._files = _convert.expand_paths(paths)
+        self._wanted = [label, *self._roles[1], *self._roles[2], *self._roles[3]]
+        self._streams = _convert.column_streams(*self._roles)
         self.label_domain = check_label_domain(label_domain)
         self._log_dense = bool(log_dense)
         self._on_error = on_error

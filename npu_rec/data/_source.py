@@ -12,6 +12,8 @@ import dataclasses
 
 import numpy as np
 
+from npu_rec import _validation
+
 STATE_VERSION = 1
 
 
@@ -109,9 +111,8 @@ class MinibatchSource(abc.ABC):
 
 
 def check_int(name: str, value, low: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
-        raise ValueError(f"`{name}` must be an integer >= {low}. Received: {name}={value!r}")
-    return int(value)
+    """`value` as an int >= `low` (the rule of `npu_rec._validation.check_int`)."""
+    return _validation.check_int(name, value, low, None)
 
 
 def check_sharding(num_samples, number_of_workers, worker_rank) -> tuple[int, int, int]:

@@ -59,12 +59,10 @@ class TFRecordSource(RowSource):
         log_dense: bool = False,
         label_domain=None,
     ):
-        super().__init__(on_error, label_domain, log_dense)
-        self._roles = _convert.check_columns(label, dense, categorical, multi_valued)
-        self.label_name = label
-        self._files = _convert.expand_paths(paths)
+        super().__init__(paths, label=label, dense=dense, categorical=categorical,
+                         multi_valued=multi_valued, on_error=on_error,
+                         label_domain=label_domain, log_dense=log_dense)
         self._compression = compression_type or ""
-        self._streams = _convert.column_streams(*self._roles)
         self._kinds = None
 
     def _open(self, loc, min_row):
@@ -149,7 +147,7 @@ class TFRecordSource(RowSource):
         try:
             for rec in self._records(path, start).take(BLOCK_RECORDS):
                 raw.append(rec.numpy())
-        except Exception as e:  # noqa: BLE001 - a corrupted or truncated record
+        except Exception as e:  # a corrupted or truncated record
             err = e
         return np.array(raw, dtype=object), err
 
@@ -158,7 +156,7 @@ class TFRecordSource(RowSource):
 
         try:
             example = tf.train.Example.FromString(raw)
-        except Exception:  # noqa: BLE001 - not an Example: the parser will name the record
+        except Exception:  # not an Example: the parser will name the record
             example = tf.train.Example()
         kinds = {}
         for c in (self.label_name, *self._roles[1], *self._roles[2], *self._roles[3]):

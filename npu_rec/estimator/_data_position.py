@@ -25,7 +25,12 @@ import os
 import tensorflow as tf
 
 from npu_rec import _log as logging
-from npu_rec.checkpoint._versions import sealed, unseal, write_json_atomic
+from npu_rec.training._data_position import (
+    ConsumedBatches,
+    load_position,
+    restore_source,
+    save_position,
+)
 
 _FILE = "data_position-{step}.json"
 
@@ -47,13 +52,8 @@ def restore(path: str | None, step: int | None, source) -> bool:
     """Puts `source` at the position in `path` (saved with checkpoint `step`); False if none."""
     if step is None:
         return False
-    if path is None or not os.path.exists(path):
-        logging.warning("npu_rec: checkpoint %d has no saved data position; the input "
-                        "source continues where it is.", step)
-        return False
-    source.restore_from_checkpoint(unseal(path))
-    logging.info("npu_rec: input source restored to the position of step %d.", step)
-    return True
+    state = load_position(path) if path is not None and os.path.exists(path) else None
+    return restore_source(source, state, step)
 
 
 class DataPositionHook(tf.compat.v1.train.SessionRunHook):
@@ -66,16 +66,16 @@ class DataPositionHook(tf.compat.v1.train.SessionRunHook):
 
     def __init__(self, position, model_dir: str):
         self.position, self.model_dir = position, model_dir
+        self._consumed = ConsumedBatches(position)
 
     def begin(self):
         self._global_step = tf.compat.v1.train.get_global_step()
 
     def after_create_session(self, session, coord):
-        self._start_step = int(session.run(self._global_step))
-        self._produced_before = self.position.produced
+        self._consumed.begin(int(session.run(self._global_step)))
 
     def state_at(self, step: int) -> dict:
-        return self.position.state_after(self._produced_before + step - self._start_step)
+        return self._consumed.state_at(step)
 
     def save(self, step: int) -> str | None:
         """Writes the state after the batches of steps up to `step`; returns the file or None."""
@@ -85,5 +85,5 @@ class DataPositionHook(tf.compat.v1.train.SessionRunHook):
             logging.warning("npu_rec: no data position to save for step %d: %s", step, error)
             return None
         path = path_for(self.model_dir, step)
-        write_json_atomic(path, sealed(state))
+        save_position(path, state)
         return path

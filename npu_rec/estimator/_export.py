@@ -21,11 +21,11 @@ import time
 import tensorflow as tf
 
 from npu_rec import _log as logging
-from npu_rec import _table_registry
 from npu_rec.estimator import _scaffold
 from npu_rec.estimator._graph import call_model_fn, dense_saver
 from npu_rec.estimator._spec import ModeKeys
 from npu_rec.estimator.export._outputs import serving_export_outputs, signature_def_map
+from npu_rec.table import _registry as _table_registry
 
 
 def _index_variables(sess, table) -> tf.Operation:
@@ -33,7 +33,7 @@ def _index_variables(sess, table) -> tf.Operation:
 
     `table` is one shard (`SparseTable.shards`): each has its own hash map.
     """
-    keys, rows = sess.run(table._index.export())
+    keys, rows = sess.run(table.key_index.export())
     live = rows >= 0
     with tf.name_scope(f"npu_rec_export_{table.name}"):
         feeds = [tf.compat.v1.placeholder(tf.int64, [None]) for _ in range(2)]
@@ -42,7 +42,7 @@ def _index_variables(sess, table) -> tf.Operation:
         r = tf.compat.v1.Variable(feeds[1], trainable=False, validate_shape=False,
                                   name="rows", shape=tf.TensorShape([None]))
         sess.run([k.initializer, r.initializer], {feeds[0]: keys[live], feeds[1]: rows[live]})
-        return table._index.insert(k.read_value(), r.read_value())
+        return table.key_index.insert(k.read_value(), r.read_value())
 
 
 def _export_dir(base: str) -> str:

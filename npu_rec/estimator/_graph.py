@@ -18,12 +18,12 @@ import re
 import tensorflow as tf
 
 from npu_rec import _log as logging
-from npu_rec import _table_registry
 from npu_rec._config import ConfigError
 from npu_rec.checkpoint import TableCheckpointManager
 from npu_rec.checkpoint._versions import Version, VersionLog, table_parts
 from npu_rec.estimator._keras_names import fresh_layer_names
 from npu_rec.estimator._spec import EstimatorSpec
+from npu_rec.table import _registry as _table_registry
 
 TABLES_SUBDIR = "tables"
 

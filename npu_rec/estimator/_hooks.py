@@ -6,7 +6,7 @@ loss), `EvictHook` (table eviction by time or steps) and
 same step, full or delta). Internal: `_StepRateHook` (steps/s and
 examples/s) and `_PrecisionHook` (the accelerated-training switch and its
 per-step record). Ops are made in `begin()`; cadence decisions come from the
-shared policies in `npu_rec._policies` / `npu_rec._precision`.
+shared policies in `npu_rec.training._policies` / `npu_rec.training._precision`.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ import time
 import tensorflow as tf
 
 from npu_rec import _log as logging
-from npu_rec import _table_registry
-from npu_rec._policies import FULL, EvictPolicy
 from npu_rec.estimator import _save
+from npu_rec.table import _registry as _table_registry
+from npu_rec.training._policies import FULL, EvictPolicy
 
 #: The clock of time-based cadences (replace it in tests).
 clock = time.monotonic

@@ -12,8 +12,9 @@ the Estimator sees Keras number its layers as it did before.
 
 The counter lives in Keras' private `keras.src.backend.common.global_state`
 (attribute `object_name_uids`, read by `keras.src.utils.naming`); this module
-is the one place npu_rec touches it, and `tests/estimator/test_keras_layers.py`
-names the Keras version if it moves.
+is the one place npu_rec uses it, imported through the fence of private Keras
+names `npu_rec._keras_private` (`tests/test_keras_private.py` and
+`tests/estimator/test_keras_layers.py` name the Keras version if it moves).
 """
 
 from __future__ import annotations
@@ -24,11 +25,8 @@ import contextlib
 import keras
 
 from npu_rec import _log as logging
-
-try:
-    from keras.src.backend.common import global_state as _global_state
-except ImportError:          # a Keras 3 release that moved it: see `available()`
-    _global_state = None
+from npu_rec._keras_private import global_state as _global_state
+from npu_rec._keras_private import has_global_state
 
 #: The global-state attribute holding Keras' name counters.
 UIDS_ATTRIBUTE = "object_name_uids"
@@ -37,8 +35,7 @@ _warned: list[bool] = []
 
 def available() -> bool:
     """Whether this Keras exposes the name counter where npu_rec expects it."""
-    return _global_state is not None and all(
-        hasattr(_global_state, f) for f in ("get_global_attribute", "set_global_attribute"))
+    return has_global_state()
 
 
 @contextlib.contextmanager

@@ -10,17 +10,15 @@ the session config (see `PRECISION_MODES`).
 
 from __future__ import annotations
 
-import numbers
 import os
-import threading
-import warnings
 from typing import Any
 
 import tensorflow as tf
 from tensorflow.core.protobuf import rewriter_config_pb2
 
 from npu_rec._config import check_int
-from npu_rec._precision import check_precision_compatibility, parse_accelerate_train_mode
+from npu_rec._validation import check_number, warn_once
+from npu_rec.training._precision import check_precision_compatibility, parse_accelerate_train_mode
 
 _UNSET: Any = object()
 #: Steps between checkpoints when neither steps nor seconds are given.
@@ -71,35 +69,21 @@ NPU_ONLY_OPTIONS = frozenset({
 # Options of tf.estimator.RunConfig npu_rec accepts through **more.
 _RUNCONFIG_EXTRAS = ("tf_random_seed", "keep_checkpoint_every_n_hours")
 
-_warned: set[str] = set()
-_warned_lock = threading.Lock()
-
-
-def _warn_once(message: str) -> None:
-    with _warned_lock:
-        if message in _warned:
-            return
-        _warned.add(message)
-    warnings.warn(message, UserWarning, stacklevel=4)
-
-
 def _sort_extras(owner: str, more: dict) -> None:
     """Warns once about NPU-only options and, separately, unknown ones."""
     npu = sorted(k for k in more if k in NPU_ONLY_OPTIONS)
     unknown = sorted(k for k in more if k not in NPU_ONLY_OPTIONS)
     if npu:
-        _warn_once(f"{owner}: options {npu} configure the Ascend NPU only and have no "
-                   "effect on this platform.")
+        warn_once(f"{owner}: options {npu} configure the Ascend NPU only and have no "
+                  "effect on this platform.", stacklevel=3)
     if unknown:
-        _warn_once(f"{owner}: unknown options {unknown} are ignored.")
+        warn_once(f"{owner}: unknown options {unknown} are ignored.", stacklevel=3)
 
 
 def _check_number(name: str, value, *, lower: float, optional: bool = True):
-    if value is None and optional:
-        return None
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not value >= lower:
-        raise ValueError(f"`{name}` must be None or a number >= {lower}. "
-                         f"Received: {name}={value!r}")
+    """Checks `value` is a number >= `lower` (or None if optional); returns it unchanged."""
+    check_number(name, value, lower, optional=optional,
+                 rule=f"None or a number >= {lower}")
     return value
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from npu_rec import _log as logging
-from npu_rec._lookup import LOOKUP_COLLECTION, apply_recorded_gradients
+from npu_rec.table._lookup import LOOKUP_COLLECTION, apply_recorded_gradients
 
 APPLIED_COLLECTION = "npu_rec_estimator_applied_lookups"
 _LOSS_SCALING_COLLECTION = "npu_rec_estimator_loss_scaling"

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from npu_rec import _log as logging
-from npu_rec._steps import check_train_and_evaluate
 from npu_rec.estimator import _training
 from npu_rec.estimator._spec import EvalSpec, TrainSpec
+from npu_rec.training._steps import check_train_and_evaluate
 
 
 def train_and_evaluate(estimator, train_spec, eval_spec):

@@ -18,25 +18,17 @@ import tensorflow as tf
 
 from npu_rec import _log as logging
 from npu_rec._config import get_config
-from npu_rec._policies import SavePolicy
-from npu_rec._precision import PrecisionSwitch
-from npu_rec._steps import check_estimator_train
+from npu_rec._validation import log_once
 from npu_rec.checkpoint._training_dir import TrainingDir
 from npu_rec.estimator import _data_position, _hooks, _scaffold
 from npu_rec.estimator._graph import batch_size_of
 from npu_rec.estimator._sparse_train import add_missing_sparse_updates, enable_loss_scaling
 from npu_rec.estimator._spec import ModeKeys
+from npu_rec.training._policies import SavePolicy
+from npu_rec.training._precision import PrecisionSwitch
+from npu_rec.training._steps import check_estimator_train
 
 UNSET = object()
-_logged: set[str] = set()
-
-
-def _log_once(message: str) -> None:
-    if message not in _logged:
-        _logged.add(message)
-        logging.info(message)
-
-
 def _make_switch(est, hooks, last_step, plan):
     """The `PrecisionSwitch` of this run and the user's TellMeStepOrLossHook (or None)."""
     mode = getattr(est.config, "accelerate_mode", None)
@@ -65,7 +57,7 @@ def _make_switch(est, hooks, last_step, plan):
                              "TellMeStepOrLossHook(step=..., total_step=...). "
                              "Received: max_steps=None")
         if tell is None:
-            _log_once(f"npu_rec: accelerate_train_mode={str(mode)!r} without "
+            log_once(f"npu_rec: accelerate_train_mode={str(mode)!r} without "
                       f"TellMeStepOrLossHook: step = global step, total_step = {total}.")
         switch = PrecisionSwitch(mode, total_step=total,
                                  iterations_per_loop=est.config.iterations_per_loop)

@@ -18,6 +18,8 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
+from npu_rec import _keras_private
+from npu_rec._validation import check_choice
 from npu_rec.keras._layers import SparseEmbedding
 
 AMP_LEVELS = ("O0", "O2", "O3", "auto")
@@ -26,10 +28,8 @@ _NORMALIZATIONS = (keras.layers.BatchNormalization, keras.layers.LayerNormalizat
 
 
 def check_level(name: str, value, allowed) -> str:
-    """Validates a level string; raises ValueError naming `name`, the choices and `value`."""
-    if value not in allowed:
-        raise ValueError(f"`{name}` must be one of {list(allowed)}. Received: {name}={value!r}")
-    return value
+    """Validates a level string; raises ConfigError naming `name`, the choices and `value`."""
+    return check_choice(name, value, allowed)
 
 
 def resolve_amp_level(level: str) -> str:
@@ -62,7 +62,7 @@ def set_compute_dtype(model: keras.Model, compute_dtype: str, *,
     """
     policy = "float32" if compute_dtype == "float32" else f"mixed_{compute_dtype}"
     keep = _output_layers(model)
-    for layer in model._flatten_layers(include_self=False, recursive=True):
+    for layer in _keras_private.flatten_layers(model, include_self=False):
         if isinstance(layer, (SparseEmbedding, keras.layers.InputLayer, keras.Model)):
             continue
         if id(layer) in keep and compute_dtype != "float32":

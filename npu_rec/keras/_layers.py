@@ -8,19 +8,27 @@ from `RecModel.train_step` (which records the layer's lookups), saved by
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import keras
 import numpy as np
 import tensorflow as tf
 
-from npu_rec import _lookup, _table_registry, optimizers
+from npu_rec import _keras_private, optimizers
 from npu_rec._compat import shown_as_raised
-from npu_rec._key_pipeline import PreparedIds
-from npu_rec._sparse_table import SparseTable, create_table
+from npu_rec._validation import check_int
+from npu_rec.table import _lookup
+from npu_rec.table import _registry as _table_registry
+from npu_rec.table._base import SparseTable
+from npu_rec.table._config import TableConfig
+from npu_rec.table._create import create_table
+from npu_rec.table._key_pipeline import PreparedIds
 
-_TABLE_KWARGS = ("key_dtype", "initializer", "optimizer", "capacity", "access_threshold",
-                 "eviction_threshold", "dynamic_expansion", "max_pending_keys")
+#: `create_table` arguments a layer that creates its table accepts: every field of the
+#: table's config but its name and dim (derived, so a new table setting reaches the layer).
+_TABLE_KWARGS = tuple(f.name for f in dataclasses.fields(TableConfig)
+                      if f.name not in ("name", "dim"))
 _LAYER_KWARGS = ("name", "trainable", "dtype")
 _STATE_PREFIX = "table__"
 
@@ -68,6 +76,10 @@ class SparseEmbedding(keras.layers.Layer):
     Inputs are ids of any shape (int32/int64, raw 64-bit values, no
     vocabulary), a `tf.RaggedTensor` or a rank-2 `tf.SparseTensor` for
     multi-valued features. With `combiner` the last (ragged) axis is reduced.
+    Every id value is looked up (-1 included); the fixed-shape batches of
+    `npu_rec.data.as_dataset(use_dynamic=False)` are `tf.SparseTensor`s
+    [batch, pad_length] (`keras.Input(shape=(pad_length,), dtype="int64",
+    sparse=True)`) whose absent entries are the padding.
 
     In training mode (`training=True`) each lookup counts the ids, admits new
     keys (see `access_threshold`) and is recorded, so that `RecModel.train_step`
@@ -82,8 +94,9 @@ class SparseEmbedding(keras.layers.Layer):
       combiner: None, "sum", "mean" or "sqrtn".
       **table_kwargs: `npu_rec.create_table` arguments (`optimizer`,
         `initializer`, `capacity`, `access_threshold`, `eviction_threshold`,
-        `key_dtype`, `dynamic_expansion`, `max_pending_keys`) when a name is
-        given, plus the Keras layer arguments `name` and `trainable`.
+        `key_dtype`, `dynamic_expansion`, `max_pending_keys`, `num_shards`:
+        every field of `npu_rec.TableConfig` but `name` and `dim`) when a name
+        is given, plus the Keras layer arguments `name` and `trainable`.
 
     Call args:
       inputs: int ids [...] (dense), ragged [batch, (k)] or sparse [batch, k].
@@ -125,9 +138,8 @@ class SparseEmbedding(keras.layers.Layer):
         elif isinstance(table_or_name, str) and table_or_name:
             table = None
             table_name = table_or_name
-            if isinstance(dim, bool) or not isinstance(dim, int) or dim < 1:
-                raise ValueError(f"`dim` must be an integer >= 1 when SparseEmbedding creates "
-                                 f"table {table_name!r}. Received: dim={dim!r}")
+            dim = check_int("dim", dim, 1, None, rule="an integer >= 1 when SparseEmbedding "
+                            f"creates table {table_name!r}")
         else:
             raise TypeError("`table_or_name` must be an npu_rec.SparseTable or a non-empty "
                             f"table name. Received: table_or_name={table_or_name!r}")
@@ -242,7 +254,7 @@ class SparseEmbedding(keras.layers.Layer):
 
     # Table state goes into `.keras` files beside the layer (no Keras weights).
     def save_own_variables(self, store):
-        state = self.table._read_state(0)
+        state = self.table.read_state(0)
         for key, value in state.items():
             store[_STATE_PREFIX + key.replace("/", "__")] = np.asarray(value)
 
@@ -252,7 +264,7 @@ class SparseEmbedding(keras.layers.Layer):
         if not state:
             raise ValueError(f"The saved file holds no table state for SparseEmbedding "
                              f"{self.name!r} (table {self.table_name!r}).")
-        self.table._write_state(state)
+        self.table.write_state(state)
 
 
 def _static_shape(ids) -> tuple | None:
@@ -275,7 +287,7 @@ def _flat_int64(ids) -> tf.Tensor:
 def sparse_embeddings(model: keras.layers.Layer) -> list[SparseEmbedding]:
     """The `SparseEmbedding` layers of `model` (nested models included), deduplicated."""
     found, seen = [], set()
-    for layer in model._flatten_layers(include_self=True, recursive=True):
+    for layer in _keras_private.flatten_layers(model):
         if isinstance(layer, SparseEmbedding) and id(layer) not in seen:
             seen.add(id(layer))
             found.append(layer)

@@ -4,16 +4,14 @@ from __future__ import annotations
 
 import keras
 import tensorflow as tf
-from keras.src.models.functional import Functional
-from keras.src.models.model import functional_init_arguments
-from keras.src.saving import object_registration
-from keras.src.trainers.trainer import Trainer
 
+from npu_rec import _keras_private
 from npu_rec import _log as logging
-from npu_rec import _lookup
+from npu_rec._keras_private import Functional, Trainer, functional_init_arguments
 from npu_rec.keras import _amp, _finite, _online
 from npu_rec.keras._layers import model_tables
 from npu_rec.keras._model_state import ModelStateMixin
+from npu_rec.table import _lookup
 
 _REC_ARGS = ("network", "loss_fn", "optimizer", "metrics", "eval_network", "eval_indexes",
              "amp_level", "boost_level")
@@ -181,7 +179,7 @@ class RecModel(ModelStateMixin, keras.Model):
                 return None
         try:
             self._symbolic_build(data_batch=data_batch)
-        except Exception as err:  # noqa: BLE001 - Keras builds at the first trace instead
+        except Exception as err:  # Keras builds at the first trace instead
             logging.debug("npu_rec: symbolic build skipped (%s); building at the first trace.",
                           err)
         return None
@@ -202,7 +200,7 @@ class RecModel(ModelStateMixin, keras.Model):
     def train_step(self, data):
         with tf.GradientTape() as tape, _lookup.record_lookups(tape) as records:
             x, y, y_pred, sample_weight, loss = self._forward_loss(data, training=True)
-            self._loss_tracker.update_state(loss, sample_weight=_batch_size(x))
+            _keras_private.loss_tracker(self).update_state(loss, sample_weight=_batch_size(x))
             scaled = self.optimizer.scale_loss(loss)
         records = [r for r in records if r.table.optimizer is not None]
         dense_vars = list(self.trainable_variables)
@@ -256,24 +254,24 @@ class RecModel(ModelStateMixin, keras.Model):
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
         if self.eval_network is None:
             _, _, _, _, loss = self._forward_loss(data, training=False)
-            self._loss_tracker.update_state(loss, sample_weight=_batch_size(x))
+            _keras_private.loss_tracker(self).update_state(loss, sample_weight=_batch_size(x))
             return self._metric_results()
         outputs = self.eval_network(x, y, training=False)
         if self.eval_indexes is None:
             y_pred, y_true = outputs
         else:
             i_loss, i_pred, i_label = self.eval_indexes
-            self._loss_tracker.update_state(outputs[i_loss], sample_weight=_batch_size(x))
+            _keras_private.loss_tracker(self).update_state(outputs[i_loss], sample_weight=_batch_size(x))
             y_pred, y_true = outputs[i_pred], outputs[i_label]
         return self.compute_metrics(x, y_true, y_pred, sample_weight=sample_weight)
 
     def _metric_results(self):
-        return {"loss": self._loss_tracker.result()}
+        return {"loss": _keras_private.loss_tracker(self).result()}
 
     # ---------------------------------------------------------------- training
     def fit(self, *args, callbacks=None, **kwargs):
         """`keras.Model.fit`; also checks `npu_rec.init`'s step settings (`StepConsistency`)."""
-        from npu_rec.keras.callbacks import StepConsistency  # noqa: PLC0415
+        from npu_rec.keras.callbacks import StepConsistency
 
         callbacks = list(callbacks or [])
         if not getattr(self, "_online", False) and not any(
@@ -354,7 +352,7 @@ def _functional_class(cls: type) -> type:
     if cls not in _FUNCTIONAL_CLASSES:
         sub = type(cls.__name__, (cls, Functional), {"__module__": cls.__module__,
                                                      "__doc__": cls.__doc__})
-        object_registration.GLOBAL_CUSTOM_NAMES[sub] = keras.saving.get_registered_name(cls)
+        _keras_private.register_functional_name(sub, cls)
         _FUNCTIONAL_CLASSES[cls] = sub
     return _FUNCTIONAL_CLASSES[cls]
 

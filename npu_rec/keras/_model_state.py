@@ -40,7 +40,7 @@ class ModelStateMixin:
           tables' live rows.
         """
         weights = _WeightsWithTables(super().get_weights())
-        weights.tables = {t.name: t._read_state(0) for t in self.tables}
+        weights.tables = {t.name: t.read_state(0) for t in self.tables}
         return weights
 
     def set_weights(self, weights) -> None:
@@ -70,7 +70,7 @@ class ModelStateMixin:
             return
         self.table_state_loads += 1
         for table in self.tables:
-            table._write_state(tables[table.name])
+            table.write_state(tables[table.name])
 
     def _check_table_snapshot(self, tables: dict) -> None:
         missing = sorted(t.name for t in self.tables if t.name not in tables)

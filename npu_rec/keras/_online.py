@@ -26,7 +26,7 @@ from npu_rec._config import get_config
 
 
 def online_train(model, train_dataset, callbacks, dataset_sink_mode, sink_size):
-    from npu_rec.keras.callbacks import Evict, SparseCheckpoint  # noqa: PLC0415
+    from npu_rec.keras.callbacks import Evict, SparseCheckpoint
 
     if not isinstance(dataset_sink_mode, bool):
         raise ValueError("`dataset_sink_mode` must be True or False. "

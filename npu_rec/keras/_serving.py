@@ -7,6 +7,12 @@ admitted, evicted, or unseen) read as zeros, exactly as a non-training
 lookup of the live table does. The SavedModel holds only standard
 TensorFlow ops, so `tf.saved_model.load` works in a process that never
 imports npu_rec.
+
+A sparse input (`keras.Input(..., sparse=True)`, e.g. the fixed-shape
+multi-valued batches of `npu_rec.data.as_dataset(use_dynamic=False)`) is a
+`tf.SparseTensor` for `.serve`; the `serving_default` signature, which takes
+plain tensors only, takes it as three: `<name>_indices` int64 [n, rank],
+`<name>_values` [n] and `<name>_dense_shape` int64 [rank].
 """
 
 from __future__ import annotations
@@ -20,13 +26,60 @@ import tensorflow as tf
 from npu_rec.keras._layers import sparse_embeddings
 
 
+def _spec_of(t):
+    """The `tf.TypeSpec` of a symbolic Keras input: sparse inputs stay sparse."""
+    if getattr(t, "sparse", False):
+        return tf.SparseTensorSpec(t.shape, t.dtype)
+    return tf.TensorSpec(t.shape, t.dtype, name=getattr(t, "name", None))
+
+
+def _flat_names(model, input_signature, flat_specs) -> list[str]:
+    """A distinct signature name per flat input: the spec's or Keras input's name, or input_<i>."""
+    sources = flat_specs
+    if input_signature is None:
+        sources = tf.nest.flatten(
+            model._inputs_struct if hasattr(model, "_inputs_struct") else model.inputs)
+    names = [getattr(s, "name", None) or f"input_{i}" for i, s in enumerate(sources)]
+    if len(set(names)) != len(names):
+        names = [f"input_{i}" for i in range(len(flat_specs))]
+    return names
+
+
+def _named(spec, name: str):
+    if isinstance(spec, tf.SparseTensorSpec):
+        return tf.SparseTensorSpec(spec.shape, spec.dtype)
+    return tf.TensorSpec(spec.shape, spec.dtype, name=name)
+
+
+def _signature_specs(spec, name: str) -> list[tf.TensorSpec]:
+    """The plain tensors the `serving_default` signature takes for one input."""
+    if not isinstance(spec, tf.SparseTensorSpec):
+        return [spec]
+    rank = spec.shape.rank
+    return [tf.TensorSpec([None, rank], tf.int64, name=f"{name}_indices"),
+            tf.TensorSpec([None], spec.dtype, name=f"{name}_values"),
+            tf.TensorSpec([rank], tf.int64, name=f"{name}_dense_shape")]
+
+
+def _from_signature(specs, tensors: list) -> list:
+    """The model's flat inputs from the signature's tensors (sparse inputs reassembled)."""
+    out, i = [], 0
+    for spec in specs:
+        if isinstance(spec, tf.SparseTensorSpec):
+            out.append(tf.SparseTensor(*tensors[i:i + 3]))
+            i += 3
+        else:
+            out.append(tensors[i])
+            i += 1
+    return out
+
+
 def _input_specs(model, input_signature):
     if input_signature is not None:
         specs = input_signature
     elif getattr(model, "inputs", None):
         specs = tf.nest.map_structure(
-            lambda t: tf.TensorSpec(t.shape, t.dtype, name=getattr(t, "name", None)),
-            model._inputs_struct if hasattr(model, "_inputs_struct") else model.inputs)
+            _spec_of, model._inputs_struct if hasattr(model, "_inputs_struct") else model.inputs)
     else:
         raise ValueError("export_for_serving needs `input_signature` for a model without "
                          "symbolic inputs (subclassed or wrapper RecModel). Received: "
@@ -63,12 +116,14 @@ def export_for_serving(model: keras.Model, export_dir: str, *, input_signature=N
       model: A (trained) `RecModel` or Keras model with `SparseEmbedding` layers.
       export_dir: Output directory.
       input_signature: The model's input structure as `tf.TensorSpec`s (a dict
-        of named specs for dict inputs); default from a functional model's inputs.
+        of named specs for dict inputs; `tf.SparseTensorSpec` for sparse
+        inputs); default from a functional model's inputs.
 
     Returns:
       `export_dir`. Load it with `tf.saved_model.load(export_dir)`; call
       `.signatures["serving_default"](**named_inputs)` (outputs are named
-      `output_0`, ...) or `.serve(inputs)` with the model's input structure.
+      `output_0`, ...; a sparse input `x` is given as `x_indices`, `x_values`,
+      `x_dense_shape`) or `.serve(inputs)` with the model's input structure.
 
     Raises:
       ValueError: no input signature can be derived.
@@ -81,10 +136,9 @@ def export_for_serving(model: keras.Model, export_dir: str, *, input_signature=N
     layers = sparse_embeddings(model)
     frozen = [_freeze(layer) for layer in layers]
     flat_specs = tf.nest.flatten(specs)
-    names = [s.name or f"input_{i}" for i, s in enumerate(flat_specs)]
-    if len(set(names)) != len(names):
-        names = [f"input_{i}" for i in range(len(flat_specs))]
-    flat_specs = [tf.TensorSpec(s.shape, s.dtype, name=n) for s, n in zip(flat_specs, names, strict=False)]
+    names = _flat_names(model, input_signature, flat_specs)
+    flat_specs = [_named(s, n) for s, n in zip(flat_specs, names, strict=True)]
+    sig_specs = [t for s, n in zip(flat_specs, names, strict=True) for t in _signature_specs(s, n)]
 
     def run(inputs):
         with _serving(layers, frozen):
@@ -94,7 +148,8 @@ def export_for_serving(model: keras.Model, export_dir: str, *, input_signature=N
     serve = tf.function(run, input_signature=[tf.nest.pack_sequence_as(specs, flat_specs)])
 
     def signature(*flat):
-        outputs = tf.nest.flatten(run(tf.nest.pack_sequence_as(specs, list(flat))))
+        inputs = tf.nest.pack_sequence_as(specs, _from_signature(flat_specs, list(flat)))
+        outputs = tf.nest.flatten(run(inputs))
         return {f"output_{i}": t for i, t in enumerate(outputs)}
 
     module = tf.Module()
@@ -102,6 +157,6 @@ def export_for_serving(model: keras.Model, export_dir: str, *, input_signature=N
     module.indexes = [f[0] for f in frozen]
     module.rows = [f[1] for f in frozen]
     module.serve = serve
-    sig_fn = tf.function(signature, input_signature=flat_specs).get_concrete_function()
+    sig_fn = tf.function(signature, input_signature=sig_specs).get_concrete_function()
     tf.saved_model.save(module, export_dir, signatures={"serving_default": sig_fn})
     return export_dir

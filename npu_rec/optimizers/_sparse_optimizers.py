@@ -14,21 +14,17 @@ scatter-add/sub for the few thousand rows of a typical per-table batch
 
 from __future__ import annotations
 
+import numbers
 from typing import Any
 
 import tensorflow as tf
 
+from npu_rec._validation import ConfigTypeError, check_number
+
 
 def _check_float(name: str, value: Any, low: float, high: float | None = None,
                  low_open: bool = False) -> float:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if ok:
-        value = float(value)
-        ok = (value > low if low_open else value >= low) and (high is None or value < high)
-    if not ok:
-        rng = f"{'>' if low_open else '>='} {low}" + (f" and < {high}" if high is not None else "")
-        raise ValueError(f"`{name}` must be a number {rng}. Received: {name}={value!r}")
-    return value
+    return check_number(name, value, low, high, lower_open=low_open, upper_open=True)
 
 
 def _is_keras_schedule(value: Any) -> bool:
@@ -39,16 +35,16 @@ def _is_keras_schedule(value: Any) -> bool:
 def _check_learning_rate(value: Any):
     """A number > 0, a Keras `LearningRateSchedule` (or its config dict), or a callable."""
     if isinstance(value, dict) and "class_name" in value:
-        import keras  # noqa: PLC0415 - only a saved schedule needs Keras
+        import keras  # only a saved schedule needs Keras
 
         return keras.optimizers.schedules.deserialize(value)
     if callable(value) and not isinstance(value, bool):
         return value
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
+    if isinstance(value, numbers.Real) and not isinstance(value, bool):
         return _check_float("learning_rate", value, 0.0, low_open=True)
-    raise ValueError("`learning_rate` must be a number > 0.0, a "
+    raise ConfigTypeError("`learning_rate` must be a number > 0.0, a "
                      "keras.optimizers.schedules.LearningRateSchedule or a callable of the "
-                     f"step. Received: learning_rate={value!r}")
+                     f"step. Received: learning_rate={value!r} of type {type(value).__name__}")
 
 
 class SparseOptimizer:
@@ -88,7 +84,7 @@ class SparseOptimizer:
         """
         rate = self.learning_rate
         if _is_keras_schedule(rate):
-            import keras  # noqa: PLC0415
+            import keras
 
             rate = keras.optimizers.schedules.serialize(rate)
         elif callable(rate):

@@ -29,14 +29,29 @@ def test_dynamic_dataset_yields_ragged_features_and_float_labels(tmp_path):
     assert rid.astype(int).tolist() == list(range(N_ROWS))
 
 
-def test_static_dataset_has_fixed_shapes_and_padding(tmp_path):
+def test_static_dataset_has_fixed_shapes_and_structural_padding(tmp_path):
     source = make_source("csv", tmp_path)
     ds = as_dataset(source, 10, use_dynamic=False, pad_length=1)
-    assert ds.element_spec[0]["tags"].shape == (10, 1)
+    assert ds.element_spec[0]["tags"] == tf.SparseTensorSpec([10, 1], tf.int64)
     batches = list(ds)
     assert len(batches) == 5  # the short last batch is dropped
-    tags = batches[0][0]["tags"].numpy()
-    assert tags[0].tolist() == [PAD_ID] and tags[2][0] != PAD_ID  # row 2 had 2 tags: truncated
+    tags = batches[0][0]["tags"]
+    assert isinstance(tags, tf.SparseTensor) and tags.shape == (10, 1)
+    # Row i has i % 3 tags: row 0 has no entry (padding is absent, not a value), row 2 is cut to 1.
+    rows = tags.indices.numpy()[:, 0].tolist()
+    assert 0 not in rows and rows.count(1) == 1 and rows.count(2) == 1
+    assert tags.indices.numpy()[:, 1].tolist() == [0] * len(rows)
+    dense = tf.sparse.to_dense(tags, default_value=PAD_ID).numpy()
+    assert dense[0].tolist() == [PAD_ID] and dense[2][0] != PAD_ID
+
+
+def test_static_multi_valued_batches_hold_the_same_ids_as_dynamic_ones(tmp_path):
+    dynamic = list(as_dataset(make_source("csv", tmp_path), 10, use_dynamic=True))
+    static = list(as_dataset(make_source("csv", tmp_path), 10, use_dynamic=False,
+                             pad_length=4))
+    assert len(static) == len(dynamic) - 1  # the short last batch is dropped
+    for (s, _), (d, _) in zip(static, dynamic, strict=False):
+        assert tf.RaggedTensor.from_sparse(s["tags"]).to_list() == d["tags"].to_list()
 
 
 def test_static_shapes_follow_the_global_config(tmp_path, monkeypatch):

@@ -52,14 +52,14 @@ def float32_loss(tmp_path_factory):
 @pytest.mark.parametrize("kind, dtype", [("fast", "float16"), ("fast1", "bfloat16")])
 def test_step_trigger_runs_half_in_low_precision_then_float32(tmp_path, kind, dtype):
     est = _estimator(tmp_path, f"{kind}|step|0.5")
-    hook = E.TellMeStepOrLossHook(step="global_step:0", total_step=100)
-    est.train(_input_fn(), hooks=[hook], max_steps=100)
-    assert hook.history == [(s, dtype) for s in range(50)] + \
-        [(s, "float32") for s in range(50, 100)]
+    hook = E.TellMeStepOrLossHook(step="global_step:0", total_step=40)
+    est.train(_input_fn(), hooks=[hook], max_steps=40)
+    assert hook.history == [(s, dtype) for s in range(20)] + \
+        [(s, "float32") for s in range(20, 40)]
     assert est.precision_history == hook.history
     # The TensorBoard scalar npu_rec/low_precision holds the same per-step record.
-    assert _precision_scalars(tmp_path) == {s: (1.0 if s < 50 else 0.0) for s in range(100)}
-    assert tf.train.load_variable(est.latest_checkpoint(), "global_step") == 100
+    assert _precision_scalars(tmp_path) == {s: (1.0 if s < 20 else 0.0) for s in range(40)}
+    assert tf.train.load_variable(est.latest_checkpoint(), "global_step") == 40
 
 
 @pytest.mark.parametrize("kind", ["fast", "fast1"])

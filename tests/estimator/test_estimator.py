@@ -190,7 +190,7 @@ def test_incremental_full_and_delta_then_restore_version(tmp_path, monkeypatch):
             seen["step"] = session.run(tf.compat.v1.train.get_global_step())
             seen["w_out"] = session.run(graph.get_tensor_by_name("w_out:0").op.outputs[0]
                                         if False else _var(graph, "w_out"))
-            table = npu_rec._table_registry.get("cat")
+            table = npu_rec.table._registry.get("cat")
             st = table.export(session=session)
             seen["rows"] = st["values"][np.argsort(st["keys"])]
 

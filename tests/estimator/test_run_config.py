@@ -5,6 +5,7 @@ import re
 import pytest
 import tensorflow as tf
 
+from npu_rec import _validation
 from npu_rec import estimator as E
 from npu_rec.estimator import _run_config
 
@@ -112,9 +113,11 @@ def test_float16_uses_the_cpu_emulation_of_the_amp_pass_without_gpu(setting):
 
 
 def test_npu_only_and_unknown_options_warn_once():
-    _run_config._warned.clear()
-    with pytest.warns(UserWarning, match=r"\['hcom_parallel'\] configure the Ascend NPU only"):
+    _validation.forget_logged()
+    with pytest.warns(UserWarning, match=r"\['hcom_parallel'\] configure the Ascend NPU only") as got:
         E.NPURunConfig(hcom_parallel=True)
+        E.NPURunConfig(hcom_parallel=True)
+    assert len([w for w in got if "Ascend NPU only" in str(w.message)]) == 1
     with pytest.warns(UserWarning, match=r"unknown options \['bogus'\]"):
         E.NPURunConfig(bogus=1)
 

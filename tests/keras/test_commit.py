@@ -24,7 +24,7 @@ def _fit(directory, steps, *, model=None, **kwargs):
 
 def _resume(directory, checkpoint_fallback=True, **kwargs):
     npu_rec.shutdown()
-    npu_rec._table_registry.clear()
+    npu_rec.table._registry.clear()
     npu_rec.init(if_load=True, **kwargs)
     model = small_model()
     return model, SparseCheckpoint(str(directory), checkpoint_fallback=checkpoint_fallback)
@@ -119,7 +119,7 @@ def test_a_second_trainer_fails_at_once_naming_the_holder(tmp_path):
         holder.kill()
         holder.wait(timeout=30)
     assert not list(tmp_path.glob("dense-*"))
-    npu_rec._table_registry.clear()
+    npu_rec.table._registry.clear()
     _, ckpt = _fit(tmp_path, 2)     # the lock is free again once its holder is gone
     assert ckpt.saves == [(2, "full")]
 
@@ -138,7 +138,7 @@ def test_keep_checkpoint_max_counts_every_save_across_fit_calls(tmp_path):
 
 
 def test_a_failed_table_write_publishes_nothing(trained, monkeypatch):
-    from npu_rec._table_state import TableStateMixin
+    from npu_rec.table._state import TableStateMixin
 
     before = sorted(str(p.relative_to(trained)) for p in trained.rglob("*") if p.is_file())
 
@@ -146,7 +146,7 @@ def test_a_failed_table_write_publishes_nothing(trained, monkeypatch):
         raise ValueError(f"TableInvariantError: table {self.name!r}: duplicate keys")
 
     model, ckpt = _resume(trained, save_steps=2)
-    monkeypatch.setattr(TableStateMixin, "_read_state", broken)
+    monkeypatch.setattr(TableStateMixin, "read_state", broken)
     with pytest.raises(ValueError, match="TableInvariantError"):
         model.fit(stream(), epochs=1, steps_per_epoch=2, verbose=0, callbacks=[ckpt])
     after = sorted(str(p.relative_to(trained)) for p in trained.rglob("*") if p.is_file())

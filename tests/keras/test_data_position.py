@@ -53,7 +53,7 @@ def source(csv):
 
 def model_and_dataset(csv, log):
     """A fresh table registry, model, source and endless dataset (a restarted program)."""
-    npu_rec._table_registry.clear()
+    npu_rec.table._registry.clear()
     keras.utils.set_random_seed(0)
     row = keras.Input(shape=(), name="row")
     cat = keras.Input(shape=(), dtype="int64", name="cat")

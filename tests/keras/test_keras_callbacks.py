@@ -11,7 +11,7 @@ STEPS = 4  # batches per epoch
 
 
 def _model(lr=0.1):
-    npu_rec._table_registry.clear()
+    npu_rec.table._registry.clear()
     keras.utils.set_random_seed(0)
     ids = keras.Input(shape=(), dtype="int64", name="ids")
     emb = SparseEmbedding("cb_item", 4, optimizer=npu_rec.optimizers.Adagrad(lr))(ids)
@@ -78,7 +78,7 @@ class _Scores(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         logs["score"] = self.scores[epoch]
         self.dense.append([w.copy() for w in self.model.get_weights()])
-        self.tables.append(self.model.tables[0]._read_state(0))
+        self.tables.append(self.model.tables[0].read_state(0))
 
 
 def _assert_same_tables(state, expected):
@@ -99,7 +99,7 @@ def test_early_stopping_restores_tables_with_the_best_dense_weights():
     assert not np.array_equal(scores.tables[3]["values"], scores.tables[1]["values"])
     for got, want in zip(model.get_weights(), scores.dense[1], strict=True):
         np.testing.assert_array_equal(got, want)
-    _assert_same_tables(model.tables[0]._read_state(0), scores.tables[1])
+    _assert_same_tables(model.tables[0].read_state(0), scores.tables[1])
     assert model.global_step == 4 * STEPS  # training time is not rolled back
 
 
@@ -110,19 +110,19 @@ def test_get_and_set_weights_carry_the_tables():
     table = model.tables[0]
     weights = model.get_weights()
     assert len(weights) == len(model.weights)
-    before = table._read_state(0)
+    before = table.read_state(0)
     model.fit(*_data(seed=1, n=64), batch_size=8, epochs=1, verbose=0)
     assert int(table.size()) > before["keys"].size
     _assert_same_tables(weights.tables[table.name], before)  # a copy, not a view
 
     model.set_weights(weights)
-    _assert_same_tables(table._read_state(0), before)
+    _assert_same_tables(table.read_state(0), before)
 
     # A plain list of arrays sets the dense weights only (Keras' contract).
     model.fit(*_data(seed=2), batch_size=8, epochs=1, verbose=0)
-    moved = table._read_state(0)
+    moved = table.read_state(0)
     model.set_weights([w.copy() for w in weights])
-    _assert_same_tables(table._read_state(0), moved)
+    _assert_same_tables(table.read_state(0), moved)
     for got, want in zip(model.get_weights(), weights, strict=True):
         np.testing.assert_array_equal(got, want)
 
@@ -150,7 +150,7 @@ class _RollBack(keras.callbacks.Callback):
 
 
 def test_tables_set_by_set_weights_reach_the_next_delta_checkpoint(tmp_path):
-    from npu_rec.keras.callbacks import SparseCheckpoint  # noqa: PLC0415
+    from npu_rec.keras.callbacks import SparseCheckpoint
 
     npu_rec.init(max_steps=3 * STEPS, save_steps=-1, is_incremental_checkpoint=True,
                  save_checkpoint_due_time=1000, save_delta_checkpoints_secs=2)
@@ -161,13 +161,13 @@ def test_tables_set_by_set_weights_reach_the_next_delta_checkpoint(tmp_path):
     model.fit(x, (x % 3 == 0).astype("float32"), batch_size=8, epochs=3, verbose=0,
               shuffle=False, callbacks=[_RollBack(), ckpt], steps_per_epoch=STEPS)
     assert ckpt.saves[-1] == (3 * STEPS, "delta")  # the newest version is a delta
-    expected = model.tables[0]._read_state(0)
+    expected = model.tables[0].read_state(0)
 
     fresh = _model()
     fresh.build(None)
     restored = SparseCheckpoint(str(tmp_path / "ckpt"), restore=True)
     restored.set_model(fresh)
     assert restored.restore_version() == 3 * STEPS
-    got = fresh.tables[0]._read_state(0)
+    got = fresh.tables[0].read_state(0)
     for key in ("keys", "values", "counts", "last_seen", "slot/accumulator"):
         np.testing.assert_array_equal(got[key], expected[key], err_msg=key)

@@ -13,7 +13,7 @@ from npu_rec.keras import RecModel, SparseEmbedding, TableNotTrainedError
 class SparseEmbeddingTest(parameterized.TestCase):
     def setUp(self):
         npu_rec.shutdown()
-        npu_rec._table_registry.clear()
+        npu_rec.table._registry.clear()
 
     @parameterized.named_parameters(
         ("scalar_ids", [5, 7, 5], None, (3, 4)),
@@ -62,7 +62,7 @@ class SparseEmbeddingTest(parameterized.TestCase):
                                 optimizer=npu_rec.optimizers.Adam(0.01),
                                 initializer=keras.initializers.RandomNormal(seed=1))
         config = layer.get_config()
-        npu_rec._table_registry.clear()
+        npu_rec.table._registry.clear()
         clone = SparseEmbedding.from_config(config)
         self.assertEqual(clone.get_config(), config)
         clone.build((None, 3))
@@ -133,9 +133,9 @@ def _multi_valued_csv(path, rows=48, seed=0):
 def test_combiner_output_has_a_static_shape_inside_fit(tmp_path, combiner):
     # Ragged multi-valued ids from as_dataset (its default), a Dense right after the
     # combined embedding, built inside fit: no user-written tf.ensure_shape.
-    import npu_rec.data  # noqa: PLC0415
+    import npu_rec.data
 
-    npu_rec._table_registry.clear()
+    npu_rec.table._registry.clear()
     source = npu_rec.data.CsvSource(_multi_valued_csv(tmp_path / "t.csv"), label="click",
                                     multi_valued=["tags"])
     ds = npu_rec.data.as_dataset(source, 16)
@@ -170,7 +170,7 @@ def test_combiner_output_has_a_static_shape_inside_fit(tmp_path, combiner):
     tf.constant([1, 2], tf.int64),
 ])
 def test_combiner_output_shape_is_declared_in_a_traced_call(ids):
-    npu_rec._table_registry.clear()
+    npu_rec.table._registry.clear()
     layer = SparseEmbedding("traced", 3, combiner="sum")
     spec = tf.type_spec_from_value(ids)
     spec = spec._unbatch()._batch(None) if not isinstance(ids, tf.SparseTensor) else (
@@ -182,12 +182,12 @@ def test_combiner_output_shape_is_declared_in_a_traced_call(ids):
 
 
 def test_config_round_trip_with_a_table_learning_rate_schedule():
-    import json  # noqa: PLC0415
+    import json
 
     schedule = keras.optimizers.schedules.CosineDecay(0.1, decay_steps=100)
     layer = SparseEmbedding("sched", 4, optimizer=npu_rec.optimizers.Adagrad(schedule))
     config = json.loads(json.dumps(layer.get_config()))
-    npu_rec._table_registry.clear()
+    npu_rec.table._registry.clear()
     clone = SparseEmbedding.from_config(config)
     clone.build((None,))
     rate = clone.table.optimizer.learning_rate

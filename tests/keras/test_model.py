@@ -62,7 +62,7 @@ def test_wrapper_form_trains_to_the_same_result():
     expected = functional.predict(xv, verbose=0)
     assert len(functional.tables) == 2 * len(features)
 
-    npu_rec._table_registry.clear()
+    npu_rec.table._registry.clear()
     keras.utils.set_random_seed(0)
     wrapped = RecModel(network=deepfm_network(categorical=features),
                        loss_fn=keras.losses.BinaryCrossentropy(),

@@ -17,7 +17,7 @@ BATCH, BATCHES, BAD_BATCH = 8, 8, 4  # the 5th batch holds one inf
 
 
 def _model(name="nan"):
-    npu_rec._table_registry.clear()
+    npu_rec.table._registry.clear()
     keras.utils.set_random_seed(0)
     ids = keras.Input(shape=(), dtype="int64", name="ids")
     num = keras.Input(shape=(2,), dtype="float32", name="num")
@@ -63,7 +63,7 @@ def test_one_inf_stops_fit_before_any_update_or_checkpoint(tmp_path):
     assert [s for s, _ in ckpt.saves] == [1, 2, 3, 4]
     saved = sorted(glob.glob(str(tmp_path / "m-*.keras")))
     assert [os.path.basename(p) for p in saved] == [f"m-{i}.keras" for i in range(1, 5)]
-    npu_rec._table_registry.clear()
+    npu_rec.table._registry.clear()
     restored = keras.models.load_model(saved[-1])
     assert restored.global_step == BAD_BATCH
     assert _finite(restored)

@@ -66,7 +66,7 @@ def test_online_train_stops_at_max_steps_saves_full_and_delta_and_resumes(tmp_pa
 
     # A restarted program: a fresh model with the same table names resumes at step 12.
     npu_rec.shutdown()
-    npu_rec._table_registry.clear()
+    npu_rec.table._registry.clear()
     npu_rec.init(max_steps=20, if_load=True, save_steps=6)
     resumed = small_model()
     ckpt2 = SparseCheckpoint(directory)
@@ -83,7 +83,7 @@ def test_online_train_stops_at_max_steps_saves_full_and_delta_and_resumes(tmp_pa
     assert ckpt2.saves[-1] == (20, "full")
 
     # restore_model_version picks the full save at or before it plus the deltas.
-    npu_rec._table_registry.clear()
+    npu_rec.table._registry.clear()
     npu_rec.init(if_load=True, restore_model_version=8)
     again = small_model()
     assert SparseCheckpoint(directory).prepare(again) == 8
@@ -201,7 +201,7 @@ def test_sparse_checkpoint_saves_and_restores_the_data_position(tmp_path):
               callbacks=[Advance(), ckpt])
     assert [s for s, _ in ckpt.saves] == [2, 4]
     assert os.path.exists(tmp_path / "state-000000000004.json")
-    npu_rec._table_registry.clear()
+    npu_rec.table._registry.clear()
     fresh, source.position = small_model(), 0
     restore = SparseCheckpoint(str(tmp_path), data_source=source, restore=True)
     npu_rec.init(restore_model_version=2, if_load=True)

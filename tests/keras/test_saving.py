@@ -52,7 +52,7 @@ def test_save_and_load_model_give_identical_predictions_and_tables(tmp_path, tra
         np.testing.assert_array_equal(a["values"], b["values"])
         for slot in a["slots"]:
             np.testing.assert_array_equal(a["slots"][slot], b["slots"][slot])
-    assert npu_rec._table_registry.get("user") is loaded.tables[0]
+    assert npu_rec.table._registry.get("user") is loaded.tables[0]
     # The loaded model is compiled and keeps training its tables.
     before = loaded.tables[0].export()["values"].copy()
     loaded.fit(x, (x["user"] % 2).astype("float32"), batch_size=32, epochs=1, verbose=0)
@@ -97,3 +97,32 @@ def test_exported_saved_model_serves_raw_ids_without_npu_rec(tmp_path, trained):
     served = json.loads(result.stdout.strip().splitlines()[-1])
     assert served["npu_rec_imported"] is False
     np.testing.assert_allclose(np.array(served["out"]), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_a_sharded_layer_round_trips_its_shard_count_and_trains(tmp_path):
+    keras.utils.set_random_seed(0)
+    layer = SparseEmbedding("sharded_ids", 3, num_shards=3, access_threshold=0,
+                            optimizer=npu_rec.optimizers.SGD(0.5), name="sharded")
+    config = json.loads(json.dumps(layer.get_config()))
+    assert config["num_shards"] == 3
+    npu_rec.table._registry.clear()                  # the clone takes over the name
+    clone = SparseEmbedding.from_config(config)
+    assert isinstance(clone.table, npu_rec.ShardedTable)
+    assert clone.table.num_shards == 3 and clone.get_config() == config
+
+    npu_rec.table._registry.clear()
+    ids = keras.Input(shape=(), dtype="int64", name="ids")
+    model = RecModel(ids, keras.layers.Dense(1)(SparseEmbedding.from_config(config)(ids)))
+    model.compile(optimizer="sgd", loss="mse")
+    x = np.arange(64) * 7_919 + 2**35
+    model.fit(x, np.ones(64), batch_size=16, epochs=2, verbose=0)
+    table = model.tables[0]
+    assert isinstance(table, npu_rec.ShardedTable) and table.size() == 64
+    assert all(s.size() > 0 for s in table.shards)          # every shard holds keys
+    path = str(tmp_path / "sharded.keras")
+    model.save(path)
+    loaded = keras.models.load_model(path)
+    assert isinstance(loaded.tables[0], npu_rec.ShardedTable)
+    assert loaded.tables[0].num_shards == 3
+    np.testing.assert_array_equal(loaded.tables[0].export()["values"], table.export()["values"])
+    np.testing.assert_array_equal(loaded.predict(x, verbose=0), model.predict(x, verbose=0))

@@ -1,8 +1,8 @@
 """Keras callbacks of npu_rec: precision switch, eviction, table checkpoints, step checks.
 
 The decisions (when to switch precision, evict or save) are the shared core
-objects `npu_rec._precision.PrecisionSwitch`, `npu_rec._policies.EvictPolicy`
-and `npu_rec._policies.SavePolicy`, which the Estimator hooks use too.
+objects `npu_rec.training._precision.PrecisionSwitch`, `npu_rec.training._policies.EvictPolicy`
+and `npu_rec.training._policies.SavePolicy`, which the Estimator hooks use too.
 """
 
 from npu_rec.keras.callbacks._accelerate import AccelerateTrain

@@ -12,21 +12,19 @@ import numpy as np
 
 from npu_rec import _log as logging
 from npu_rec._config import ConfigError, check_int, get_config
-from npu_rec._policies import DELTA, FULL, SavePolicy
-from npu_rec._steps import check_keras_fit
+from npu_rec._paths import atomic_file
 from npu_rec.checkpoint import CheckpointCorruptedError, TableCheckpointManager
-from npu_rec.checkpoint._file_format import fsync_path
 from npu_rec.checkpoint._training_dir import TrainingDir
 from npu_rec.checkpoint._versions import (
     Version,
     VersionLog,
-    sealed,
     table_parts,
-    unseal,
-    write_json_atomic,
 )
 from npu_rec.keras._finite import check_finite_state
 from npu_rec.keras.callbacks._common import global_step, tables_of
+from npu_rec.training._data_position import ConsumedBatches, load_position, save_position
+from npu_rec.training._policies import DELTA, FULL, SavePolicy
+from npu_rec.training._steps import check_keras_fit
 
 
 class SparseCheckpoint(keras.callbacks.Callback):
@@ -114,7 +112,7 @@ class SparseCheckpoint(keras.callbacks.Callback):
         self.data_source = data_source
         self.reading_position = reading_position
         self._start_step = 0
-        self._start_batches = 0  # batches the dataset had produced when this call began
+        self._consumed = None  # ConsumedBatches of `reading_position` (see `_begin_data`)
         self._start_state = None  # the data state when this call began
         self._consumed_state = None  # the data state after the last consumed batch
         self.restore = restore
@@ -199,7 +197,7 @@ class SparseCheckpoint(keras.callbacks.Callback):
             self.model._global_step.assign(int(data["global_step"]))
         state_part = found.part("state-")
         if self.data_source is not None and state_part is not None:
-            state = unseal(os.path.join(self.directory, state_part))
+            state = load_position(os.path.join(self.directory, state_part))
             if state.get("data") is not None:
                 self.data_source.restore_from_checkpoint(state["data"])
                 self._consumed_state = state["data"]
@@ -212,13 +210,19 @@ class SparseCheckpoint(keras.callbacks.Callback):
         """The data position after the batches trained up to `step` (JSON-able), or None."""
         step = global_step(self.model) if step is None else step
         if self.reading_position is not None:
-            consumed = step - self._start_step
-            if consumed == 0 and self._start_state is not None:
+            consumed = self._consumed_batches()
+            if consumed.consumed(step) == 0 and self._start_state is not None:
                 return self._start_state
-            return self.reading_position.state_after(self._start_batches + consumed)
+            return consumed.state_at(step)
         if self.data_source is not None:
             return self.data_source.get_checkpoint_state()
         return None
+
+    def _consumed_batches(self) -> ConsumedBatches:
+        """The step -> data state map of `reading_position` (made anew if it was replaced)."""
+        if self._consumed is None or self._consumed.position is not self.reading_position:
+            self._consumed = ConsumedBatches(self.reading_position)
+        return self._consumed
 
     def _begin_data(self) -> None:
         """Marks where this training call starts reading; rewinds a read-ahead source."""
@@ -233,7 +237,7 @@ class SparseCheckpoint(keras.callbacks.Callback):
             self._start_state = source.get_checkpoint_state()
         else:
             self._start_state = None
-        self._start_batches = position.produced
+        self._consumed_batches().begin(self._start_step)
 
     def save(self, step: int | None = None, kind: str = FULL) -> str:
         """Writes and commits version `step` (default the global step); returns the table file.
@@ -274,12 +278,10 @@ class SparseCheckpoint(keras.callbacks.Callback):
             raise ValueError(f"Step {step} is already saved in {self.directory!r} ({taken}); "
                              "a saved version is never overwritten.")
         try:
-            tmp = dense + ".tmp.npz"
-            np.savez(tmp, **arrays)
-            fsync_path(tmp)
-            os.replace(tmp, dense)
-            write_json_atomic(state, sealed({"step": step, "kind": kind,
-                                             "data": self.data_state(step)}))
+            with atomic_file(dense, "wb") as f:
+                np.savez(f, **arrays)
+            save_position(state, {"step": step, "kind": kind,
+                                   "data": self.data_state(step)})
 
             def commit(path):
                 done = "delta" if path.endswith(".delta.nrc") else "full"
@@ -289,7 +291,7 @@ class SparseCheckpoint(keras.callbacks.Callback):
 
             path = self.manager().save(step, delta=kind == DELTA, commit=commit)
         except BaseException:
-            tdir.discard(parts + [os.path.basename(dense) + ".tmp.npz"])
+            tdir.discard(parts)
             raise
         done = DELTA if path.endswith(".delta.nrc") else FULL  # a first delta becomes full
         if self.policy is not None:

@@ -8,8 +8,8 @@ from collections.abc import Callable
 import keras
 
 from npu_rec import _log as logging
-from npu_rec._policies import EvictPolicy
 from npu_rec.keras.callbacks._common import global_step, tables_of
+from npu_rec.training._policies import EvictPolicy
 
 
 class Evict(keras.callbacks.Callback):

@@ -1,0 +1,87 @@
+"""The one place npu_rec touches private Keras 3 APIs (`keras.src...`, `_`-names).
+
+Keras makes no promise about these; each is used because the public API has no
+equivalent:
+
+* `Functional`, `functional_init_arguments`, `Trainer`: `RecModel` is a
+  subclassed model that also accepts the functional form
+  `RecModel(inputs, outputs)` (Keras' own `Model.__new__` does the same).
+* `object_registration.GLOBAL_CUSTOM_NAMES`: the functional variant of a
+  registered `RecModel` subclass saves under the subclass' registered name.
+* `Layer._flatten_layers`: every nested layer of a model, in a stable order
+  (the sparse tables of a model; the layers `amp_level` casts).
+* `Model._maybe_symbolic_build`, `Model._symbolic_build`,
+  `Model._loss_tracker`, `Model._distribute_strategy`: `RecModel` overrides
+  the first (it builds its state once, from the data's element spec, before
+  tracing), calls the second and reports its loss into the third.
+* `backend.common.global_state` (optional: the Estimator works without it):
+  the layer-name counters, reset per Estimator graph (`npu_rec.estimator._keras_names`).
+
+`REQUIRED` lists them; `tests/test_keras_private.py` fails, naming the
+installed Keras version and the missing names, when a release drops one.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import keras
+from keras.src.models.functional import Functional
+from keras.src.models.model import functional_init_arguments
+from keras.src.saving import object_registration
+from keras.src.trainers.trainer import Trainer
+
+try:
+    from keras.src.backend.common import global_state
+except ImportError:          # a Keras 3 release that moved it: see `has_global_state()`
+    global_state = None
+
+__all__ = ["Functional", "Trainer", "flatten_layers", "functional_init_arguments",
+           "global_state", "has_global_state", "missing", "object_registration",
+           "register_functional_name"]
+
+#: (module, attribute path) of every private Keras name npu_rec relies on.
+REQUIRED = (
+    ("keras.src.models.functional", "Functional"),
+    ("keras.src.models.model", "functional_init_arguments"),
+    ("keras.src.saving.object_registration", "GLOBAL_CUSTOM_NAMES"),
+    ("keras", "Model._maybe_symbolic_build"),
+    ("keras", "Model._symbolic_build"),
+    ("keras", "Model._flatten_layers"),
+    ("keras.src.backend.common.global_state", "get_global_attribute"),
+    ("keras.src.backend.common.global_state", "set_global_attribute"),
+)
+
+
+def missing() -> list[str]:
+    """The entries of `REQUIRED` this Keras does not have ("module:attr")."""
+    out = []
+    for module, path in REQUIRED:
+        try:
+            obj = importlib.import_module(module)
+            for part in path.split("."):
+                obj = getattr(obj, part)
+        except (ImportError, AttributeError):
+            out.append(f"{module}:{path}")
+    return out
+
+
+def flatten_layers(model, include_self: bool = True) -> list:
+    """Every layer nested in `model` (recursively), in Keras' stable order."""
+    return list(model._flatten_layers(include_self=include_self, recursive=True))
+
+
+def loss_tracker(model):
+    """The `keras.metrics.Mean` in which a Keras model reports its loss."""
+    return model._loss_tracker
+
+
+def register_functional_name(sub: type, cls: type) -> None:
+    """Saves the functional variant `sub` of `cls` under `cls`'s registered name."""
+    object_registration.GLOBAL_CUSTOM_NAMES[sub] = keras.saving.get_registered_name(cls)
+
+
+def has_global_state() -> bool:
+    """Whether this Keras exposes the layer-name counters where npu_rec expects them."""
+    return global_state is not None and all(
+        hasattr(global_state, f) for f in ("get_global_attribute", "set_global_attribute"))

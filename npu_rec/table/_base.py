@@ -1,0 +1,379 @@
+"""`SparseTable`: what every sparse table offers, built on a small internal protocol.
+
+Two sibling classes implement it: `SingleShardTable` (`_sparse`: one hash
+map, one row storage) and `ShardedTable` (`_sharded`: single-shard tables
+chosen by key hash). `create_table` (`_create`) returns one of them; users
+see `npu_rec.SparseTable`.
+
+The public methods here (`size`, `evict`, `apply_gradients`, `export`,
+`save`, `restore`, `describe`) use only the attributes this base sets and
+the protocol below, which both siblings implement and the rest of npu_rec
+(lookups, checkpoints, the front ends) calls. The names are plain because
+they are called across modules; they stay out of the public API because
+the package is private (`npu_rec.table._*`).
+
+Protocol (shapes: u unique keys, dim the row width):
+
+* `lookup_unique(keys, counts, times, training, from_feature, batch_time)`
+  -> (rows int64 [u], -1 = no row; embeddings float32 [u, dim]).
+* `find_rows(keys)` -> rows int64 [u] (reads the hash map only).
+* `apply_rows(rows, grads, all_rows=False, current=None)` -> update op.
+* `read_state(min_period=0, session=None, check=True)` -> dict of NumPy
+  arrays sorted by key (layout in `_state`); `write_state(state, session)`;
+  `end_period(session)` (a checkpoint save starts a new delta period).
+* `build_size()`, `build_evict(now)`, `clock()`, `clamped_report()`: the
+  tensors behind `size`, `evict` and the clamped-timestamp warning.
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+from npu_rec import _log as logging
+from npu_rec._kernels import _ops as _kernel_ops
+from npu_rec.table import _registry
+from npu_rec.table._config import TableConfig
+from npu_rec.table._key_pipeline import flat_keys
+
+#: `now` value meaning "the table's own clock" (see `SparseTable.evict`).
+NO_NOW = np.iinfo(np.int64).min
+#: A training timestamp more than this many seconds ahead of the wall clock (a
+#: millisecond or garbage value among seconds) is replaced by the table's clock.
+MAX_SECONDS_AHEAD = 86400
+
+
+class SparseTable(abc.ABC):
+    """A huge sparse embedding table on raw ids; create it with `npu_rec.create_table`.
+
+    Attributes:
+      name: The table name (unique per program, or per graph in graph mode).
+      dim: Row width.
+      config: The validated `TableConfig`.
+      key_dtype: `tf.int64` or `tf.int32`.
+      optimizer: The table's sparse optimizer, or None.
+
+    Example:
+      >>> table = npu_rec.create_table("user", 8, optimizer=npu_rec.optimizers.SGD(0.1))
+      >>> emb = npu_rec.sparse_lookup(table, tf.constant([3, 7, 3], tf.int64))  # [3, 8]
+    """
+
+    def __init__(self, config: TableConfig, *, register: bool = True):
+        self.config = config
+        self.name = config.name
+        self.dim = config.dim
+        self.key_dtype = tf.as_dtype(config.key_dtype)
+        self.optimizer = config.optimizer
+        if register:
+            _registry.register(self)
+        with tf.init_scope():
+            self._graph_mode = not tf.executing_eagerly()
+        #: Graph mode: the ops run by `size`/`evict`/... (built by the subclass at creation).
+        self._graph_ops: dict[str, Any] = {}
+        self._eager_evict = None
+        self._clamped_reported = 0
+
+    # ------------------------------------------------------------ description
+    @property
+    @abc.abstractmethod
+    def num_shards(self) -> int:
+        """Number of key-hash shards (1 for an unsharded table)."""
+
+    @property
+    @abc.abstractmethod
+    def shards(self) -> list[SparseTable]:
+        """The single-shard tables holding the state: `[self]` when unsharded."""
+
+    @property
+    @abc.abstractmethod
+    def slot_names(self) -> list[str]:
+        """Names of the optimizer slots kept per row (e.g. ["accumulator"])."""
+
+    @abc.abstractmethod
+    def variables(self) -> list[tf.Variable]:
+        """The (non-trainable) variables holding this table's state."""
+
+    def __repr__(self) -> str:
+        c = self.config
+        shards = f", num_shards={self.num_shards}" if self.num_shards > 1 else ""
+        return (f"SparseTable(name={c.name!r}, dim={c.dim}, optimizer={c.optimizer!r}, "
+                f"access_threshold={c.access_threshold}, "
+                f"eviction_threshold={c.eviction_threshold}, "
+                f"dynamic_expansion={c.dynamic_expansion}{shards})")
+
+    @property
+    def admits_at_once(self) -> bool:
+        """True when a training lookup gives every key a row (access_threshold <= 1)."""
+        return self.config.access_threshold <= 1
+
+    def describe(self) -> dict[str, Any]:
+        """JSON-able description stored with checkpoints."""
+        return {"dim": self.dim, "key_dtype": self.key_dtype.name, "slots": self.slot_names}
+
+    # --------------------------------------------------------------- protocol
+    @abc.abstractmethod
+    def lookup_unique(self, keys: tf.Tensor, counts: tf.Tensor | None,
+                      times: tf.Tensor | None, training: bool, from_feature: bool = False,
+                      batch_time: tf.Tensor | None = None):
+        """(rows int64 [u], embeddings float32 [u, dim]) of unique keys (see `_sparse`)."""
+
+    @abc.abstractmethod
+    def find_rows(self, keys: tf.Tensor) -> tf.Tensor:
+        """int64 [u] rows of unique `keys` (-1 = no row); reads the hash map only."""
+
+    @abc.abstractmethod
+    def apply_rows(self, rows: tf.Tensor, grads: tf.Tensor, all_rows: bool = False,
+                   current: tf.Tensor | None = None) -> tf.Operation:
+        """Applies summed gradients float32 [u, dim] of unique rows (rows < 0 skipped)."""
+
+    @abc.abstractmethod
+    def read_state(self, min_period: int = 0, session=None,
+                   check: bool = True) -> dict[str, np.ndarray]:
+        """All state as NumPy, sorted by key (layout: `npu_rec.table._state`)."""
+
+    @abc.abstractmethod
+    def write_state(self, st: dict[str, np.ndarray], session=None) -> None:
+        """Replaces all state by `st` (as returned by `read_state`)."""
+
+    @abc.abstractmethod
+    def end_period(self, session=None) -> None:
+        """Starts a new delta period (after a checkpoint save)."""
+
+    @abc.abstractmethod
+    def build_size(self) -> tf.Tensor:
+        """int64 scalar: keys holding a row."""
+
+    @abc.abstractmethod
+    def build_evict(self, now: tf.Tensor) -> tf.Tensor:
+        """int64 scalar: rows freed by evicting at `now` (`NO_NOW` = the table's clock)."""
+
+    @abc.abstractmethod
+    def clock(self) -> tuple[tf.Tensor, tf.Tensor]:
+        """(newest timestamp seen int64, whether lookups had a timestamp feature bool)."""
+
+    @abc.abstractmethod
+    def clamped_report(self) -> tf.Tensor:
+        """int64 [2]: timestamps clamped so far and the largest of them."""
+
+    def _graph_ops_common(self, now_name: str) -> dict[str, Any]:
+        """Graph mode: the ops of `size`, `evict` and the clamp warning."""
+        now = tf.compat.v1.placeholder_with_default(tf.constant(NO_NOW, tf.int64), [],
+                                                    now_name)
+        return {"size": self.build_size(), "evict": (now, self.build_evict(now)),
+                "clamped": self.clamped_report()}
+
+    def _default_now(self) -> tf.Tensor:
+        """The table's clock: newest timestamp seen, or the wall clock without a feature."""
+        seen, from_feature = self.clock()
+        return tf.where(from_feature, seen, tf.cast(tf.timestamp(), tf.int64))
+
+    def _session(self, session):
+        sess = session or tf.compat.v1.get_default_session()
+        if sess is None:
+            raise ValueError(
+                f"Sparse table {self.name!r} lives in a tf.compat.v1 graph: pass `session=` "
+                "(e.g. run_context.session in a SessionRunHook) or use a default session. "
+                "Received: session=None")
+        return sess
+
+    # ------------------------------------------------------------ keys, grads
+    def checked_keys(self, keys: tf.Tensor) -> tf.Tensor:
+        """int64 [u] `keys`, once asserted to fit the table's key dtype (int32 tables).
+
+        An int64 id beyond the int32 range would otherwise be stored, and
+        exported, wrapped into another key.
+        """
+        if self.key_dtype != tf.int32:
+            return keys
+        low, high = tf.int32.min, tf.int32.max
+        bad = tf.boolean_mask(keys, (keys < low) | (keys > high))
+        rule = (f"Sparse table {self.name!r} has key_dtype=int32, so ids must lie in "
+                f"[{low}, {high}]; create it with key_dtype=tf.int64 for wider ids.")
+        if tf.executing_eagerly():
+            if tf.size(bad) > 0:
+                raise tf.errors.InvalidArgumentError(
+                    None, None, f"{rule} Received out-of-range ids (first 3): "
+                    f"{bad.numpy()[:3].tolist()}")
+            return keys
+        check = tf.debugging.Assert(tf.equal(tf.size(bad), 0), [
+            f"{rule} Received out-of-range ids (first 3):", bad[:3]], summarize=3)
+        with tf.control_dependencies([check]):
+            return tf.identity(keys)
+
+    def _require_optimizer(self) -> None:
+        if self.optimizer is None:
+            raise ValueError(
+                f"Sparse table {self.name!r} has no optimizer, so it cannot apply gradients. "
+                "Pass `optimizer=npu_rec.optimizers.<SGD|Adagrad|Adam|Ftrl>(...)` to "
+                "npu_rec.create_table. Received: optimizer=None")
+
+    @tf.autograph.experimental.do_not_convert
+    def apply_gradients(self, ids, grads) -> tf.Operation | None:
+        """Applies the table's sparse optimizer to the rows of `ids`.
+
+        Gradients of repeated ids are summed first; ids without a row (not
+        admitted, or evicted) are ignored. The hash map is only read.
+
+        Args:
+          ids: int [...] tensor or `tf.RaggedTensor` of the ids looked up.
+          grads: float32 [..., dim], d loss / d `sparse_lookup(table, ids)` (no
+            combiner); a `tf.IndexedSlices` or ragged tensor is accepted.
+
+        Returns:
+          The update op (None in eager mode, where it has run).
+
+        Raises:
+          ValueError: the table has no optimizer, or the shapes disagree.
+        """
+        flat_ids = flat_keys(ids)
+        if isinstance(grads, tf.IndexedSlices):
+            grads = tf.convert_to_tensor(grads)
+        if isinstance(grads, tf.RaggedTensor):
+            grads = grads.flat_values
+        grads = tf.reshape(tf.cast(grads, tf.float32), [-1, self.dim])
+        uniq, idx = tf.unique(flat_ids, out_idx=tf.int64)
+        uniq = self.checked_keys(uniq)
+        summed = tf.IndexedSlices(grads, idx)
+        if not _kernel_ops.enabled() or self.num_shards > 1:
+            summed = tf.math.unsorted_segment_sum(grads, idx, tf.size(uniq, out_type=tf.int64))
+        op = self.apply_rows(self.find_rows(uniq), summed)
+        return None if tf.executing_eagerly() else op
+
+    # ------------------------------------------------------------ maintenance
+    @tf.autograph.experimental.do_not_convert
+    def size(self) -> int | tf.Tensor:
+        """Number of keys holding a row: an int in eager mode, else an int64 scalar tensor.
+
+        Inside a `tf.compat.v1` graph or a `tf.function` it is a tensor (run or
+        return it); in eager mode it is a plain Python int, read now.
+        """
+        if self._graph_mode:
+            return self._graph_ops["size"]
+        count = self.build_size()
+        return int(count) if tf.executing_eagerly() else count
+
+    @tf.autograph.experimental.do_not_convert
+    def evict(self, now: int | tf.Tensor | None = None, session=None):
+        """Frees the rows (with slots and counts) of keys idle longer than the threshold.
+
+        A key is idle when `now - last_seen > eviction_threshold`. Counters of
+        not-yet-admitted keys idle that long are dropped too. Does nothing
+        (returns 0) when eviction is off.
+
+        Args:
+          now: int seconds; None = the newest timestamp seen by lookups with a
+            `timestamps=` feature, or the wall clock if the table never had one.
+          session: graph mode only: the session to run in (default: the default
+            session; if there is none, the int64 evict tensor is returned).
+
+        Returns:
+          The number of rows freed: an int (eager, or graph mode with a session)
+          or an int64 scalar tensor (inside `tf.function`, or graph mode without
+          a session).
+        """
+        now_value = NO_NOW if now is None else now
+        if self._graph_mode:
+            ph, out = self._graph_ops["evict"]
+            sess = session or tf.compat.v1.get_default_session()
+            if sess is None:
+                if now is None:
+                    return out
+                return self.build_evict(tf.cast(now_value, tf.int64))
+            freed = int(sess.run(out, {ph: int(now_value)}))
+            self._warn_clamped(sess)
+            return freed
+        if not tf.executing_eagerly():
+            return self.build_evict(tf.cast(now_value, tf.int64))
+        if self._eager_evict is None:
+            # Compiled once: a whole-table scan runs multi-threaded, and the
+            # metadata read is released before the scatters (no copy-on-write).
+            self._eager_evict = tf.function(
+                self.build_evict, input_signature=[tf.TensorSpec([], tf.int64)])
+            # One trace per table by design: without this, TF warns of "excessive
+            # retracing" of `build_evict` once a model's tables are evicted.
+            self._eager_evict._omit_frequent_tracing_warning = True
+        freed = int(self._eager_evict(tf.constant(now_value, tf.int64)))
+        self._warn_clamped()
+        return freed
+
+    def _warn_clamped(self, session=None) -> None:
+        """Logs a warning when more timestamps were clamped since the last one."""
+        if self._graph_mode:
+            count, newest = self._session(session).run(self._graph_ops["clamped"])
+        else:
+            count, newest = self.clamped_report().numpy()
+        if count > self._clamped_reported:
+            logging.warning(
+                "npu_rec: sparse table %r replaced %d training timestamps (%d so far) lying "
+                "more than %d s ahead of the wall clock, e.g. %d, by its clock: timestamps "
+                "must be int seconds (not milliseconds).", self.name,
+                count - self._clamped_reported, count, MAX_SECONDS_AHEAD, newest)
+            self._clamped_reported = int(count)
+
+    # ------------------------------------------------------------------ state
+    def export(self, session=None) -> dict[str, Any]:
+        """The live rows as numpy, sorted by key.
+
+        Args:
+          session: graph mode only (see `evict`).
+
+        Returns:
+          dict with `keys` [n] (key dtype), `values` float32 [n, dim], `slots`
+          (slot name -> float32 [n, dim]), `counts` int64 [n], `last_seen` int64 [n].
+        """
+        st = self.read_state(0, session, check=False)
+        return {"keys": st["keys"].astype(self.key_dtype.as_numpy_dtype),
+                "values": st["values"], "counts": st["counts"], "last_seen": st["last_seen"],
+                "slots": {n: st[f"slot/{n}"] for n in self.slot_names}}
+
+    def save(self, path: str, session=None) -> None:
+        """Writes a full snapshot of this table to the file `path` (atomic, checksummed).
+
+        Does not reset the delta tracking of `npu_rec.checkpoint.TableCheckpointManager`.
+
+        Raises:
+          npu_rec.TableInvariantError: the table's state is inconsistent or holds
+            NaN/Inf (nothing is written; see `npu_rec.table._check`).
+        """
+        from npu_rec.checkpoint import _file_format  # checkpoint is above
+
+        st = self.read_state(0, session)
+        _file_format.write_file(path, _file_format.table_arrays(self.name, st),
+                                {"tables": {self.name: self.describe()}, "kind": "full"})
+
+    def restore(self, path: str, session=None) -> None:
+        """Replaces this table's state by the snapshot in `path` (written by `save`).
+
+        Raises:
+          npu_rec.checkpoint.CheckpointCorruptedError: the file is truncated or altered.
+          ValueError: the file holds no table of this name, or a different dim.
+        """
+        from npu_rec.checkpoint import _file_format  # checkpoint is above
+
+        arrays, meta = _file_format.read_file(path)
+        self.check_compatible(meta, path)
+        self.write_state(_file_format.table_state(self.name, arrays), session)
+
+    def check_compatible(self, meta: dict[str, Any], path: str) -> None:
+        """Raises ValueError unless checkpoint `meta` has this table with the same layout."""
+        desc = meta.get("tables", {}).get(self.name)
+        if desc is None:
+            raise ValueError(f"Checkpoint file {path!r} has no table named {self.name!r}; "
+                             f"it holds {sorted(meta.get('tables', {}))}.")
+        if desc["dim"] != self.dim or list(desc["slots"]) != self.slot_names:
+            raise ValueError(
+                f"Checkpoint file {path!r} holds table {self.name!r} with dim={desc['dim']} "
+                f"and slots={desc['slots']}, but the table has dim={self.dim} and "
+                f"slots={self.slot_names} (is the optimizer the same?).")
+
+
+def rows_with_values(rows, grads, current, all_rows: bool):
+    """(rows, grads, current) without the entries of rows < 0 (unchanged if `all_rows`)."""
+    if all_rows:
+        return rows, grads, current
+    valid = tf.where(rows >= 0)[:, 0]
+    return (tf.gather(rows, valid), tf.gather(grads, valid),
+            None if current is None else tf.gather(current, valid))

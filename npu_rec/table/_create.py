@@ -1,0 +1,85 @@
+"""`create_table`: the one way to make a sparse table, unsharded or sharded.
+
+It sits above both table classes (`SingleShardTable` in `_sparse`,
+`ShardedTable` in `_sharded`, siblings under `SparseTable` in `_base`),
+so neither imports the other to pick one.
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+from npu_rec.table._base import SparseTable
+from npu_rec.table._config import (
+    DEFAULT_DYNAMIC_CAPACITY,
+    DEFAULT_FIXED_CAPACITY,
+    DEFAULT_MAX_PENDING_KEYS,
+    TableConfig,
+    global_use_dynamic_expansion,
+)
+from npu_rec.table._sharded import ShardedTable
+from npu_rec.table._sparse import SingleShardTable
+
+
+def create_table(name: str, dim: int, *, key_dtype=tf.int64, initializer=None, optimizer=None,
+                 capacity: int | None = None, access_threshold: int = -1,
+                 eviction_threshold: int = -1, dynamic_expansion: bool | None = None,
+                 max_pending_keys: int = DEFAULT_MAX_PENDING_KEYS,
+                 num_shards: int = 1) -> SparseTable:
+    """Creates a sparse embedding table keyed by raw ids.
+
+    Args:
+      name: Unique table name.
+      dim: Embedding width (>= 1).
+      key_dtype: `tf.int64` or `tf.int32`; raw ids, no vocabulary needed (an
+        int32 table refuses ids outside the int32 range).
+      initializer: Initial rows of admitted keys: None = keyed uniform(-0.05,
+        0.05) (a function of table name and key only), a Keras/TF initializer
+        (object or name such as "zeros") or a callable `(shape, dtype) -> tensor`.
+      optimizer: An `npu_rec.optimizers` sparse optimizer, or None (lookups only).
+      capacity: Initial rows; the fixed size when dynamic expansion is off.
+        None = 65536 rows fixed, or 1024 rows growing.
+      access_threshold: A key gets a row once its sightings (this batch
+        included) reach this; 0 = at once; -1 = admission off.
+      eviction_threshold: Free rows of keys idle longer than this many seconds
+        at `evict()`; -1 = off. Needs `access_threshold >= 0`.
+      dynamic_expansion: Grow on demand; None = `npu_rec.init`'s
+        `use_dynamic_expansion` (False before init).
+      max_pending_keys: Bound on counted not-yet-admitted keys (see
+        `npu_rec.table._admission`), for the whole table.
+      num_shards: Split the table by key hash into this many shards, each with
+        its own hash map, rows, counters and free list (one process for now;
+        see docs/design.md "Scale-out"). `capacity` and `max_pending_keys` are
+        divided between the shards (rounded up). Lookups, gradients, eviction,
+        export and checkpoints work across shards transparently.
+
+    Returns:
+      A `SparseTable`: a `SingleShardTable`, or a `ShardedTable` when
+      `num_shards > 1` (both exported from `npu_rec`).
+
+    Raises:
+      ValueError: an argument is out of range, eviction is on without admission,
+        or a table of this name exists.
+      TypeError: wrong argument type.
+    """
+    if dynamic_expansion is None:
+        dynamic_expansion = global_use_dynamic_expansion()
+    if isinstance(initializer, str):
+        import keras
+
+        try:
+            initializer = keras.initializers.get(initializer)
+        except ValueError as err:
+            raise ValueError("`initializer` must name a Keras initializer. "
+                             f"Received: initializer={initializer!r}") from err
+    if capacity is None:
+        capacity = DEFAULT_DYNAMIC_CAPACITY if dynamic_expansion else DEFAULT_FIXED_CAPACITY
+    config = TableConfig(name=name, dim=dim, key_dtype=key_dtype, initializer=initializer,
+                         optimizer=optimizer, capacity=capacity,
+                         access_threshold=access_threshold,
+                         eviction_threshold=eviction_threshold,
+                         dynamic_expansion=dynamic_expansion, max_pending_keys=max_pending_keys,
+                         num_shards=num_shards)
+    if num_shards > 1:
+        return ShardedTable(config)
+    return SingleShardTable(config)

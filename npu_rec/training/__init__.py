@@ -1,0 +1,1 @@
+"""Training decisions both front ends share: step settings, save/evict policies, precision."""
