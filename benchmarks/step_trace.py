@@ -10,7 +10,9 @@ in a `tf.compat.v1` graph, in two layouts:
   one_table  one table for all features, one lookup of the [batch, tables]
              ids (table batching, `npu_rec_one_table`)
 
-For each it times `--steps` steps (wall clock, median of `--rounds` blocks)
+Each layout is built on the compiled table kernels and on the stock ops
+(`--paths`). For each it times `--steps` steps (wall clock, median of `--rounds` blocks,
+the runs alternating)
 and then traces `--trace_steps` steps with `RunMetadata` step stats: the
 kernel time of each op type, summed over threads. Kernel time that exceeds
 the wall time ran in parallel on the inter-op threads. Prints a table and
@@ -46,6 +48,10 @@ _ROUNDS = flags.DEFINE_integer("rounds", 3, "Timed blocks per layout (alternatin
                                lower_bound=1)
 _TRACE = flags.DEFINE_integer("trace_steps", 10, "Traced steps per layout.", lower_bound=1)
 _TOP = flags.DEFINE_integer("top", 12, "Op types listed per layout.", lower_bound=1)
+_LAYOUTS = flags.DEFINE_list("layouts", ["per_table", "one_table"], "Layouts to run.")
+_PATHS = flags.DEFINE_list("paths", ["kernels", "stock"],
+                           "Table op paths: `kernels` (compiled, when they load) and/or "
+                           "`stock` (NPU_REC_KERNELS=off while the graph is built).")
 _OUT = flags.DEFINE_string("out", "step_trace.json", "JSON output path.")
 
 LAYOUTS = ("per_table", "one_table")
@@ -107,14 +113,24 @@ def kernel_times(sess, ids, train, batches) -> dict[str, float]:
 def main(argv):
     del argv
     import npu_rec
+    from npu_rec._kernels import _build
 
     npu_rec.init(bind_cpu=False, use_dynamic_expansion=True)
     batches = make_batches()
-    runs = {layout: build(layout) for layout in LAYOUTS}
+    runs = {}
+    for layout in _LAYOUTS.value:
+        if layout not in LAYOUTS:
+            raise app.UsageError(f"--layouts must name layouts of {LAYOUTS}. "
+                                 f"Received: {layout!r}")
+        for path in _PATHS.value:
+            if path not in ("kernels", "stock"):
+                raise app.UsageError(f"--paths must be kernels and/or stock. Received: {path!r}")
+            with _build.forced(path == "kernels"):
+                runs[f"{layout}/{path}"] = build(layout)
     for sess, ids, train in runs.values():   # warm up: trace, first admissions
         for b in batches * 2:
             sess.run(train, {ids: b})
-    wall = {layout: [] for layout in LAYOUTS}
+    wall = {layout: [] for layout in runs}
     for _ in range(_ROUNDS.value):
         for layout, (sess, ids, train) in runs.items():
             start = time.perf_counter()
@@ -129,11 +145,11 @@ def main(argv):
                           "kernel_ms": sum(kernels.values()) / 1e3,
                           "kernel_ms_by_type": {k: v / 1e3 for k, v in kernels.items()}}
     print(f"{_TABLES.value} features x {_BATCH.value} ids a step; ms per step")
-    print(f"{'layout':<10} {'wall':>7} {'kernels':>8}   top kernel types")
+    print(f"{'layout/path':<18} {'wall':>7} {'kernels':>8}   top kernel types")
     for layout, r in result.items():
         top = ", ".join(f"{k} {v:.1f}" for k, v in
                         list(r["kernel_ms_by_type"].items())[:_TOP.value])
-        print(f"{layout:<10} {r['wall_ms']:>7.1f} {r['kernel_ms']:>8.1f}   {top}")
+        print(f"{layout:<18} {r['wall_ms']:>7.1f} {r['kernel_ms']:>8.1f}   {top}")
     out = {"results": result, "command": " ".join(sys.argv),
            "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
                        "load_average": os.getloadavg(), "tensorflow": tf.__version__},

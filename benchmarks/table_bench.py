@@ -8,6 +8,9 @@ For each table size and dim it measures, on Zipf-distributed batches of
   * `baseline_step`:     fixed `tf.Variable` + `tf.gather` + sparse Adagrad
                          (ResourceSparseApplyAdagradV2) on pre-hashed row ids.
   * `numpy_take`:        `np.take` of the same rows: the memory-bandwidth ceiling.
+  * `stock_lookup`, `stock_step`: the lookup and the step traced on the stock
+                         TensorFlow ops (`NPU_REC_KERNELS=off`), on the same table,
+                         beside the compiled kernels' (`--skip_stock` leaves them out).
 
 The four are timed in alternating blocks of 5 steps, so that other load on a
 shared machine affects them alike and their ratios stay meaningful.
@@ -54,6 +57,8 @@ _EVICT_EVERY = flags.DEFINE_integer("evict_every", 20, "Steps between evict() ca
 _THREADS = flags.DEFINE_integer("threads", 2, "TF intra/inter-op threads.", lower_bound=1)
 _SKIP_BASELINE = flags.DEFINE_bool("skip_baseline", False, "Skip the tf.Variable baseline.")
 _SKIP_NUMPY = flags.DEFINE_bool("skip_numpy", False, "Skip the np.take ceiling (saves a copy).")
+_SKIP_STOCK = flags.DEFINE_bool("skip_stock", False, "Skip the stock-op path's lookup and "
+                                "step (timed beside the kernel path's by default).")
 _JSON = flags.DEFINE_string("json", "benchmarks/table_bench.json", "Where to write results.")
 
 _MUL = np.uint64(0x9E3779B97F4A7C15)
@@ -151,12 +156,25 @@ def bench_table(tf, npu_rec, n_keys, dim, mode, rng, baseline):
         npu_rec.apply_recorded_gradients(recs, tape.gradient(loss, [r.embeddings for r in recs]))
         return loss
 
+    cases = {}
+    if not _SKIP_STOCK.value:
+        # The same functions traced on the stock ops (the path is fixed at tracing).
+        from npu_rec._kernels import _build  # noqa: PLC0415
+
+        stock_lookup = tf.function(lookup_only.python_function)
+        stock_step = tf.function(train_step.python_function)
+        with _build.forced(False):
+            stock_lookup.get_concrete_function(*batches[0])
+            stock_step.get_concrete_function(*batches[0])
     every = _EVICT_EVERY.value
     evict = (lambda i: table.evict() if i % every == every - 1 else None) if on else None
     if on:
         table.evict()  # compile the eviction scan outside the timed loop
     rows = [(_zipf_ranks(rng, n_keys, ids_per_batch),) for _ in range(8)]
-    cases = {"lookup": (lookup_only, batches, None), "step": (train_step, batches, evict)}
+    cases.update({"lookup": (lookup_only, batches, None), "step": (train_step, batches, evict)})
+    if not _SKIP_STOCK.value:
+        cases["stock_lookup"] = (stock_lookup, batches, None)
+        cases["stock_step"] = (stock_step, batches, evict)
     if not _SKIP_NUMPY.value:
         values = table._storage.values.numpy()[:n_keys]
         cases["numpy"] = (lambda r: np.take(values, r, axis=0), rows, None)
@@ -170,6 +188,11 @@ def bench_table(tf, npu_rec, n_keys, dim, mode, rng, baseline):
         "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
         "table_lookup_keys_per_s": ids_per_batch * steps / spent["lookup"],
         "table_step_keys_per_s": ids_per_batch * steps / spent["step"],
+        "stock_lookup_keys_per_s": (ids_per_batch * steps / spent["stock_lookup"]
+                                    if "stock_lookup" in spent else None),
+        "stock_step_keys_per_s": (ids_per_batch * steps / spent["stock_step"]
+                                  if "stock_step" in spent else None),
+        "kernels": _kernels_on(),
         "numpy_take_rows_per_s": (ids_per_batch * steps / spent["numpy"]
                                   if "numpy" in spent else None),
         "baseline_step_keys_per_s": (ids_per_batch * steps / spent["baseline"]
@@ -184,6 +207,12 @@ def bench_table(tf, npu_rec, n_keys, dim, mode, rng, baseline):
     npu_rec.table._registry.clear()
     gc.collect()
     return result
+
+
+def _kernels_on() -> bool:
+    from npu_rec._kernels import _ops  # noqa: PLC0415
+
+    return _ops.enabled()
 
 
 def _release(tf, table):
@@ -248,7 +277,8 @@ def main(argv):
     results = []
     header = (f"{'keys':>10} {'dim':>4} {'adm+ev':>6} {'lookup k/s':>12} {'step k/s':>11} "
               f"{'baseline k/s':>13} {'step/base':>9} {'lookup/np':>9} {'np rows/s':>11} "
-              f"{'var B/key':>9} {'idx B/key':>9} {'rss B/key':>9}")
+              f"{'var B/key':>9} {'idx B/key':>9} {'rss B/key':>9} {'stock step k/s':>14} "
+              f"{'step/stock':>10}")
     print(header)
     for n_keys in map(int, _SIZES.value):
         for dim in map(int, _DIMS.value):
@@ -260,6 +290,8 @@ def main(argv):
                 r["step_over_baseline"] = r["table_step_keys_per_s"] / base if base else None
                 npy = r["numpy_take_rows_per_s"]
                 r["lookup_over_numpy"] = r["table_lookup_keys_per_s"] / npy if npy else None
+                stock = r["stock_step_keys_per_s"]
+                r["step_over_stock"] = r["table_step_keys_per_s"] / stock if stock else None
                 results.append(r)
                 print(f"{n_keys:>10} {dim:>4} {mode:>6} {r['table_lookup_keys_per_s']:>12.3g} "
                       f"{r['table_step_keys_per_s']:>11.3g} {base or float('nan'):>13.3g} "
@@ -267,7 +299,8 @@ def main(argv):
                       f"{r['lookup_over_numpy'] or float('nan'):>9.2f} {npy or float('nan'):>11.3g} "
                       f"{r['variable_bytes_per_live_key']:>9.1f} "
                       f"{r['index_bytes_per_live_key']:>9.1f} "
-                      f"{r['rss_bytes_per_live_key']:>9.1f}", flush=True)
+                      f"{r['rss_bytes_per_live_key']:>9.1f} {stock or float('nan'):>14.3g} "
+                      f"{r['step_over_stock'] or float('nan'):>10.2f}", flush=True)
                 _write_json(tf, results)
             if release is not None:
                 release()

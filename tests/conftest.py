@@ -11,7 +11,13 @@ import tensorflow as tf
 tf.config.threading.set_intra_op_parallelism_threads(2)
 tf.config.threading.set_inter_op_parallelism_threads(2)
 
+from npu_rec._kernels import _build  # noqa: E402
 from npu_rec.table import _registry as _table_registry  # noqa: E402
+
+# Build (or load from the cache) the table kernels once, before any test: the
+# suite runs on the kernel path when a compiler is present, on the stock path
+# otherwise (NPU_REC_KERNELS=off forces it); tests/table/test_table_kernels.py runs both.
+_build.library()
 
 
 @pytest.fixture

@@ -34,6 +34,7 @@ import numpy as np
 import tensorflow as tf
 
 from npu_rec import _log as logging
+from npu_rec._kernels import _ops as _kernel_ops
 from npu_rec.table import _registry
 from npu_rec.table._config import TableConfig
 from npu_rec.table._key_pipeline import flat_keys
@@ -235,7 +236,9 @@ class SparseTable(abc.ABC):
         grads = tf.reshape(tf.cast(grads, tf.float32), [-1, self.dim])
         uniq, idx = tf.unique(flat_ids, out_idx=tf.int64)
         uniq = self.checked_keys(uniq)
-        summed = tf.math.unsorted_segment_sum(grads, idx, tf.size(uniq, out_type=tf.int64))
+        summed = tf.IndexedSlices(grads, idx)
+        if not _kernel_ops.enabled() or self.num_shards > 1:
+            summed = tf.math.unsorted_segment_sum(grads, idx, tf.size(uniq, out_type=tf.int64))
         op = self.apply_rows(self.find_rows(uniq), summed)
         return None if tf.executing_eagerly() else op
 

@@ -29,6 +29,7 @@ from typing import Any, NamedTuple
 import tensorflow as tf
 
 from npu_rec._compat import keep_out_of_meta_graphs
+from npu_rec._kernels import _ops as _kernel_ops
 from npu_rec.table._base import SparseTable
 from npu_rec.table._key_pipeline import PreparedIds
 from npu_rec.table._key_pipeline import flat_keys as _flat_keys
@@ -110,7 +111,7 @@ def apply_recorded_gradients(records, grads) -> tf.Operation | None:
     for rec, grad in zip(records, grads, strict=True):
         if grad is None:
             continue
-        if isinstance(grad, tf.IndexedSlices):
+        if isinstance(grad, tf.IndexedSlices) and not _fused_sum(rec.table):
             grad = densify(grad, tf.shape(rec.rows, out_type=tf.int64)[0])
         entry = by_table.setdefault(id(rec.table), (rec.table, [], [], []))
         entry[1].append(rec.rows)
@@ -124,11 +125,17 @@ def apply_recorded_gradients(records, grads) -> tf.Operation | None:
             ops.append(table.apply_rows(rows[0], gs[0], all_rows=table.admits_at_once,
                                          current=embs[0]))
             continue
+        gs = [densify(g, tf.shape(r, out_type=tf.int64)[0]) for r, g in zip(rows, gs, strict=True)]
         uniq, idx = tf.unique(tf.concat(rows, 0), out_idx=tf.int64)
         summed = tf.math.unsorted_segment_sum(tf.concat(gs, 0), idx,
                                               tf.size(uniq, out_type=tf.int64))
         ops.append(table.apply_rows(uniq, summed, all_rows=table.admits_at_once))
     return None if tf.executing_eagerly() else tf.group(*ops)
+
+
+def _fused_sum(table: SparseTable) -> bool:
+    """True when the table kernel sums per-id gradients itself (unsharded, kernel path)."""
+    return table.num_shards == 1 and _kernel_ops.enabled()
 
 
 #: Up to this many gradient rows, `densify` sums with `tf.scatter_nd`, above it with

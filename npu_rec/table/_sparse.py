@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from npu_rec.table import _keyed_init
+from npu_rec._kernels import _ops as _kernel_ops
+from npu_rec.table import _keyed_init, _lock
 from npu_rec.table._admission import PendingCounts
 from npu_rec.table._base import MAX_SECONDS_AHEAD, NO_NOW, SparseTable, rows_with_values
 from npu_rec.table._config import TableConfig
@@ -58,6 +59,7 @@ class SingleShardTable(TableStateMixin, SparseTable):
                 self._ts_feature = tf.Variable(False, trainable=False, name="ts_feature")
                 self._opt_step = tf.Variable(tf.constant(0, tf.int64), trainable=False,
                                              name="opt_step")
+                self._lock = _lock.make_lock(self._graph_mode, "lock")
                 # Timestamps clamped so far (see `_clamp_times`), and the newest of them.
                 self._clamped = tf.Variable(tf.zeros([2], tf.int64), trainable=False,
                                             name="clamped_timestamps")
@@ -110,6 +112,7 @@ class SingleShardTable(TableStateMixin, SparseTable):
                 f"Received: initializer={init!r}") from err
 
     @tf.autograph.experimental.do_not_convert
+    @_lock.serialised(training_arg=3)
     def lookup_unique(self, keys: tf.Tensor, counts: tf.Tensor | None,
                       times: tf.Tensor | None, training: bool, from_feature: bool = False,
                       batch_time: tf.Tensor | None = None):
@@ -181,26 +184,38 @@ class SingleShardTable(TableStateMixin, SparseTable):
         else:
             u = tf.shape(keys, out_type=tf.int64)[0]
             extra = tf.scatter_nd(adm_pos[:, None], adm_prior, tf.reshape(u, [1]))
-            live_pos = tf.where(rows >= 0)[:, 0]
-            live_rows = tf.gather(rows, live_pos)
-            add = tf.gather(counts + extra, live_pos)
-            live_times = tf.gather(times, live_pos)
+            if _kernel_ops.enabled():   # the kernel skips rows < 0 itself
+                live_rows, add, live_times = rows, counts + extra, times
+            else:
+                live_pos = tf.where(rows >= 0)[:, 0]
+                live_rows = tf.gather(rows, live_pos)
+                add = tf.gather(counts + extra, live_pos)
+                live_times = tf.gather(times, live_pos)
+        newest = (tf.reduce_max(tf.concat([times, [0]], 0)) if batch_time is None
+                  else tf.maximum(batch_time, 0))
+        seen = self._max_seen.assign(tf.maximum(self._max_seen.read_value(), newest),
+                                     read_value=False)
+        effects = [new_rows, seen, *pending_ops, *clamp_ops]
+        if from_feature:
+            effects.append(self._ts_feature.assign(True, read_value=False))
+        if _kernel_ops.enabled():
+            # One kernel: gather the rows, add the sightings, raise last-seen. (The
+            # effects hang on an identity: the kernel's own inputs made inside a
+            # control_dependencies block would not carry them.)
+            with tf.control_dependencies(effects):
+                live_rows = tf.identity(live_rows)
+            emb = _kernel_ops.gather_touch(s, live_rows, add, live_times)
+            with tf.control_dependencies([emb]):
+                return tf.identity(rows), emb
         with tf.control_dependencies([new_rows]):
             old_counts = tf.gather(s.counts, live_rows)
             old_seen = tf.gather(s.last_seen, live_rows)
         # Unique rows: the count grows by the sightings, last-seen takes the max. (Gather
         # and assign: TF's CPU scatter-add/max kernels are ~4x slower than assign.)
-        meta_op = tf.group(
+        effects.append(tf.group(
             s.counts.scatter_update(tf.IndexedSlices(old_counts + add, live_rows)),
             s.last_seen.scatter_update(tf.IndexedSlices(tf.maximum(old_seen, live_times),
-                                                        live_rows)))
-        newest = (tf.reduce_max(tf.concat([times, [0]], 0)) if batch_time is None
-                  else tf.maximum(batch_time, 0))
-        seen = self._max_seen.assign(tf.maximum(self._max_seen.read_value(), newest),
-                                     read_value=False)
-        effects = [new_rows, meta_op, seen, *pending_ops, *clamp_ops]
-        if from_feature:
-            effects.append(self._ts_feature.assign(True, read_value=False))
+                                                        live_rows))))
         # Whatever consumes the rows (the embeddings, the sparse optimizer step) runs
         # after admission and bookkeeping, even when its gradient does not depend on
         # the row values: in a v1 graph, fetching the embeddings runs every effect.
@@ -255,7 +270,8 @@ class SingleShardTable(TableStateMixin, SparseTable):
 
         Args:
           rows: int64 [u], unique (or -1).
-          grads: float32 [u, dim].
+          grads: float32 [u, dim], or a `tf.IndexedSlices` of per-id gradients whose
+            indices point into `rows` (summed here).
           all_rows: The caller knows no row is -1 (training lookups of a table
             that admits at once): skip the filter.
           current: float32 [u, dim], the rows' values as read by this step's
@@ -264,10 +280,19 @@ class SingleShardTable(TableStateMixin, SparseTable):
         self._require_optimizer()
         step = self._opt_step.assign_add(1)
         s = self._storage
+        if _kernel_ops.enabled() and _kernel_ops.supports(self.optimizer):
+            # Sums per-id gradients (IndexedSlices) and updates in one kernel; skips rows < 0.
+            return _kernel_ops.sparse_apply(self.optimizer, s, rows, grads, step)
+        if isinstance(grads, tf.IndexedSlices):
+            grads = tf.math.unsorted_segment_sum(grads.values, grads.indices,
+                                                 tf.shape(rows, out_type=tf.int64)[0])
         rows, grads, current = rows_with_values(rows, tf.cast(grads, tf.float32), current,
-                                                 all_rows)
-        return self.optimizer.apply_sparse(s.values, s.slots, rows, grads, step,
-                                           current=current)
+                                                all_rows)
+        update = self.optimizer.apply_sparse(s.values, s.slots, rows, grads, step,
+                                             current=current)
+        # In a v1 graph the step count would not run when the rate does not read it.
+        with tf.control_dependencies([step]):
+            return tf.group(update)
 
     def find_rows(self, keys: tf.Tensor) -> tf.Tensor:
         """int64 [u] rows of unique `keys` (-1 = no row); reads the hash map only."""
@@ -277,6 +302,7 @@ class SingleShardTable(TableStateMixin, SparseTable):
     def build_size(self) -> tf.Tensor:
         return self._storage.live_count()
 
+    @_lock.serialised()
     def build_evict(self, now: tf.Tensor) -> tf.Tensor:
         c, s = self.config, self._storage
         if not c.eviction:

@@ -37,3 +37,18 @@ def assert_same_state(table, ref, atol=1e-5):
         st["pending_keys"], st["pending_counts"], st["pending_last_seen"], strict=True)}
     assert pending == want["pending"]
     assert int(table.size()) == len(want["keys"])
+
+
+def full_state(table) -> dict[str, np.ndarray]:
+    """Every array of the table's state (keys, rows, slots, counts, last-seen, pending...)."""
+    return {k: np.array(v) for k, v in table.read_state().items()}
+
+
+def assert_same_states(got: dict, want: dict, atol=1e-6):
+    """Two `full_state`s agree: floats within `atol`, integers exactly."""
+    assert sorted(got) == sorted(want)
+    for name, value in want.items():
+        if np.issubdtype(value.dtype, np.floating):
+            np.testing.assert_allclose(got[name], value, atol=atol, err_msg=name)
+        else:
+            np.testing.assert_array_equal(got[name], value, err_msg=name)

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 import npu_rec
 from npu_rec.checkpoint import TableCheckpointManager
 from npu_rec.table import _registry as _table_registry
-from tests.table.table_helpers import OPTIMIZERS, assert_same_state
+from tests.table.table_helpers import OPTIMIZERS, assert_same_state, full_state
 from tests.table.table_reference import ReferenceTable
 
 DIM = 3
@@ -38,7 +38,11 @@ _op = st.one_of(
 )
 
 
-def _run(opt_name, feature, ops, seed, tmp_path, num_shards=1):
+def _run(opt_name, feature, ops, seed, tmp_path, num_shards=1, record=None):
+    """Runs `ops` on a table and the reference, checking them after each op.
+
+    `record`, a list, receives the table's full state after each op.
+    """
     _table_registry.clear()
     access, evict, max_pending, dynamic, capacity = FEATURES[feature]
     make_opt, make_ref_opt = OPTIMIZERS[opt_name]
@@ -87,6 +91,8 @@ def _run(opt_name, feature, ops, seed, tmp_path, num_shards=1):
             manager.restore()                 # the full save + its chain of deltas
             ref.load(saved)
         assert_same_state(table, ref)
+        if record is not None:
+            record.append(full_state(table))
 
 
 @pytest.mark.parametrize("feature", sorted(FEATURES))

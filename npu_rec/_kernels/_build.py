@@ -1,0 +1,198 @@
+"""Builds, caches and loads the table kernels' op library, or says why not.
+
+The C++ sources ship in this package (`*.cc`). On first use they are compiled
+against the installed TensorFlow (`tf.sysconfig` compile and link flags,
+`$CXX` or `g++`, `-O3`) into a cache directory, `$NPU_REC_KERNEL_CACHE` or
+`~/.cache/npu_rec/kernels`, under a file name keyed by the TensorFlow version
+and a hash of the sources, flags and compiler; later processes load the cached
+library (about 0.1 s) instead of building (10-30 s on 2 cores). The library is
+written to a temporary file and renamed into place, so a process never loads a
+half-written library, and two processes building at once both succeed.
+
+`NPU_REC_KERNELS` picks the path:
+
+* `auto` (default): use the kernels when they build and load; otherwise log one
+  WARNING naming the reason and how to get the fast path, and use the stock
+  TensorFlow ops (the same results).
+* `on`: the kernels must load; a failed build raises `RuntimeError` with the
+  compiler's output.
+* `off`: always the stock ops.
+
+`NPU_REC_KERNEL_SANITIZE=1` builds with AddressSanitizer and
+UndefinedBehaviorSanitizer (a separate cache entry; the process must preload
+libasan, see `tests/run_sanitized_kernels.sh`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+
+import tensorflow as tf
+
+from npu_rec import _log as logging
+
+_SOURCES = ("table_ops.cc",)
+_MODES = ("auto", "on", "off")
+# AddressSanitizer and the UndefinedBehaviorSanitizer checks that GCC 12 compiles
+# TensorFlow's headers with (`-fsanitize=undefined` as a whole also turns on `null`
+# and the nonnull-attribute checks, which make an absl `constexpr` in them fail).
+_UBSAN = ("shift,integer-divide-by-zero,unreachable,vla-bound,return,signed-integer-overflow,"
+          "bounds,alignment,object-size,bool,enum,builtin,pointer-overflow")
+_SANITIZE_FLAGS = (f"-fsanitize=address,{_UBSAN}", "-fno-omit-frame-pointer",
+                   f"-fno-sanitize-recover={_UBSAN}")
+_BUILD_TIMEOUT = 600
+_LOCK = threading.Lock()
+_STATE: dict = {}
+
+
+def mode() -> str:
+    """The requested path: `NPU_REC_KERNELS` (auto, on or off).
+
+    Raises:
+      ValueError: the variable holds another value.
+    """
+    value = os.environ.get("NPU_REC_KERNELS", "auto").strip().lower() or "auto"
+    if value not in _MODES:
+        raise ValueError(f"The environment variable NPU_REC_KERNELS must be one of {_MODES}. "
+                         f"Received: NPU_REC_KERNELS={value!r}")
+    return value
+
+
+def cache_dir() -> str:
+    """Directory of built libraries: `$NPU_REC_KERNEL_CACHE` or ~/.cache/npu_rec/kernels."""
+    return os.environ.get("NPU_REC_KERNEL_CACHE") or os.path.join(
+        os.path.expanduser("~"), ".cache", "npu_rec", "kernels")
+
+
+def _sanitize() -> bool:
+    return os.environ.get("NPU_REC_KERNEL_SANITIZE", "") not in ("", "0")
+
+
+def _compiler() -> str:
+    return os.environ.get("CXX") or "g++"
+
+
+def build_command(output: str) -> list[str]:
+    """The compiler command line writing the library to `output`."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    flags = ["-O1", "-g", *_SANITIZE_FLAGS] if _sanitize() else ["-O3"]
+    return [_compiler(), "-shared", "-fPIC", *flags, "-ffp-contract=off",
+            "-Wno-deprecated-declarations",
+            *[os.path.join(here, s) for s in _SOURCES], "-o", output,
+            *tf.sysconfig.get_compile_flags(), *tf.sysconfig.get_link_flags()]
+
+
+def library_path() -> str:
+    """Where the library for this TensorFlow, these sources and flags is cached."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    digest = hashlib.sha256()
+    for name in _SOURCES:
+        with open(os.path.join(here, name), "rb") as f:
+            digest.update(f.read())
+    digest.update(" ".join(build_command("OUT")[1:]).replace(here, "").encode())
+    digest.update(_compiler().encode())
+    tag = "asan-" if _sanitize() else ""
+    return os.path.join(cache_dir(),
+                        f"npu_rec_ops-tf{tf.__version__}-{tag}{digest.hexdigest()[:16]}.so")
+
+
+def build(path: str) -> None:
+    """Compiles the library into `path` atomically (temp file + rename).
+
+    Raises:
+      RuntimeError: the compiler is missing, fails or times out (with its output).
+    """
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    if shutil.which(_compiler()) is None:
+        raise RuntimeError(f"no C++ compiler {_compiler()!r} (set CXX or install g++)")
+    fd, tmp = tempfile.mkstemp(prefix=".build-", suffix=".so", dir=os.path.dirname(path))
+    os.close(fd)
+    try:
+        cmd = build_command(tmp)
+        try:
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=_BUILD_TIMEOUT,
+                                  start_new_session=True, check=False)
+        except (OSError, subprocess.TimeoutExpired) as err:
+            raise RuntimeError(f"{cmd[0]} could not run: {err}") from err
+        if done.returncode != 0:
+            raise RuntimeError(f"{' '.join(cmd)} failed (exit {done.returncode}):\n"
+                               f"{done.stderr[-4000:]}")
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def _load():
+    path = library_path()
+    if not os.path.exists(path):
+        logging.info("npu_rec: building the table kernels into %s (once per TensorFlow "
+                     "version and kernel source)", path)
+        build(path)
+    try:
+        return tf.load_op_library(path)
+    except (tf.errors.NotFoundError, OSError) as err:
+        raise RuntimeError(f"{path} does not load: {err}") from err
+
+
+def library():
+    """The loaded op module, or None when the stock path is used (decided once).
+
+    Raises:
+      RuntimeError: `NPU_REC_KERNELS=on` and the kernels cannot be built or loaded.
+      ValueError: `NPU_REC_KERNELS` holds an unknown value.
+    """
+    with _LOCK:
+        if "lib" in _STATE:
+            return _STATE["lib"]
+        wanted = mode()
+        lib = None
+        if wanted != "off":
+            try:
+                lib = _load()
+            except RuntimeError as err:
+                if wanted == "on":
+                    raise RuntimeError(
+                        "NPU_REC_KERNELS=on, but npu_rec's table kernels could not be built "
+                        f"or loaded: {err}") from err
+                first_line = str(err).splitlines()[0][:300]
+                logging.warning(
+                    "npu_rec: table kernels unavailable (%s); sparse tables use the stock "
+                    "TensorFlow ops (same results, slower). For the fast path install a C++ "
+                    "compiler (g++) or set CXX, then restart; NPU_REC_KERNELS=off silences "
+                    "this.", first_line)
+        _STATE["lib"] = lib
+        return lib
+
+
+def reset() -> None:
+    """Forgets the decision (tests: re-read the environment on the next use)."""
+    with _LOCK:
+        _STATE.clear()
+
+
+@contextlib.contextmanager
+def forced(on: bool):
+    """Within the block, ops built by tables use the kernels (True) or the stock ops.
+
+    For tests and benchmarks that compare the paths in one process: the path
+    is fixed when a table's ops are built (traced), so build both variants'
+    functions inside their own block.
+    """
+    old = os.environ.get("NPU_REC_KERNELS")
+    os.environ["NPU_REC_KERNELS"] = "on" if on else "off"
+    reset()
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("NPU_REC_KERNELS", None)
+        else:
+            os.environ["NPU_REC_KERNELS"] = old
+        reset()

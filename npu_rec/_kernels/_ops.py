@@ -1,0 +1,96 @@
+"""Python wrappers of the fused table kernels, used by the table when they load.
+
+`enabled()` says whether the kernel path is on (see `_build` for the build,
+the cache and `NPU_REC_KERNELS`). The wrappers take a table's `RowStorage`
+variables and mirror the stock code they replace:
+
+* `gather_touch` = `tf.gather` of the rows' values (zeros for rows < 0) plus,
+  when training, `counts += add` and `last_seen = max(last_seen, times)`
+  (the stock gather + scatter-assign of `SparseTable._lookup_unique`).
+* `sparse_apply` = the summation of per-id gradients into unique rows
+  (`densify`) plus `SparseOptimizer.apply_sparse`, in one kernel.
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+from npu_rec._kernels import _build
+from npu_rec.optimizers import _sparse_optimizers as _opt
+
+
+def enabled() -> bool:
+    """True when the table kernels are loaded (built on first call if needed)."""
+    return _build.library() is not None
+
+
+def gather_touch(storage, rows, add=None, times=None) -> tf.Tensor:
+    """float32 [u, dim] values of `rows` (int64 [u]; zeros where < 0).
+
+    With `add` (int64 [u]) and `times` (int64 [u] or [1]) it also adds `add` to
+    the rows' counts and raises their last-seen times to `times`, in the same
+    kernel, under the variables' locks. Rows < 0 are skipped.
+    """
+    lib = _build.library()
+    touch = add is not None
+    if not touch:
+        add = times = tf.zeros([0], tf.int64)
+    return lib.npu_rec_gather_touch(
+        values=storage.values.handle, counts=storage.counts.handle,
+        last_seen=storage.last_seen.handle, rows=rows, add=add,
+        times=tf.reshape(times, [-1]), touch=touch, dim=storage.dim)
+
+
+def supports(optimizer) -> bool:
+    """True when `optimizer` is one of the four built-in ones with their own update."""
+    return any(type(optimizer).apply_sparse is cls.apply_sparse
+               for cls in (_opt.SGD, _opt.Adagrad, _opt.Adam, _opt.Ftrl))
+
+
+def _attrs(optimizer, step: tf.Tensor):
+    """(kernel optimizer name, float32 step size, float attrs) of `optimizer`.
+
+    Coefficients are rounded to float32 the way the stock path's Python floats
+    are when they meet a float32 tensor (`1.0 - beta_1` in double first).
+    """
+    lr = optimizer.learning_rate_at(step)
+    if isinstance(optimizer, _opt.Adagrad):
+        return "adagrad", lr, {"epsilon": optimizer.epsilon}
+    if isinstance(optimizer, _opt.Adam):
+        t = tf.cast(step, tf.float32)
+        b1, b2 = optimizer.beta_1, optimizer.beta_2
+        lr_t = lr * tf.sqrt(1.0 - tf.pow(b2, t)) / (1.0 - tf.pow(b1, t))
+        return "adam", lr_t, {"epsilon": optimizer.epsilon, "beta_1": b1,
+                              "one_minus_beta_1": 1.0 - b1, "beta_2": b2,
+                              "one_minus_beta_2": 1.0 - b2}
+    if isinstance(optimizer, _opt.Ftrl):
+        return "ftrl", lr, {"power": -optimizer.learning_rate_power, "l1": optimizer.l1,
+                            "two_l2": 2.0 * optimizer.l2}
+    return "sgd", lr, {}
+
+
+def sparse_apply(optimizer, storage, rows, grads, step) -> tf.Operation:
+    """One optimizer step on unique `rows` (int64 [u]; rows < 0 are skipped).
+
+    Args:
+      optimizer: an `npu_rec.optimizers` SGD, Adagrad, Adam or Ftrl.
+      storage: the table's `RowStorage`.
+      rows: int64 [u], unique.
+      grads: float32 [u, dim] (summed), or a `tf.IndexedSlices` of per-id
+        gradients whose indices point into `rows` (summed by the kernel).
+      step: int64 scalar, this update's 1-based count.
+    """
+    if isinstance(grads, tf.IndexedSlices):
+        values = tf.cast(grads.values, tf.float32)
+        index = tf.cast(grads.indices, tf.int64)
+    else:
+        values = tf.cast(grads, tf.float32)
+        index = tf.range(tf.shape(values, out_type=tf.int64)[0])
+    values = tf.reshape(values, [-1, storage.dim])
+    kind, lr, attrs = _attrs(optimizer, step)
+    with tf.control_dependencies([step]):     # counted even when the rate does not read it
+        lr = tf.identity(lr)
+    slots = [storage.slots[name].handle for name, _ in optimizer.slot_specs]
+    return _build.library().npu_rec_sparse_apply(
+        values=storage.values.handle, slots=slots, rows=rows, grads=values,
+        grad_index=index, lr=lr, optimizer=kind, **attrs)

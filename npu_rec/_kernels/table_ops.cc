@@ -1,0 +1,374 @@
+// Fused kernels of npu_rec's sparse tables (see docs/design.md, "Compiled kernels").
+//
+// They work on the table's existing resource variables (rows, optimizer
+// slots, counts, last-seen), in place, under the variables' own mutexes,
+// taken in increasing address order as TensorFlow's training kernels do, so
+// they run safely beside each other and beside stock variable ops on the
+// inter-op threads.
+//
+//   NpuRecGatherTouch  rows [u] -> their values [u, dim] (zeros for rows < 0);
+//                      with touch=true also counts[row] += add and
+//                      last_seen[row] = max(last_seen[row], time).
+//   NpuRecSparseApply  per-id gradients [n, dim] with their unique-row index
+//                      [n] -> summed per unique row, then one row-wise
+//                      optimizer step (SGD, Adagrad, lazy Adam, FTRL) on the
+//                      rows and their slots, with the Python path's formulas
+//                      evaluated in the same order.
+//
+// Writing in place follows TensorFlow's rule for sparse access: the variable
+// is put in copy-on-read mode, and a buffer still shared with a reader is
+// copied before the first write.
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "tensorflow/core/framework/op.h"
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/resource_mgr.h"
+#include "tensorflow/core/framework/resource_var.h"
+#include "tensorflow/core/framework/shape_inference.h"
+#include "tensorflow/core/framework/tensor.h"
+#include "tensorflow/core/platform/threadpool.h"
+
+namespace npu_rec {
+namespace {
+
+using ::tensorflow::DEVICE_CPU;
+using ::tensorflow::OpKernel;
+using ::tensorflow::OpKernelConstruction;
+using ::tensorflow::OpKernelContext;
+using ::tensorflow::Tensor;
+using ::tensorflow::TensorShape;
+using ::tensorflow::Var;
+using ::tensorflow::core::RefCountPtr;
+using ::tensorflow::shape_inference::InferenceContext;
+using ::tensorflow::shape_inference::ShapeHandle;
+
+REGISTER_OP("NpuRecGatherTouch")
+    .Input("values: resource")
+    .Input("counts: resource")
+    .Input("last_seen: resource")
+    .Input("rows: int64")
+    .Input("add: int64")
+    .Input("times: int64")
+    .Output("embeddings: float")
+    .Attr("touch: bool")
+    .Attr("dim: int >= 1")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) {
+      int64_t dim;
+      TF_RETURN_IF_ERROR(c->GetAttr("dim", &dim));
+      c->set_output(0, c->Matrix(c->Dim(c->input(3), 0), dim));
+      return absl::OkStatus();
+    });
+
+REGISTER_OP("NpuRecSparseApply")
+    .Input("values: resource")
+    .Input("slots: num_slots * resource")
+    .Input("rows: int64")
+    .Input("grads: float")
+    .Input("grad_index: int64")
+    .Input("lr: float")
+    .Attr("num_slots: int >= 0")
+    .Attr("optimizer: {'sgd', 'adagrad', 'adam', 'ftrl'}")
+    .Attr("epsilon: float = 0.0")
+    .Attr("beta_1: float = 0.0")
+    .Attr("one_minus_beta_1: float = 0.0")
+    .Attr("beta_2: float = 0.0")
+    .Attr("one_minus_beta_2: float = 0.0")
+    .Attr("power: float = 0.0")
+    .Attr("l1: float = 0.0")
+    .Attr("two_l2: float = 0.0")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) { return absl::OkStatus(); });
+
+// Locks a set of variables in increasing mutex address order (the order
+// TensorFlow's own kernels use), exclusively, for the kernel's lifetime.
+class VarLocks {
+ public:
+  explicit VarLocks(std::vector<Var*> vars) {
+    std::sort(vars.begin(), vars.end(),
+              [](Var* a, Var* b) { return a->mu() < b->mu(); });
+    vars.erase(std::unique(vars.begin(), vars.end()), vars.end());
+    for (Var* v : vars) v->mu()->lock();
+    locked_ = std::move(vars);
+  }
+  ~VarLocks() {
+    for (auto it = locked_.rbegin(); it != locked_.rend(); ++it) (*it)->mu()->unlock();
+  }
+
+ private:
+  std::vector<Var*> locked_;
+};
+
+// Under the variable's exclusive lock: make its buffer safe to write in place.
+absl::Status PrepareWrite(OpKernelContext* ctx, Var* var) {
+  Tensor* t = var->tensor();
+  if (!t->RefCountIsOne()) {
+    Tensor copy;
+    TF_RETURN_IF_ERROR(ctx->allocate_temp(t->dtype(), t->shape(), &copy));
+    if (t->TotalBytes() > 0) {
+      std::memcpy(copy.data(), t->data(), t->TotalBytes());
+    }
+    *t = copy;
+  }
+  var->copy_on_read_mode.store(true);
+  return absl::OkStatus();
+}
+
+// Runs fn(begin, end) over [0, n) on the device's intra-op threads (the kernels
+// touch unique rows, so ranges never write the same row).
+template <typename Fn>
+void ParallelRows(OpKernelContext* ctx, int64_t n, int64_t cost_per_row, Fn fn) {
+  auto* workers = ctx->device()->tensorflow_cpu_worker_threads()->workers;
+  workers->ParallelFor(n, cost_per_row, fn);
+}
+
+absl::Status GetVar(OpKernelContext* ctx, int input, RefCountPtr<Var>* var) {
+  return ::tensorflow::LookupResource(ctx, ::tensorflow::HandleFromInput(ctx, input), var);
+}
+
+absl::Status CheckRows(const Tensor& var, const char* what, const int64_t* rows, int64_t n,
+                       int64_t dim) {
+  if (var.dims() < 1 || (dim > 0 && (var.dims() != 2 || var.dim_size(1) != dim))) {
+    return absl::InvalidArgumentError(std::string("npu_rec kernel: variable `") + what +
+                                      "` has shape " + var.shape().DebugString() +
+                                      ", expected [capacity, " + std::to_string(dim) + "]");
+  }
+  const int64_t cap = var.dim_size(0);
+  for (int64_t i = 0; i < n; ++i) {
+    if (rows[i] >= cap) {
+      return absl::InvalidArgumentError(
+          std::string("npu_rec kernel: row ") + std::to_string(rows[i]) + " of `" + what +
+          "` is outside the capacity " + std::to_string(cap));
+    }
+  }
+  return absl::OkStatus();
+}
+
+class GatherTouchOp : public OpKernel {
+ public:
+  explicit GatherTouchOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("touch", &touch_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("dim", &dim_));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& rows_t = ctx->input(3);
+    const Tensor& add_t = ctx->input(4);
+    const Tensor& times_t = ctx->input(5);
+    const int64_t u = rows_t.NumElements();
+    OP_REQUIRES(ctx, !touch_ || add_t.NumElements() == u,
+                absl::InvalidArgumentError("npu_rec kernel: `add` must have one entry per row"));
+    OP_REQUIRES(ctx, !touch_ || times_t.NumElements() == u || times_t.NumElements() == 1,
+                absl::InvalidArgumentError(
+                    "npu_rec kernel: `times` must have one entry per row, or one in all"));
+    RefCountPtr<Var> values, counts, seen;
+    OP_REQUIRES_OK(ctx, GetVar(ctx, 0, &values));
+    OP_REQUIRES_OK(ctx, GetVar(ctx, 1, &counts));
+    OP_REQUIRES_OK(ctx, GetVar(ctx, 2, &seen));
+    Tensor* out = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({u, dim_}), &out));
+    const int64_t* rows = rows_t.flat<int64_t>().data();
+    float* dst = out->flat<float>().data();
+
+    std::vector<Var*> vars = {values.get()};
+    if (touch_) {
+      vars.push_back(counts.get());
+      vars.push_back(seen.get());
+    }
+    VarLocks locks(vars);
+    OP_REQUIRES_OK(ctx, CheckRows(*values->tensor(), "values", rows, u, dim_));
+    const float* src = values->tensor()->flat<float>().data();
+    const int64_t dim = dim_;
+    int64_t* cnt = nullptr;
+    int64_t* last = nullptr;
+    if (touch_) {
+      OP_REQUIRES_OK(ctx, PrepareWrite(ctx, counts.get()));
+      OP_REQUIRES_OK(ctx, PrepareWrite(ctx, seen.get()));
+      OP_REQUIRES_OK(ctx, CheckRows(*counts->tensor(), "counts", rows, u, 0));
+      OP_REQUIRES_OK(ctx, CheckRows(*seen->tensor(), "last_seen", rows, u, 0));
+      cnt = counts->tensor()->flat<int64_t>().data();
+      last = seen->tensor()->flat<int64_t>().data();
+    }
+    const int64_t* add = touch_ ? add_t.flat<int64_t>().data() : nullptr;
+    const int64_t* times = touch_ ? times_t.flat<int64_t>().data() : nullptr;
+    const bool one_time = touch_ && times_t.NumElements() == 1;
+    // Rows are unique (one per unique key, or -1), so the ranges write disjoint rows.
+    ParallelRows(ctx, u, 4 * dim + 40, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        const int64_t r = rows[i];
+        if (r < 0) {
+          std::memset(dst + i * dim, 0, sizeof(float) * dim);
+          continue;
+        }
+        std::memcpy(dst + i * dim, src + r * dim, sizeof(float) * dim);
+        if (cnt == nullptr) continue;
+        cnt[r] += add[i];
+        const int64_t t = one_time ? times[0] : times[i];
+        if (t > last[r]) last[r] = t;
+      }
+    });
+  }
+
+ private:
+  bool touch_;
+  int64_t dim_;
+};
+
+enum class Kind { kSgd, kAdagrad, kAdam, kFtrl };
+
+class SparseApplyOp : public OpKernel {
+ public:
+  explicit SparseApplyOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    std::string kind;
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("optimizer", &kind));
+    kind_ = kind == "sgd" ? Kind::kSgd
+            : kind == "adagrad" ? Kind::kAdagrad
+            : kind == "adam" ? Kind::kAdam : Kind::kFtrl;
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("num_slots", &num_slots_));
+    const int want = kind_ == Kind::kSgd ? 0 : kind_ == Kind::kAdagrad ? 1 : 2;
+    OP_REQUIRES(ctx, num_slots_ == want,
+                absl::InvalidArgumentError("npu_rec kernel: optimizer " + kind + " needs " +
+                                           std::to_string(want) + " slots"));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("epsilon", &eps_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("beta_1", &b1_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("one_minus_beta_1", &c1_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("beta_2", &b2_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("one_minus_beta_2", &c2_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("power", &power_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("l1", &l1_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("two_l2", &two_l2_));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    const int k = num_slots_;
+    const Tensor& rows_t = ctx->input(1 + k);
+    const Tensor& grads_t = ctx->input(2 + k);
+    const Tensor& index_t = ctx->input(3 + k);
+    const Tensor& lr_t = ctx->input(4 + k);
+    OP_REQUIRES(ctx, grads_t.dims() == 2 && index_t.dims() == 1 &&
+                         index_t.dim_size(0) == grads_t.dim_size(0),
+                absl::InvalidArgumentError(
+                    "npu_rec kernel: `grads` must be [n, dim] and `grad_index` [n]; got " +
+                    grads_t.shape().DebugString() + " and " + index_t.shape().DebugString()));
+    OP_REQUIRES(ctx, lr_t.NumElements() == 1,
+                absl::InvalidArgumentError("npu_rec kernel: `lr` must be a scalar"));
+    const int64_t u = rows_t.NumElements();
+    const int64_t n = grads_t.dim_size(0);
+    const int64_t dim = grads_t.dim_size(1);
+    const int64_t* rows = rows_t.flat<int64_t>().data();
+    const int64_t* index = index_t.flat<int64_t>().data();
+    const float* grads = grads_t.flat<float>().data();
+    const float lr = lr_t.flat<float>()(0);
+
+    // Per-id gradients grouped by unique row: a counting sort of the index (CSR).
+    std::vector<int64_t> start(u + 1, 0), order(n);
+    for (int64_t j = 0; j < n; ++j) {
+      const int64_t s = index[j];
+      OP_REQUIRES(ctx, s >= 0 && s < u,
+                  absl::InvalidArgumentError("npu_rec kernel: grad_index " + std::to_string(s) +
+                                             " is outside [0, " + std::to_string(u) + ")"));
+      ++start[s + 1];
+    }
+    for (int64_t i = 0; i < u; ++i) start[i + 1] += start[i];
+    {
+      std::vector<int64_t> fill(start.begin(), start.end() - 1);
+      for (int64_t j = 0; j < n; ++j) order[fill[index[j]]++] = j;
+    }
+
+    RefCountPtr<Var> values;
+    OP_REQUIRES_OK(ctx, GetVar(ctx, 0, &values));
+    std::vector<RefCountPtr<Var>> slots(k);
+    std::vector<Var*> vars = {values.get()};
+    for (int s = 0; s < k; ++s) {
+      OP_REQUIRES_OK(ctx, GetVar(ctx, 1 + s, &slots[s]));
+      vars.push_back(slots[s].get());
+    }
+    VarLocks locks(vars);
+    for (Var* v : vars) {
+      OP_REQUIRES_OK(ctx, PrepareWrite(ctx, v));
+      OP_REQUIRES_OK(ctx, CheckRows(*v->tensor(), "values or slot", rows, u, dim));
+    }
+    float* w = values->tensor()->flat<float>().data();
+    float* s0 = k > 0 ? slots[0]->tensor()->flat<float>().data() : nullptr;
+    float* s1 = k > 1 ? slots[1]->tensor()->flat<float>().data() : nullptr;
+    // Rows are unique, so the ranges update disjoint rows and slots.
+    const int64_t ids_per_row = n / std::max<int64_t>(u, 1);
+    const int64_t cost = (kind_ == Kind::kFtrl ? 60 : 20) * dim + 8 * dim * ids_per_row;
+    ParallelRows(ctx, u, cost, [&](int64_t begin, int64_t end) {
+      std::vector<float> g(dim);
+      for (int64_t i = begin; i < end; ++i) {
+        const int64_t r = rows[i];
+        if (r < 0) continue;
+        std::fill(g.begin(), g.end(), 0.0f);
+        for (int64_t p = start[i]; p < start[i + 1]; ++p) {
+          const float* src = grads + order[p] * dim;
+          for (int64_t d = 0; d < dim; ++d) g[d] += src[d];
+        }
+        ApplyRow(r * dim, dim, g.data(), lr, w, s0, s1);
+      }
+    });
+  }
+
+ private:
+  // One optimizer step of the row at `off` (and its slots) from its summed gradient.
+  void ApplyRow(int64_t off, int64_t dim, const float* g, float lr, float* w, float* s0,
+                float* s1) const {
+    float* row = w + off;
+    switch (kind_) {
+      case Kind::kSgd:
+        for (int64_t d = 0; d < dim; ++d) row[d] = row[d] - lr * g[d];
+        break;
+      case Kind::kAdagrad: {
+        float* acc = s0 + off;
+        for (int64_t d = 0; d < dim; ++d) {
+          const float a = acc[d] + g[d] * g[d];
+          acc[d] = a;
+          row[d] = row[d] - (lr * g[d]) / (std::sqrt(a) + eps_);
+        }
+        break;
+      }
+      case Kind::kAdam: {
+        float* m = s0 + off;
+        float* v = s1 + off;
+        for (int64_t d = 0; d < dim; ++d) {
+          const float mm = b1_ * m[d] + c1_ * g[d];
+          const float vv = b2_ * v[d] + c2_ * (g[d] * g[d]);
+          m[d] = mm;
+          v[d] = vv;
+          row[d] = row[d] - (lr * mm) / (std::sqrt(vv) + eps_);
+        }
+        break;
+      }
+      case Kind::kFtrl: {
+        float* acc = s0 + off;
+        float* lin = s1 + off;
+        for (int64_t d = 0; d < dim; ++d) {
+          const float a_new = acc[d] + g[d] * g[d];
+          const float p_new = std::pow(a_new, power_);
+          const float l = (lin[d] + g[d]) - ((p_new - std::pow(acc[d], power_)) / lr) * row[d];
+          const float quad = p_new / lr + two_l2_;
+          const float clipped = std::min(std::max(l, -l1_), l1_);
+          acc[d] = a_new;
+          lin[d] = l;
+          row[d] = (clipped - l) / quad;
+        }
+        break;
+      }
+    }
+  }
+
+  Kind kind_;
+  int num_slots_;
+  float eps_, b1_, c1_, b2_, c2_, power_, l1_, two_l2_;
+};
+
+REGISTER_KERNEL_BUILDER(Name("NpuRecGatherTouch").Device(DEVICE_CPU), GatherTouchOp);
+REGISTER_KERNEL_BUILDER(Name("NpuRecSparseApply").Device(DEVICE_CPU), SparseApplyOp);
+
+}  // namespace
+}  // namespace npu_rec
