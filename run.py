@@ -50,8 +50,16 @@ def _ensure_env(extras: str) -> None:
         # a dependency on the `tensorflow` package, which would install a second TensorFlow
         # over tensorflow-cpu: install it without dependencies, at the pin in setup.cfg.
         subprocess.run(
-            [PYTHON, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-             "--no-deps", *_extra_requirements("legacy")],
+            [
+                PYTHON,
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--disable-pip-version-check",
+                "--no-deps",
+                *_extra_requirements("legacy"),
+            ],
             cwd=ROOT,
             check=True,
         )
@@ -89,8 +97,10 @@ def main(argv: list[str]) -> int:
     if command == "script":
         if not rest or rest[0] not in _scripts():
             got = f" Received: {rest[0]!r}." if rest else ""
-            print(f"usage: python3 run.py script NAME [FLAGS], NAME one of "
-                  f"{', '.join(_scripts())}.{got}")
+            print(
+                f"usage: python3 run.py script NAME [FLAGS], NAME one of "
+                f"{', '.join(_scripts())}.{got}"
+            )
             return 2
         _ensure_env("")
         return _run([os.path.join("scripts", f"{rest[0]}.py"), *rest[1:]])

@@ -49,9 +49,12 @@ from absl import app, flags  # noqa: E402
 from benchmarks import keras_bench as kb  # noqa: E402  (its flags: batch_size, steps, ...)
 
 _OUT = flags.DEFINE_string("dist_out", "dist_bench.json", "JSON output path.")
-_ONE_TABLE = flags.DEFINE_bool("one_table", False,
-                                "One table for all 26 features (table batching: one exchange "
-                                "per step instead of one per feature).")
+_ONE_TABLE = flags.DEFINE_bool(
+    "one_table",
+    False,
+    "One table for all 26 features (table batching: one exchange "
+    "per step instead of one per feature).",
+)
 _LINK = 10e9 / 8  # bytes/s of a 10 Gb/s link
 _NUM_WORKERS = 2
 
@@ -64,12 +67,12 @@ def exchange_bytes(unique_per_worker: list[np.ndarray], dim: int, dense_params: 
       dim: Embedding width.
       dense_params: Dense parameters (all-reduced in float32 by a ring).
     """
-    u = np.stack(unique_per_worker).astype(np.float64)          # [W, tables]
+    u = np.stack(unique_per_worker).astype(np.float64)  # [W, tables]
     w = u.shape[0]
-    others = u.sum(0)[None, :] - u                              # ids sent by the others
-    ids = others * 32                                   # key, sender, count, time (int64)
-    rows = others * (4 * dim + 8)                       # answers: row id + row
-    grads = others * (4 * dim + 8)                      # row ids + gradients
+    others = u.sum(0)[None, :] - u  # ids sent by the others
+    ids = others * 32  # key, sender, count, time (int64)
+    rows = others * (4 * dim + 8)  # answers: row id + row
+    grads = others * (4 * dim + 8)  # row ids + gradients
     sparse = (ids + rows + grads).sum(1).mean()
     dense = 2 * (w - 1) / w * 4 * dense_params
     return {"sparse": float(sparse), "dense": float(dense), "total": float(sparse + dense)}
@@ -85,13 +88,21 @@ def _model(batches, vocab):
     cats = keras.Input((kb.NUM_CAT,), dtype="int64", name="cats")
     opt = npu_rec.optimizers.Adagrad(kb.LR)
     if _ONE_TABLE.value:  # the ids of different features are distinct in this data
-        emb = SparseEmbedding("all_C", kb.DIM, optimizer=opt, dynamic_expansion=True,
-                              capacity=sum(min(v, 1 << 20) for v in vocab))(cats)
+        emb = SparseEmbedding(
+            "all_C",
+            kb.DIM,
+            optimizer=opt,
+            dynamic_expansion=True,
+            capacity=sum(min(v, 1 << 20) for v in vocab),
+        )(cats)
         embs = [keras.layers.Reshape((kb.NUM_CAT * kb.DIM,))(emb)]
     else:
-        embs = [SparseEmbedding(f"C{i + 1}", kb.DIM, optimizer=opt, capacity=min(v, 1 << 20),
-                                dynamic_expansion=True)(cats[:, i])
-                for i, v in enumerate(vocab)]
+        embs = [
+            SparseEmbedding(
+                f"C{i + 1}", kb.DIM, optimizer=opt, capacity=min(v, 1 << 20), dynamic_expansion=True
+            )(cats[:, i])
+            for i, v in enumerate(vocab)
+        ]
     model = RecModel({"numeric": dense, "cats": cats}, kb.mlp(dense, embs))
     model.compile(optimizer="adam", loss="binary_crossentropy")
     return model
@@ -100,9 +111,10 @@ def _model(batches, vocab):
 def _dataset(batches):
     import tensorflow as tf
 
-    ds = kb.cycled({"numeric": np.stack([b[0] for b in batches]),
-                    "cats": np.stack([b[1] for b in batches])},
-                   np.stack([b[2] for b in batches]))
+    ds = kb.cycled(
+        {"numeric": np.stack([b[0] for b in batches]), "cats": np.stack([b[1] for b in batches])},
+        np.stack([b[2] for b in batches]),
+    )
     options = tf.data.Options()
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
     return ds.with_options(options)
@@ -132,14 +144,22 @@ def _run_role(out_path: str) -> None:
         rates, batches, dense_params = _train(_STRATEGY)
         rank = npu_rec.distribute.worker_rank(_STRATEGY)
         half = kb._BATCH.value // _NUM_WORKERS
-        features = [list(range(kb.NUM_CAT))] if _ONE_TABLE.value else [
-            [f] for f in range(kb.NUM_CAT)]
-        unique = [[np.array([len(np.unique(b[1][r * half:(r + 1) * half, f]))
-                             for f in features]) for r in range(_NUM_WORKERS)]
-                  for b in batches]
+        features = (
+            [list(range(kb.NUM_CAT))] if _ONE_TABLE.value else [[f] for f in range(kb.NUM_CAT)]
+        )
+        unique = [
+            [
+                np.array([len(np.unique(b[1][r * half : (r + 1) * half, f])) for f in features])
+                for r in range(_NUM_WORKERS)
+            ]
+            for b in batches
+        ]
         per_step = [exchange_bytes(u, kb.DIM, dense_params) for u in unique]
-        result = {"rank": rank, "rates": rates,
-                  "bytes": {k: statistics.mean(p[k] for p in per_step) for k in per_step[0]}}
+        result = {
+            "rank": rank,
+            "rates": rates,
+            "bytes": {k: statistics.mean(p[k] for p in per_step) for k in per_step[0]},
+        }
     else:
         rates, _, _ = _train(tf.distribute.get_strategy())
         result = {"rates": rates}
@@ -148,17 +168,31 @@ def _run_role(out_path: str) -> None:
 
 
 def _child_env(role: str, threads: int) -> dict:
-    env = {**os.environ, "DIST_BENCH_ROLE": role, "PYTHONPATH": _ROOT,
-           "TF_NUM_INTRAOP_THREADS": str(threads), "TF_NUM_INTEROP_THREADS": str(threads),
-           "OMP_NUM_THREADS": str(threads)}
+    env = {
+        **os.environ,
+        "DIST_BENCH_ROLE": role,
+        "PYTHONPATH": _ROOT,
+        "TF_NUM_INTRAOP_THREADS": str(threads),
+        "TF_NUM_INTEROP_THREADS": str(threads),
+        "OMP_NUM_THREADS": str(threads),
+    }
     env.pop("TF_CONFIG", None)
     return env
 
 
 def _flag_args() -> list[str]:
-    return [f"--{name}={getattr(flags.FLAGS, name)}" for name in
-            ("batch_size", "steps", "rounds", "warmup", "distinct_batches", "distinct_ids",
-             "one_table")]
+    return [
+        f"--{name}={getattr(flags.FLAGS, name)}"
+        for name in (
+            "batch_size",
+            "steps",
+            "rounds",
+            "warmup",
+            "distinct_batches",
+            "distinct_ids",
+            "one_table",
+        )
+    ]
 
 
 def _driver() -> dict:
@@ -166,13 +200,22 @@ def _driver() -> dict:
 
     tmp = tempfile.mkdtemp(prefix="dist_bench_")
     one = os.path.join(tmp, "one.json")
-    subprocess.run([sys.executable, __file__, *_flag_args(), f"--dist_out={one}"],
-                   env=_child_env("one", 2), check=True, timeout=3600, start_new_session=True)
+    subprocess.run(
+        [sys.executable, __file__, *_flag_args(), f"--dist_out={one}"],
+        env=_child_env("one", 2),
+        check=True,
+        timeout=3600,
+        start_new_session=True,
+    )
     log = io.BytesIO()
     two = os.path.join(tmp, "worker.json")
-    code = launch.run([sys.executable, __file__, *_flag_args(), f"--dist_out={two}"],
-                      workers=_NUM_WORKERS, timeout_secs=3600, out=log,
-                      env=_child_env("worker", 1))
+    code = launch.run(
+        [sys.executable, __file__, *_flag_args(), f"--dist_out={two}"],
+        workers=_NUM_WORKERS,
+        timeout_secs=3600,
+        out=log,
+        env=_child_env("worker", 1),
+    )
     with open(os.path.join(tmp, "launch.log"), "wb") as f:
         f.write(log.getvalue())
     if code:
@@ -193,18 +236,29 @@ def main(argv):
     one = statistics.median(results["one_process"]["rates"])
     two = statistics.median(results["two_workers"]["rates"])
     nbytes = results["two_workers"]["bytes"]
-    print(f"batch {kb._BATCH.value}, {kb._STEPS.value} steps x {kb._ROUNDS.value} rounds, "
-          f"{kb._IDS.value} distinct ids, "
-          f"{'one table' if _ONE_TABLE.value else 'one table per feature'}")
+    print(
+        f"batch {kb._BATCH.value}, {kb._STEPS.value} steps x {kb._ROUNDS.value} rounds, "
+        f"{kb._IDS.value} distinct ids, "
+        f"{'one table' if _ONE_TABLE.value else 'one table per feature'}"
+    )
     print(f"{'run':<28}{'samples/s':>12}")
     print(f"{'one process x 2 threads':<28}{one:>12.0f}")
     print(f"{'2 workers x 1 thread':<28}{two:>12.0f}   ({two / one:.2f}x)")
-    print(f"bytes received per worker per step: sparse {nbytes['sparse'] / 1e6:.2f} MB, "
-          f"dense {nbytes['dense'] / 1e6:.2f} MB; at 10 Gb/s: "
-          f"{nbytes['total'] / _LINK * 1e3:.1f} ms")
-    results.update({"one_table": _ONE_TABLE.value, "batch_size": kb._BATCH.value, "steps": kb._STEPS.value,
-                    "rounds": kb._ROUNDS.value, "distinct_ids": kb._IDS.value,
-                    "samples_per_sec": {"one_process": one, "two_workers": two}})
+    print(
+        f"bytes received per worker per step: sparse {nbytes['sparse'] / 1e6:.2f} MB, "
+        f"dense {nbytes['dense'] / 1e6:.2f} MB; at 10 Gb/s: "
+        f"{nbytes['total'] / _LINK * 1e3:.1f} ms"
+    )
+    results.update(
+        {
+            "one_table": _ONE_TABLE.value,
+            "batch_size": kb._BATCH.value,
+            "steps": kb._STEPS.value,
+            "rounds": kb._ROUNDS.value,
+            "distinct_ids": kb._IDS.value,
+            "samples_per_sec": {"one_process": one, "two_workers": two},
+        }
+    )
     with open(_OUT.value, "w") as f:
         json.dump(results, f, indent=1)
 

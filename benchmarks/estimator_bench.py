@@ -28,23 +28,37 @@ def _run(mode, steps, batch):
     from npu_rec import estimator as E
     from tests.estimator import models
 
-    exp = None if mode == "float32" else E.ExperimentalConfig(
-        accelerate_train_mode=f"{mode}|step|0.9")
+    exp = (
+        None
+        if mode == "float32"
+        else E.ExperimentalConfig(accelerate_train_mode=f"{mode}|step|0.9")
+    )
     try:
-        est = E.NPUEstimator(models.deepfm_model_fn, params={"hidden": (256, 128), "dim": 16},
-                             config=E.NPURunConfig(model_dir=tempfile.mkdtemp(), random_seed=1,
-                                                   experimental_config=exp,
-                                                   log_step_count_steps=None,
-                                                   save_checkpoints_steps=10 ** 6))
+        est = E.NPUEstimator(
+            models.deepfm_model_fn,
+            params={"hidden": (256, 128), "dim": 16},
+            config=E.NPURunConfig(
+                model_dir=tempfile.mkdtemp(),
+                random_seed=1,
+                experimental_config=exp,
+                log_step_count_steps=None,
+                save_checkpoints_steps=10**6,
+            ),
+        )
     except ValueError as error:
         return {"mode": mode, "error": str(error).split(".")[0]}
     input_fn = models.synthetic_input_fn(0, batch * 50, batch_size=batch, epochs=1000)
-    start = time.perf_counter()                           # graph building included
+    start = time.perf_counter()  # graph building included
     est.train(input_fn, max_steps=steps)
     elapsed = time.perf_counter() - start
-    return {"mode": mode, "steps": steps, "batch_size": batch, "seconds": elapsed,
-            "samples_per_sec": steps * batch / elapsed,
-            "low_precision_steps": sum(d != "float32" for _, d in est.precision_history)}
+    return {
+        "mode": mode,
+        "steps": steps,
+        "batch_size": batch,
+        "seconds": elapsed,
+        "samples_per_sec": steps * batch / elapsed,
+        "low_precision_steps": sum(d != "float32" for _, d in est.precision_history),
+    }
 
 
 def main(argv):

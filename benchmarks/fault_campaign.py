@@ -58,14 +58,23 @@ from npu_rec.checkpoint import VersionLog, read_file  # noqa: E402
 from npu_rec.checkpoint._versions import PART, RETIRED, TEMPORARY, table_parts, unseal  # noqa: E402
 
 _MODE = flags.DEFINE_enum("mode", "short", ["short", "long"], "short: a few kills (CI).")
-_KILLS = flags.DEFINE_integer("kills", None, "SIGKILLs in all (split between the front ends); "
-                              "default 2 (short) or 100 (long).", lower_bound=0)
+_KILLS = flags.DEFINE_integer(
+    "kills",
+    None,
+    "SIGKILLs in all (split between the front ends); default 2 (short) or 100 (long).",
+    lower_bound=0,
+)
 _FRONTENDS = flags.DEFINE_list("frontends", ["keras", "estimator"], "Front ends to test.")
-_MAX_STEPS = flags.DEFINE_integer("max_steps", None, "Steps of each training; default 24 "
-                                  "(short) or 300 (long).", lower_bound=2)
-_ROUNDS = flags.DEFINE_integer("rounds", None, "Fresh model_dirs per front end, the kills "
-                               "split between them; default 1 (short) or kills / 20 (long).",
-                               lower_bound=1)
+_MAX_STEPS = flags.DEFINE_integer(
+    "max_steps", None, "Steps of each training; default 24 (short) or 300 (long).", lower_bound=2
+)
+_ROUNDS = flags.DEFINE_integer(
+    "rounds",
+    None,
+    "Fresh model_dirs per front end, the kills "
+    "split between them; default 1 (short) or kills / 20 (long).",
+    lower_bound=1,
+)
 _SEED = flags.DEFINE_integer("seed", 0, "Seeds the kill times.")
 _WORK_DIR = flags.DEFINE_string("work_dir", None, "Where model_dirs go (default: a temp dir).")
 _OUT = flags.DEFINE_string("out", None, "Write the results as JSON here.")
@@ -75,16 +84,29 @@ FSIZE_LIMIT = 40_000  # bytes: below a table file of the campaign's model
 
 
 def command(frontend: str, model_dir: str, save_steps: int, max_steps: int) -> list[str]:
-    return [sys.executable, os.path.join(ROOT, "scripts", "train.py"), f"--frontend={frontend}",
-            f"--model_dir={model_dir}", f"--max_steps={max_steps}", f"--save_steps={save_steps}",
-            "--batch_size=32", "--eval_steps=1", "--embedding_dim=4", "--verbose=0",
-            "--incremental_checkpoint", "--save_delta_checkpoints_secs=1",
-            "--save_checkpoint_due_time=3"]
+    return [
+        sys.executable,
+        os.path.join(ROOT, "scripts", "train.py"),
+        f"--frontend={frontend}",
+        f"--model_dir={model_dir}",
+        f"--max_steps={max_steps}",
+        f"--save_steps={save_steps}",
+        "--batch_size=32",
+        "--eval_steps=1",
+        "--embedding_dim=4",
+        "--verbose=0",
+        "--incremental_checkpoint",
+        "--save_delta_checkpoints_secs=1",
+        "--save_checkpoint_due_time=3",
+    ]
 
 
 def _env() -> dict:
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
-               TF_CPP_MIN_LOG_LEVEL="3")
+    env = dict(
+        os.environ,
+        PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
+        TF_CPP_MIN_LOG_LEVEL="3",
+    )
     return env
 
 
@@ -108,8 +130,14 @@ def run(cmd, timeout: float, kill_delay: float | None = None, fsize: int | None 
         if fsize is not None:
             resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
 
-    proc = subprocess.Popen(cmd, env=_env(), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, start_new_session=True, preexec_fn=limit)
+    proc = subprocess.Popen(
+        cmd,
+        env=_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+        preexec_fn=limit,
+    )
     deadline = time.monotonic() + timeout
     kill_at = None
     try:
@@ -173,8 +201,11 @@ def position_at(model_dir: str, version):
 
 
 def state_of(model_dir: str, version, chain) -> dict:
-    return {"tables": tables_at(model_dir, chain), "dense": dense_at(model_dir, version),
-            "position": position_at(model_dir, version)}
+    return {
+        "tables": tables_at(model_dir, chain),
+        "dense": dense_at(model_dir, version),
+        "position": position_at(model_dir, version),
+    }
 
 
 def max_difference(a: dict, b: dict) -> float:
@@ -216,19 +247,40 @@ def start_reference(frontend: str, work: str, max_steps: int):
     """The uninterrupted run (a version at every step) the campaign is compared with."""
     ref_dir = os.path.join(work, frontend + "_reference")
     shutil.rmtree(ref_dir, ignore_errors=True)
-    return ref_dir, subprocess.Popen(command(frontend, ref_dir, 1, max_steps), env=_env(),
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                     start_new_session=True)
+    return ref_dir, subprocess.Popen(
+        command(frontend, ref_dir, 1, max_steps),
+        env=_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
 
 
-def campaign(frontend: str, kills: int, rounds: int, work: str, rng: random.Random,
-             max_steps: int, timeout: float) -> dict:
+def campaign(
+    frontend: str,
+    kills: int,
+    rounds: int,
+    work: str,
+    rng: random.Random,
+    max_steps: int,
+    timeout: float,
+) -> dict:
     """`kills` SIGKILLs and one full-disk run per round, each round in a fresh model_dir."""
     ref_dir, ref = start_reference(frontend, work, max_steps)
-    result = {"frontend": frontend, "rounds": rounds, "kills": 0, "full_disk_runs": 0,
-              "failed_restarts": [], "restarts_checked": 0, "resumed_from_newest": 0,
-              "versions_compared": 0, "corrupt_or_inconsistent": 0, "positions_differing": 0,
-              "max_difference": 0.0, "leftovers": []}
+    result = {
+        "frontend": frontend,
+        "rounds": rounds,
+        "kills": 0,
+        "full_disk_runs": 0,
+        "failed_restarts": [],
+        "restarts_checked": 0,
+        "resumed_from_newest": 0,
+        "versions_compared": 0,
+        "corrupt_or_inconsistent": 0,
+        "positions_differing": 0,
+        "max_difference": 0.0,
+        "leftovers": [],
+    }
     start = time.monotonic()
     dirs = []
     for r in range(rounds):
@@ -255,14 +307,19 @@ def campaign(frontend: str, kills: int, rounds: int, work: str, rng: random.Rand
 def mount_tmpfs(path: str) -> bool:
     """Mounts a tmpfs on `path` (created); False where that is not permitted."""
     os.makedirs(path, exist_ok=True)
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1g", "tmpfs", path],
-                          capture_output=True, timeout=30, check=False)
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=1g", "tmpfs", path],
+        capture_output=True,
+        timeout=30,
+        check=False,
+    )
     return done.returncode == 0
 
 
 def _resize(path: str, size: int) -> None:
-    subprocess.run(["mount", "-o", f"remount,size={size}", path], check=True, timeout=30,
-                   capture_output=True)
+    subprocess.run(
+        ["mount", "-o", f"remount,size={size}", path], check=True, timeout=30, capture_output=True
+    )
 
 
 def full_disk_run(cmd, model_dir: str, rng: random.Random, timeout: float):
@@ -271,8 +328,8 @@ def full_disk_run(cmd, model_dir: str, rng: random.Random, timeout: float):
         return run(cmd, timeout, fsize=FSIZE_LIMIT)
     stat = os.statvfs(model_dir)
     used = (stat.f_blocks - stat.f_bfree) * stat.f_frsize
-    graph = os.path.join(model_dir, "graph.pbtxt")   # rewritten at start, and in events
-    spare = 3 * os.path.getsize(graph) if os.path.exists(graph) else 0   # + events file
+    graph = os.path.join(model_dir, "graph.pbtxt")  # rewritten at start, and in events
+    spare = 3 * os.path.getsize(graph) if os.path.exists(graph) else 0  # + events file
     _resize(model_dir, used + spare + rng.randint(0, 300_000) + (1 << 20) // 8)
     try:
         return run(cmd, timeout)
@@ -280,13 +337,14 @@ def full_disk_run(cmd, model_dir: str, rng: random.Random, timeout: float):
         _resize(model_dir, 1 << 30)
 
 
-def one_round(result: dict, model_dir: str, kills: int, rng: random.Random, max_steps: int,
-              timeout: float) -> dict:
+def one_round(
+    result: dict, model_dir: str, kills: int, rng: random.Random, max_steps: int, timeout: float
+) -> dict:
     """Kills, a full-disk run and the final run in `model_dir`; returns pid -> expected origin."""
     cmd = command(result["frontend"], model_dir, 4, max_steps)
-    expected: dict[int, str | None] = {}   # pid -> id of the newest committed version
+    expected: dict[int, str | None] = {}  # pid -> id of the newest committed version
     plan = ["kill"] * kills
-    plan.insert(min(1, len(plan)), "full_disk")   # early, while there are steps left
+    plan.insert(min(1, len(plan)), "full_disk")  # early, while there are steps left
     for what in plan + ["finish"]:
         latest = VersionLog(model_dir).latest() if os.path.isdir(model_dir) else None
         if what == "kill":
@@ -296,8 +354,7 @@ def one_round(result: dict, model_dir: str, kills: int, rng: random.Random, max_
             outcome, pid, err = full_disk_run(cmd, model_dir, rng, timeout)
             result["full_disk_runs"] += 1
             lines = [ln for ln in err.splitlines() if ln.strip()]
-            result.setdefault("full_disk_errors", []).append(lines[-1][:200] if lines
-                                                             else outcome)
+            result.setdefault("full_disk_errors", []).append(lines[-1][:200] if lines else outcome)
             result["full_disk_not_hit"] = result.get("full_disk_not_hit", 0) + (outcome == "done")
         else:
             outcome, pid, err = run(cmd, timeout)
@@ -354,22 +411,49 @@ def main(argv):
     with concurrent.futures.ThreadPoolExecutor(len(fronts)) as pool:
         for i, frontend in enumerate(fronts):
             share = kills // len(fronts) + (i < kills % len(fronts))
-            jobs.append(pool.submit(campaign, frontend, share, rounds, work,
-                                    random.Random(_SEED.value * 1000 + i), max_steps,
-                                    _RUN_TIMEOUT.value))
+            jobs.append(
+                pool.submit(
+                    campaign,
+                    frontend,
+                    share,
+                    rounds,
+                    work,
+                    random.Random(_SEED.value * 1000 + i),
+                    max_steps,
+                    _RUN_TIMEOUT.value,
+                )
+            )
     results = [job.result() for job in jobs]
-    cols = ["frontend", "rounds", "kills", "full_disk_runs", "restarts_checked", "resumed_from_newest",
-            "versions_compared", "corrupt_or_inconsistent", "positions_differing",
-            "max_difference", "seconds"]
+    cols = [
+        "frontend",
+        "rounds",
+        "kills",
+        "full_disk_runs",
+        "restarts_checked",
+        "resumed_from_newest",
+        "versions_compared",
+        "corrupt_or_inconsistent",
+        "positions_differing",
+        "max_difference",
+        "seconds",
+    ]
     print(" | ".join(cols))
     for r in results:
-        print(" | ".join(str(r[c]) for c in cols) + f" | leftovers={len(r['leftovers'])}"
-              f" | failures={len(r['failed_restarts'])}")
+        print(
+            " | ".join(str(r[c]) for c in cols) + f" | leftovers={len(r['leftovers'])}"
+            f" | failures={len(r['failed_restarts'])}"
+        )
     for r in results:
         for failure in r["failed_restarts"] + r["leftovers"]:
             print(f"{r['frontend']}: {failure}")
-    out = {"mode": _MODE.value, "kills": kills, "max_steps": max_steps, "rounds": rounds,
-           "command": " ".join(sys.argv), "results": results}
+    out = {
+        "mode": _MODE.value,
+        "kills": kills,
+        "max_steps": max_steps,
+        "rounds": rounds,
+        "command": " ".join(sys.argv),
+        "results": results,
+    }
     if _OUT.value:
         with open(_OUT.value, "w") as f:
             json.dump(out, f, indent=1)

@@ -68,29 +68,66 @@ from absl import app, flags
 
 _BATCH = flags.DEFINE_integer("batch_size", 4096, "Samples per step.", lower_bound=1)
 _STEPS = flags.DEFINE_integer("steps", 10, "Timed steps per block.", lower_bound=1)
-_ROUNDS = flags.DEFINE_integer("rounds", 3, "Timed blocks per run (alternating runs).",
-                               lower_bound=1)
+_ROUNDS = flags.DEFINE_integer(
+    "rounds", 3, "Timed blocks per run (alternating runs).", lower_bound=1
+)
 _WARMUP = flags.DEFINE_integer("warmup", 3, "Untimed steps (tracing) per run.", lower_bound=1)
-_BATCHES = flags.DEFINE_integer("distinct_batches", 8, "Pre-generated batches, cycled.",
-                                lower_bound=1)
-_IDS = flags.DEFINE_integer("distinct_ids", 10_000_000, "Distinct ids over all features.",
-                            lower_bound=26)
-_BUCKETS = flags.DEFINE_integer("hash_buckets", 2**20,
-                                "Rows per feature of keras (all features); the cap of "
-                                "tf_loop and torchrec (min(vocab, buckets)).", lower_bound=1)
-_SMALL = flags.DEFINE_integer("small_buckets", 2**16, "Rows per feature cap of torchrec_small.",
-                             lower_bound=1)
-_EVICT_EVERY = flags.DEFINE_integer("evict_every", 20, "npu_rec: steps between evictions.",
-                                    lower_bound=1)
-_RUNS = flags.DEFINE_list("runs", ["npu_rec", "npu_rec_stock", "keras", "torchrec",
-                                   "torchrec_small", "tf_loop", "mlp_only"],
-                          "Which runs.")
+_BATCHES = flags.DEFINE_integer(
+    "distinct_batches", 8, "Pre-generated batches, cycled.", lower_bound=1
+)
+_IDS = flags.DEFINE_integer(
+    "distinct_ids", 10_000_000, "Distinct ids over all features.", lower_bound=26
+)
+_BUCKETS = flags.DEFINE_integer(
+    "hash_buckets",
+    2**20,
+    "Rows per feature of keras (all features); the cap of "
+    "tf_loop and torchrec (min(vocab, buckets)).",
+    lower_bound=1,
+)
+_SMALL = flags.DEFINE_integer(
+    "small_buckets", 2**16, "Rows per feature cap of torchrec_small.", lower_bound=1
+)
+_EVICT_EVERY = flags.DEFINE_integer(
+    "evict_every", 20, "npu_rec: steps between evictions.", lower_bound=1
+)
+_RUNS = flags.DEFINE_list(
+    "runs",
+    ["npu_rec", "npu_rec_stock", "keras", "torchrec", "torchrec_small", "tf_loop", "mlp_only"],
+    "Which runs.",
+)
 _OUT = flags.DEFINE_string("out", "keras_bench.json", "JSON output path.")
 
 DIM, NUM_CAT, NUM_DENSE, LR = 16, 26, 13, 0.05
 # Criteo's per-feature cardinalities (Kaggle display-ads), used as proportions.
-CRITEO = (1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3, 93145, 5683, 8351593, 3194,
-          27, 14992, 5461306, 10, 5652, 2173, 4, 7046547, 18, 15, 286181, 105, 142572)
+CRITEO = (
+    1460,
+    583,
+    10131227,
+    2202608,
+    305,
+    24,
+    12517,
+    633,
+    3,
+    93145,
+    5683,
+    8351593,
+    3194,
+    27,
+    14992,
+    5461306,
+    10,
+    5652,
+    2173,
+    4,
+    7046547,
+    18,
+    15,
+    286181,
+    105,
+    142572,
+)
 
 
 def make_batches():
@@ -105,8 +142,10 @@ def make_batches():
     cats = np.stack([rows[f"C{i}"] for i in range(1, 27)], 1)
     y = rows["label"].astype("float32")[:, None]
     b = _BATCH.value
-    return [(dense[i * b:(i + 1) * b], cats[i * b:(i + 1) * b], y[i * b:(i + 1) * b])
-            for i in range(_BATCHES.value)], vocab
+    return [
+        (dense[i * b : (i + 1) * b], cats[i * b : (i + 1) * b], y[i * b : (i + 1) * b])
+        for i in range(_BATCHES.value)
+    ], vocab
 
 
 def mlp(x_dense, embs):
@@ -147,9 +186,11 @@ def fit_runner(model, ds, callbacks=()):
     clock = _StepClock()
 
     def train(k):
-        model.fit(ds, epochs=1, steps_per_epoch=k, verbose=0, shuffle=False,
-                  callbacks=[*callbacks, clock])
+        model.fit(
+            ds, epochs=1, steps_per_epoch=k, verbose=0, shuffle=False, callbacks=[*callbacks, clock]
+        )
         return clock.seconds
+
     return train
 
 
@@ -162,21 +203,30 @@ def run_npu_rec(batches, vocab, admission=True, one_table=False, prefix=""):
     dense = keras.Input((NUM_DENSE,), name="numeric")
     cats = keras.Input((NUM_CAT,), dtype="int64", name="cats")
     opt = npu_rec.optimizers.Adagrad(LR)
-    policy = (dict(access_threshold=1, eviction_threshold=24 * 3600) if admission else
-              dict(access_threshold=-1, eviction_threshold=-1))
-    if one_table:   # the ids of different features are distinct in this data
-        emb = SparseEmbedding("all_C", DIM, optimizer=opt,
-                              capacity=sum(min(v, 1 << 20) for v in vocab), **policy)(cats)
+    policy = (
+        dict(access_threshold=1, eviction_threshold=24 * 3600)
+        if admission
+        else dict(access_threshold=-1, eviction_threshold=-1)
+    )
+    if one_table:  # the ids of different features are distinct in this data
+        emb = SparseEmbedding(
+            "all_C", DIM, optimizer=opt, capacity=sum(min(v, 1 << 20) for v in vocab), **policy
+        )(cats)
         embs = [keras.layers.Reshape((NUM_CAT * DIM,))(emb)]
     else:
         prefix = prefix or ("" if admission else "plain_")
-        embs = [SparseEmbedding(f"{prefix}C{i + 1}", DIM, optimizer=opt,
-                                capacity=min(v, 1 << 20), **policy)(cats[:, i])
-                for i, v in enumerate(vocab)]
+        embs = [
+            SparseEmbedding(
+                f"{prefix}C{i + 1}", DIM, optimizer=opt, capacity=min(v, 1 << 20), **policy
+            )(cats[:, i])
+            for i, v in enumerate(vocab)
+        ]
     model = RecModel({"numeric": dense, "cats": cats}, mlp(dense, embs))
     model.compile(optimizer="adam", loss="binary_crossentropy")
-    ds = cycled({"numeric": np.stack([b[0] for b in batches]),
-                 "cats": np.stack([b[1] for b in batches])}, np.stack([b[2] for b in batches]))
+    ds = cycled(
+        {"numeric": np.stack([b[0] for b in batches]), "cats": np.stack([b[1] for b in batches])},
+        np.stack([b[2] for b in batches]),
+    )
     evict = Evict(evict_time_interval=None, evict_step_interval=_EVICT_EVERY.value)
     fit = fit_runner(model, ds, [evict] if admission else [])
 
@@ -185,6 +235,7 @@ def run_npu_rec(batches, vocab, admission=True, one_table=False, prefix=""):
         if not getattr(train, "warm", False):  # trace each table's evict once, untimed
             train.warm = [t.evict() for t in model.tables]
         return seconds
+
     return train
 
 
@@ -195,7 +246,7 @@ def run_npu_rec_stock(batches, vocab):
 
     with _build.forced(False):
         train = run_npu_rec(batches, vocab, prefix="stock_")
-        train(_WARMUP.value)          # traced (and so fixed to the stock path) here
+        train(_WARMUP.value)  # traced (and so fixed to the stock path) here
     return train
 
 
@@ -218,10 +269,13 @@ def run_keras(batches, vocab):
         h = keras.layers.Hashing(_BUCKETS.value)(cats[:, i])
         embs.append(keras.layers.Embedding(_BUCKETS.value, DIM)(h))
     model = keras.Model({"numeric": dense, "cats": cats}, mlp(dense, embs))
-    model.compile(optimizer=keras.optimizers.Adagrad(LR), loss="binary_crossentropy",
-                  jit_compile=False)
-    ds = cycled({"numeric": np.stack([b[0] for b in batches]),
-                 "cats": np.stack([b[1] for b in batches])}, np.stack([b[2] for b in batches]))
+    model.compile(
+        optimizer=keras.optimizers.Adagrad(LR), loss="binary_crossentropy", jit_compile=False
+    )
+    ds = cycled(
+        {"numeric": np.stack([b[0] for b in batches]), "cats": np.stack([b[1] for b in batches])},
+        np.stack([b[2] for b in batches]),
+    )
     return fit_runner(model, ds)
 
 
@@ -229,8 +283,9 @@ def run_mlp_only(batches, vocab):
     """The same MLP, loss and optimizer, fed random embeddings as 26 [b, 16] inputs."""
     dense = keras.Input((NUM_DENSE,), name="numeric")
     embs = [keras.Input((DIM,), name=f"e{i}") for i in range(NUM_CAT)]
-    model = keras.Model({"numeric": dense, **{f"e{i}": e for i, e in enumerate(embs)}},
-                        mlp(dense, embs))
+    model = keras.Model(
+        {"numeric": dense, **{f"e{i}": e for i, e in enumerate(embs)}}, mlp(dense, embs)
+    )
     model.compile(optimizer="adam", loss="binary_crossentropy", jit_compile=False)
     rng = np.random.default_rng(0)
     x = {"numeric": np.stack([b[0] for b in batches])}
@@ -265,8 +320,8 @@ def run_tf_loop(batches, vocab):
             embs = [tf.gather(g, u.idx) for g, u in zip(gathered, uniqs, strict=True)]
             loss = loss_fn(y, net([d, *embs], training=True))
         grads = tape.gradient(loss, net.trainable_variables + gathered)
-        dense_opt.apply(grads[:len(net.trainable_variables)], net.trainable_variables)
-        for i, g in enumerate(grads[len(net.trainable_variables):]):
+        dense_opt.apply(grads[: len(net.trainable_variables)], net.trainable_variables)
+        for i, g in enumerate(grads[len(net.trainable_variables) :]):
             g = tf.convert_to_tensor(g)
             acc = tf.gather(accums[i], uniqs[i].y) + g * g
             accums[i].scatter_update(tf.IndexedSlices(acc, uniqs[i].y))
@@ -281,6 +336,7 @@ def run_tf_loop(batches, vocab):
             state["s"] += 1
             loss = step(d, c, y)
         float(loss)  # wait for the last step
+
     return train
 
 
@@ -291,12 +347,20 @@ def run_torchrec(batches, vocab, cap=None):
     import tempfile
 
     path = os.path.join(tempfile.mkdtemp(prefix="keras_bench_"), "batches.npz")
-    np.savez(path, dense=np.stack([b[0] for b in batches]),
-             cats=np.stack([b[1] for b in batches]), label=np.stack([b[2] for b in batches]))
+    np.savez(
+        path,
+        dense=np.stack([b[0] for b in batches]),
+        cats=np.stack([b[1] for b in batches]),
+        label=np.stack([b[2] for b in batches]),
+    )
     sizes = ",".join(str(n) for n in _table_rows(vocab, cap))
     worker = os.path.join(os.path.dirname(os.path.abspath(__file__)), "torchrec_worker.py")
-    proc = subprocess.Popen([sys.executable, worker, path, sizes, str(LR)], text=True,
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, worker, path, sizes, str(LR)],
+        text=True,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    )
     atexit.register(proc.kill)
     first = proc.stdout.readline().strip()
     if first != "ready":
@@ -308,6 +372,7 @@ def run_torchrec(batches, vocab, cap=None):
         proc.stdin.flush()
         if proc.stdout.readline().strip() != "done":
             raise RuntimeError(f"the TorchRec worker exited with code {proc.wait()}")
+
     return train
 
 
@@ -317,11 +382,17 @@ def run_torchrec_small(batches, vocab):
     return run_torchrec(batches, vocab, cap=_SMALL.value)
 
 
-RUNNERS = {"npu_rec": run_npu_rec, "npu_rec_stock": run_npu_rec_stock,
-           "npu_rec_plain": run_npu_rec_plain,
-           "npu_rec_one_table": run_npu_rec_one_table, "keras": run_keras,
-           "torchrec": run_torchrec, "torchrec_small": run_torchrec_small,
-           "tf_loop": run_tf_loop, "mlp_only": run_mlp_only}
+RUNNERS = {
+    "npu_rec": run_npu_rec,
+    "npu_rec_stock": run_npu_rec_stock,
+    "npu_rec_plain": run_npu_rec_plain,
+    "npu_rec_one_table": run_npu_rec_one_table,
+    "keras": run_keras,
+    "torchrec": run_torchrec,
+    "torchrec_small": run_torchrec_small,
+    "tf_loop": run_tf_loop,
+    "mlp_only": run_mlp_only,
+}
 
 
 def main(argv):
@@ -346,7 +417,7 @@ def main(argv):
     for _ in range(_ROUNDS.value):
         for name, trainer in trainers.items():
             start = time.perf_counter()
-            seconds = trainer(_STEPS.value)   # Keras runs time their own steps
+            seconds = trainer(_STEPS.value)  # Keras runs time their own steps
             rates[name].append(samples / (seconds or time.perf_counter() - start))
     for name in _RUNS.value:
         if name in rates:
@@ -361,10 +432,19 @@ def main(argv):
     # Ratios of the median rates, and per round (blocks of one round ran back to back,
     # so a per-round ratio cancels slow drifts in the machine's speed).
     ratios, round_ratios = {}, {}
-    targets = {"npu_rec / torchrec": 1.6, "npu_rec / mlp_only": 0.8,
-               "npu_rec / npu_rec_stock": 1.4}
-    pairs = [("npu_rec", o) for o in ("torchrec", "torchrec_small", "mlp_only", "tf_loop",
-                                      "keras", "npu_rec_one_table", "npu_rec_stock")]
+    targets = {"npu_rec / torchrec": 1.6, "npu_rec / mlp_only": 0.8, "npu_rec / npu_rec_stock": 1.4}
+    pairs = [
+        ("npu_rec", o)
+        for o in (
+            "torchrec",
+            "torchrec_small",
+            "mlp_only",
+            "tf_loop",
+            "keras",
+            "npu_rec_one_table",
+            "npu_rec_stock",
+        )
+    ]
     for mine, other in pairs:
         if mine in rates and other in rates:
             key = f"{mine} / {other}"
@@ -373,17 +453,39 @@ def main(argv):
     for k, v in ratios.items():
         target = f"  (target >= {targets[k]})" if k in targets else ""
         per_round = round_ratios[k]
-        print(f"{k}: {v:.2f}{target}   per round: median {statistics.median(per_round):.2f}, "
-              f"{min(per_round):.2f}-{max(per_round):.2f}")
-    out = {"results": results, "block_rates": rates, "ratios": ratios,
-           "round_ratios": round_ratios, "targets": targets,
-           "command": " ".join(sys.argv),
-           "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
-                       "load_average": os.getloadavg(),
-                       "tensorflow": tf.__version__, "keras": keras.__version__},
-           "flags": {f: flags.FLAGS[f].value for f in (
-               "batch_size", "steps", "rounds", "warmup", "distinct_batches", "distinct_ids",
-               "hash_buckets", "small_buckets", "evict_every")}}
+        print(
+            f"{k}: {v:.2f}{target}   per round: median {statistics.median(per_round):.2f}, "
+            f"{min(per_round):.2f}-{max(per_round):.2f}"
+        )
+    out = {
+        "results": results,
+        "block_rates": rates,
+        "ratios": ratios,
+        "round_ratios": round_ratios,
+        "targets": targets,
+        "command": " ".join(sys.argv),
+        "machine": {
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "load_average": os.getloadavg(),
+            "tensorflow": tf.__version__,
+            "keras": keras.__version__,
+        },
+        "flags": {
+            f: flags.FLAGS[f].value
+            for f in (
+                "batch_size",
+                "steps",
+                "rounds",
+                "warmup",
+                "distinct_batches",
+                "distinct_ids",
+                "hash_buckets",
+                "small_buckets",
+                "evict_every",
+            )
+        },
+    }
     with open(_OUT.value, "w") as f:
         json.dump(out, f, indent=2)
 

@@ -45,15 +45,29 @@ def main(argv):
 
     names = [f"C{i}" for i in range(_FIELDS.value)]
     rng = np.random.default_rng(0)
-    pool = [{n: ((rng.zipf(1.2, size=_BATCH.value) - 1) % _KEYS.value).astype(np.int64)
-             * 7919 + i for i, n in enumerate(names)} for _ in range(8)]
-    tables = {n: npu_rec.create_table(n, 16, optimizer=npu_rec.optimizers.Adagrad(0.05),
-                                      access_threshold=1, dynamic_expansion=True,
-                                      capacity=_KEYS.value) for n in names}
+    pool = [
+        {
+            n: ((rng.zipf(1.2, size=_BATCH.value) - 1) % _KEYS.value).astype(np.int64) * 7919 + i
+            for i, n in enumerate(names)
+        }
+        for _ in range(8)
+    ]
+    tables = {
+        n: npu_rec.create_table(
+            n,
+            16,
+            optimizer=npu_rec.optimizers.Adagrad(0.05),
+            access_threshold=1,
+            dynamic_expansion=True,
+            capacity=_KEYS.value,
+        )
+        for n in names
+    }
 
     def dataset(prepare):
         ds = tf.data.Dataset.from_tensor_slices(
-            {n: np.stack([b[n] for b in pool]) for n in names}).repeat()
+            {n: np.stack([b[n] for b in pool]) for n in names}
+        ).repeat()
         if prepare:
             ds = npu_rec.prepare_keys(ds, names)
         return iter(ds.prefetch(2))
@@ -64,13 +78,17 @@ def main(argv):
         # on the dynamic shapes of the unique keys.
         feats = next(iterator)
         with tf.GradientTape() as tape, npu_rec.record_lookups(tape) as recs:
-            loss = tf.add_n([tf.reduce_sum(tf.square(npu_rec.sparse_lookup(tables[n], feats[n])))
-                             for n in names])
+            loss = tf.add_n(
+                [
+                    tf.reduce_sum(tf.square(npu_rec.sparse_lookup(tables[n], feats[n])))
+                    for n in names
+                ]
+            )
         npu_rec.apply_recorded_gradients(recs, tape.gradient(loss, [r.embeddings for r in recs]))
         return loss
 
     iters = {"plain": dataset(False), "prepared": dataset(True)}
-    for it in iters.values():          # trace and fill the tables
+    for it in iters.values():  # trace and fill the tables
         for _ in range(8):
             step(it).numpy()
     spent = dict.fromkeys(iters, 0.0)
@@ -88,11 +106,21 @@ def main(argv):
     for k in ("plain", "prepared"):
         print(f"{k:>10} {res[k]:>9.2f}")
     print(f"prepared / plain: {res['speedup']:.2f}")
-    out = {"machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
-                       "load_average": os.getloadavg(), "python": platform.python_version(),
-                       "tensorflow": tf.__version__},
-           "command": " ".join(sys.argv), "batch": _BATCH.value, "fields": _FIELDS.value,
-           "keys": _KEYS.value, "steps": steps, "steps_per_s": res}
+    out = {
+        "machine": {
+            "platform": platform.platform(),
+            "cpus": os.cpu_count(),
+            "load_average": os.getloadavg(),
+            "python": platform.python_version(),
+            "tensorflow": tf.__version__,
+        },
+        "command": " ".join(sys.argv),
+        "batch": _BATCH.value,
+        "fields": _FIELDS.value,
+        "keys": _KEYS.value,
+        "steps": steps,
+        "steps_per_s": res,
+    }
     os.makedirs(os.path.dirname(os.path.abspath(_JSON.value)), exist_ok=True)
     with open(_JSON.value, "w") as f:
         json.dump(out, f, indent=2)

@@ -41,17 +41,23 @@ from absl import app, flags
 
 _TABLES = flags.DEFINE_integer("tables", 26, "Features (tables in `per_table`).", lower_bound=1)
 _BATCH = flags.DEFINE_integer("batch_size", 4096, "Examples per step.", lower_bound=1)
-_VOCAB = flags.DEFINE_integer("vocab", 400_000, "Distinct ids per feature (Zipf 1.05 ranks "
-                              "folded into this many).", lower_bound=1)
+_VOCAB = flags.DEFINE_integer(
+    "vocab",
+    400_000,
+    "Distinct ids per feature (Zipf 1.05 ranks folded into this many).",
+    lower_bound=1,
+)
 _STEPS = flags.DEFINE_integer("steps", 20, "Timed steps per block.", lower_bound=1)
-_ROUNDS = flags.DEFINE_integer("rounds", 3, "Timed blocks per layout (alternating).",
-                               lower_bound=1)
+_ROUNDS = flags.DEFINE_integer("rounds", 3, "Timed blocks per layout (alternating).", lower_bound=1)
 _TRACE = flags.DEFINE_integer("trace_steps", 10, "Traced steps per layout.", lower_bound=1)
 _TOP = flags.DEFINE_integer("top", 12, "Op types listed per layout.", lower_bound=1)
 _LAYOUTS = flags.DEFINE_list("layouts", ["per_table", "one_table"], "Layouts to run.")
-_PATHS = flags.DEFINE_list("paths", ["kernels", "stock"],
-                           "Table op paths: `kernels` (compiled, when they load) and/or "
-                           "`stock` (NPU_REC_KERNELS=off while the graph is built).")
+_PATHS = flags.DEFINE_list(
+    "paths",
+    ["kernels", "stock"],
+    "Table op paths: `kernels` (compiled, when they load) and/or "
+    "`stock` (NPU_REC_KERNELS=off while the graph is built).",
+)
 _OUT = flags.DEFINE_string("out", "step_trace.json", "JSON output path.")
 
 LAYOUTS = ("per_table", "one_table")
@@ -68,21 +74,24 @@ def build(layout: str):
         ids = tf.compat.v1.placeholder(tf.int64, [_BATCH.value, _TABLES.value])
         with tf.GradientTape() as tape, npu_rec.record_lookups(tape) as records:
             if layout == "per_table":
-                embs = [npu_rec.sparse_lookup(
-                    npu_rec.create_table(f"{layout}{i}", 16, capacity=1 << 17, **kw), ids[:, i])
-                    for i in range(_TABLES.value)]
+                embs = [
+                    npu_rec.sparse_lookup(
+                        npu_rec.create_table(f"{layout}{i}", 16, capacity=1 << 17, **kw), ids[:, i]
+                    )
+                    for i in range(_TABLES.value)
+                ]
             else:
                 table = npu_rec.create_table(layout, 16, capacity=_TABLES.value << 17, **kw)
                 embs = [npu_rec.sparse_lookup(table, ids)]
             loss = tf.add_n([tf.reduce_sum(tf.square(e)) for e in embs])
         grads = tape.gradient(loss, [r.embeddings for r in records])
         train = tf.group(npu_rec.apply_recorded_gradients(records, grads), loss)
-        init = [tf.compat.v1.global_variables_initializer(),
-                tf.compat.v1.tables_initializer()]
+        init = [tf.compat.v1.global_variables_initializer(), tf.compat.v1.tables_initializer()]
     threads = tf.config.threading
     config = tf.compat.v1.ConfigProto(
         intra_op_parallelism_threads=threads.get_intra_op_parallelism_threads(),
-        inter_op_parallelism_threads=threads.get_inter_op_parallelism_threads())
+        inter_op_parallelism_threads=threads.get_inter_op_parallelism_threads(),
+    )
     sess = tf.compat.v1.Session(graph=graph, config=config)
     sess.run(init)
     return sess, ids, train
@@ -92,8 +101,11 @@ def make_batches(n: int = 8) -> list[np.ndarray]:
     """Zipf ranks per feature, made distinct across features (feature in the high bits)."""
     rng = np.random.default_rng(0)
     offsets = np.arange(_TABLES.value, dtype=np.int64) << 40
-    return [(rng.zipf(1.05, size=(_BATCH.value, _TABLES.value)) % _VOCAB.value).astype(np.int64)
-            + offsets for _ in range(n)]
+    return [
+        (rng.zipf(1.05, size=(_BATCH.value, _TABLES.value)) % _VOCAB.value).astype(np.int64)
+        + offsets
+        for _ in range(n)
+    ]
 
 
 def kernel_times(sess, ids, train, batches) -> dict[str, float]:
@@ -120,14 +132,13 @@ def main(argv):
     runs = {}
     for layout in _LAYOUTS.value:
         if layout not in LAYOUTS:
-            raise app.UsageError(f"--layouts must name layouts of {LAYOUTS}. "
-                                 f"Received: {layout!r}")
+            raise app.UsageError(f"--layouts must name layouts of {LAYOUTS}. Received: {layout!r}")
         for path in _PATHS.value:
             if path not in ("kernels", "stock"):
                 raise app.UsageError(f"--paths must be kernels and/or stock. Received: {path!r}")
             with _build.forced(path == "kernels"):
                 runs[f"{layout}/{path}"] = build(layout)
-    for sess, ids, train in runs.values():   # warm up: trace, first admissions
+    for sess, ids, train in runs.values():  # warm up: trace, first admissions
         for b in batches * 2:
             sess.run(train, {ids: b})
     wall = {layout: [] for layout in runs}
@@ -140,21 +151,33 @@ def main(argv):
     result = {}
     for layout, (sess, ids, train) in runs.items():
         kernels = kernel_times(sess, ids, train, batches)
-        result[layout] = {"wall_ms": statistics.median(wall[layout]),
-                          "wall_ms_blocks": wall[layout],
-                          "kernel_ms": sum(kernels.values()) / 1e3,
-                          "kernel_ms_by_type": {k: v / 1e3 for k, v in kernels.items()}}
+        result[layout] = {
+            "wall_ms": statistics.median(wall[layout]),
+            "wall_ms_blocks": wall[layout],
+            "kernel_ms": sum(kernels.values()) / 1e3,
+            "kernel_ms_by_type": {k: v / 1e3 for k, v in kernels.items()},
+        }
     print(f"{_TABLES.value} features x {_BATCH.value} ids a step; ms per step")
     print(f"{'layout/path':<18} {'wall':>7} {'kernels':>8}   top kernel types")
     for layout, r in result.items():
-        top = ", ".join(f"{k} {v:.1f}" for k, v in
-                        list(r["kernel_ms_by_type"].items())[:_TOP.value])
+        top = ", ".join(
+            f"{k} {v:.1f}" for k, v in list(r["kernel_ms_by_type"].items())[: _TOP.value]
+        )
         print(f"{layout:<18} {r['wall_ms']:>7.1f} {r['kernel_ms']:>8.1f}   {top}")
-    out = {"results": result, "command": " ".join(sys.argv),
-           "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
-                       "load_average": os.getloadavg(), "tensorflow": tf.__version__},
-           "flags": {f: flags.FLAGS[f].value for f in (
-               "tables", "batch_size", "vocab", "steps", "rounds", "trace_steps")}}
+    out = {
+        "results": result,
+        "command": " ".join(sys.argv),
+        "machine": {
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "load_average": os.getloadavg(),
+            "tensorflow": tf.__version__,
+        },
+        "flags": {
+            f: flags.FLAGS[f].value
+            for f in ("tables", "batch_size", "vocab", "steps", "rounds", "trace_steps")
+        },
+    }
     with open(_OUT.value, "w") as f:
         json.dump(out, f, indent=2)
 

@@ -52,13 +52,17 @@ _WARMUP = flags.DEFINE_integer("warmup", 3, "Untimed steps first.", lower_bound=
 _BATCH = flags.DEFINE_integer("batch", 4096, "Examples per batch.", lower_bound=1)
 _FIELDS = flags.DEFINE_integer("fields", 26, "Ids per example.", lower_bound=1)
 _ZIPF = flags.DEFINE_float("zipf_a", 1.2, "Zipf exponent of the id distribution.")
-_EVICT_EVERY = flags.DEFINE_integer("evict_every", 20, "Steps between evict() calls (mode on).",
-                                    lower_bound=1)
+_EVICT_EVERY = flags.DEFINE_integer(
+    "evict_every", 20, "Steps between evict() calls (mode on).", lower_bound=1
+)
 _THREADS = flags.DEFINE_integer("threads", 2, "TF intra/inter-op threads.", lower_bound=1)
 _SKIP_BASELINE = flags.DEFINE_bool("skip_baseline", False, "Skip the tf.Variable baseline.")
 _SKIP_NUMPY = flags.DEFINE_bool("skip_numpy", False, "Skip the np.take ceiling (saves a copy).")
-_SKIP_STOCK = flags.DEFINE_bool("skip_stock", False, "Skip the stock-op path's lookup and "
-                                "step (timed beside the kernel path's by default).")
+_SKIP_STOCK = flags.DEFINE_bool(
+    "skip_stock",
+    False,
+    "Skip the stock-op path's lookup and step (timed beside the kernel path's by default).",
+)
 _JSON = flags.DEFINE_string("json", "benchmarks/table_bench.json", "Where to write results.")
 
 _MUL = np.uint64(0x9E3779B97F4A7C15)
@@ -108,9 +112,14 @@ def bench_table(tf, npu_rec, n_keys, dim, mode, rng, baseline):
     on = mode == "on"
     rss0 = _rss()
     table = npu_rec.create_table(
-        f"bench_{n_keys}_{dim}_{mode}", dim, optimizer=npu_rec.optimizers.Adagrad(0.05),
-        capacity=n_keys + n_keys // 8 + 1024, dynamic_expansion=True,
-        access_threshold=2 if on else -1, eviction_threshold=3600 if on else -1)
+        f"bench_{n_keys}_{dim}_{mode}",
+        dim,
+        optimizer=npu_rec.optimizers.Adagrad(0.05),
+        capacity=n_keys + n_keys // 8 + 1024,
+        dynamic_expansion=True,
+        access_threshold=2 if on else -1,
+        eviction_threshold=3600 if on else -1,
+    )
     ids_per_batch = _BATCH.value * _FIELDS.value
 
     @tf.function(reduce_retracing=True)
@@ -127,8 +136,10 @@ def bench_table(tf, npu_rec, n_keys, dim, mode, rng, baseline):
     live = int(table.size())
     # The shape through the handle: reading a variable that sparse ops have used
     # copies it (TF's copy-on-read mode), which would inflate the RSS figures.
-    var_bytes = sum(int(np.prod(tf.raw_ops.VariableShape(input=v.handle).numpy()))
-                    * v.dtype.size for v in table.variables())
+    var_bytes = sum(
+        int(np.prod(tf.raw_ops.VariableShape(input=v.handle).numpy())) * v.dtype.size
+        for v in table.variables()
+    )
     # The index's bucket array (16 B per bucket): its initial size, doubled by the
     # kernel while the live keys outgrow 80% of it (reading it would copy it).
     from npu_rec.table._key_index import buckets_for
@@ -183,20 +194,27 @@ def bench_table(tf, npu_rec, n_keys, dim, mode, rng, baseline):
     spent = _interleaved(cases, _STEPS.value, _WARMUP.value)
     steps = _STEPS.value
     result = {
-        "keys": n_keys, "dim": dim, "admission_eviction": mode, "live_keys": live,
+        "keys": n_keys,
+        "dim": dim,
+        "admission_eviction": mode,
+        "live_keys": live,
         "fill_seconds": round(fill_s, 2),
         "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
         "table_lookup_keys_per_s": ids_per_batch * steps / spent["lookup"],
         "table_step_keys_per_s": ids_per_batch * steps / spent["step"],
-        "stock_lookup_keys_per_s": (ids_per_batch * steps / spent["stock_lookup"]
-                                    if "stock_lookup" in spent else None),
-        "stock_step_keys_per_s": (ids_per_batch * steps / spent["stock_step"]
-                                  if "stock_step" in spent else None),
+        "stock_lookup_keys_per_s": (
+            ids_per_batch * steps / spent["stock_lookup"] if "stock_lookup" in spent else None
+        ),
+        "stock_step_keys_per_s": (
+            ids_per_batch * steps / spent["stock_step"] if "stock_step" in spent else None
+        ),
         "kernels": _kernels_on(),
-        "numpy_take_rows_per_s": (ids_per_batch * steps / spent["numpy"]
-                                  if "numpy" in spent else None),
-        "baseline_step_keys_per_s": (ids_per_batch * steps / spent["baseline"]
-                                     if baseline is not None else None),
+        "numpy_take_rows_per_s": (
+            ids_per_batch * steps / spent["numpy"] if "numpy" in spent else None
+        ),
+        "baseline_step_keys_per_s": (
+            ids_per_batch * steps / spent["baseline"] if baseline is not None else None
+        ),
         "variable_bytes_per_live_key": var_bytes / live,
         "index_bytes_per_live_key": index_bytes / live,
         "rss_bytes_per_live_key": rss_per_key,
@@ -224,10 +242,14 @@ def _release(tf, table):
 
 
 def bench_baseline(tf, n_keys, dim, rng):
-    values = tf.Variable(tf.random.uniform([n_keys, dim], -0.05, 0.05), trainable=False,
-                         shape=tf.TensorShape([None, dim]))
-    accum = tf.Variable(tf.fill([n_keys, dim], 0.1), trainable=False,
-                        shape=tf.TensorShape([None, dim]))
+    values = tf.Variable(
+        tf.random.uniform([n_keys, dim], -0.05, 0.05),
+        trainable=False,
+        shape=tf.TensorShape([None, dim]),
+    )
+    accum = tf.Variable(
+        tf.fill([n_keys, dim], 0.1), trainable=False, shape=tf.TensorShape([None, dim])
+    )
     ids_per_batch = _BATCH.value * _FIELDS.value
 
     @tf.function
@@ -240,12 +262,20 @@ def bench_baseline(tf, n_keys, dim, rng):
             loss = tf.reduce_sum(tf.square(tf.gather(emb_u, idx)))
         grad = tf.convert_to_tensor(tape.gradient(loss, emb_u))
         tf.raw_ops.ResourceSparseApplyAdagradV2(
-            var=values.handle, accum=accum.handle, lr=tf.constant(0.05), epsilon=tf.constant(1e-7),
-            grad=grad, indices=uniq)
+            var=values.handle,
+            accum=accum.handle,
+            lr=tf.constant(0.05),
+            epsilon=tf.constant(1e-7),
+            grad=grad,
+            indices=uniq,
+        )
         return loss
 
-    batches = [(tf.constant(_zipf_ranks(rng, n_keys, ids_per_batch).reshape(
-        _BATCH.value, _FIELDS.value)),) for _ in range(8)]
+    batches = [
+        (tf.constant(_zipf_ranks(rng, n_keys, ids_per_batch).reshape(_BATCH.value, _FIELDS.value)),)
+        for _ in range(8)
+    ]
+
     def release():
         for v in (values, accum):
             v.assign(tf.zeros([0, dim]), read_value=False)
@@ -254,12 +284,22 @@ def bench_baseline(tf, n_keys, dim, rng):
 
 
 def _write_json(tf, results):
-    out = {"machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
-                       "load_average": os.getloadavg(),
-                       "python": platform.python_version(), "tensorflow": tf.__version__},
-           "command": " ".join(sys.argv), "batch": _BATCH.value, "fields": _FIELDS.value,
-           "zipf_a": _ZIPF.value, "steps": _STEPS.value, "evict_every": _EVICT_EVERY.value,
-           "results": results}
+    out = {
+        "machine": {
+            "platform": platform.platform(),
+            "cpus": os.cpu_count(),
+            "load_average": os.getloadavg(),
+            "python": platform.python_version(),
+            "tensorflow": tf.__version__,
+        },
+        "command": " ".join(sys.argv),
+        "batch": _BATCH.value,
+        "fields": _FIELDS.value,
+        "zipf_a": _ZIPF.value,
+        "steps": _STEPS.value,
+        "evict_every": _EVICT_EVERY.value,
+        "results": results,
+    }
     os.makedirs(os.path.dirname(os.path.abspath(_JSON.value)), exist_ok=True)
     with open(_JSON.value, "w") as f:
         json.dump(out, f, indent=2)
@@ -275,15 +315,18 @@ def main(argv):
 
     rng = np.random.default_rng(0)
     results = []
-    header = (f"{'keys':>10} {'dim':>4} {'adm+ev':>6} {'lookup k/s':>12} {'step k/s':>11} "
-              f"{'baseline k/s':>13} {'step/base':>9} {'lookup/np':>9} {'np rows/s':>11} "
-              f"{'var B/key':>9} {'idx B/key':>9} {'rss B/key':>9} {'stock step k/s':>14} "
-              f"{'step/stock':>10}")
+    header = (
+        f"{'keys':>10} {'dim':>4} {'adm+ev':>6} {'lookup k/s':>12} {'step k/s':>11} "
+        f"{'baseline k/s':>13} {'step/base':>9} {'lookup/np':>9} {'np rows/s':>11} "
+        f"{'var B/key':>9} {'idx B/key':>9} {'rss B/key':>9} {'stock step k/s':>14} "
+        f"{'step/stock':>10}"
+    )
     print(header)
     for n_keys in map(int, _SIZES.value):
         for dim in map(int, _DIMS.value):
-            baseline, release = (None, None) if _SKIP_BASELINE.value else bench_baseline(
-                tf, n_keys, dim, rng)
+            baseline, release = (
+                (None, None) if _SKIP_BASELINE.value else bench_baseline(tf, n_keys, dim, rng)
+            )
             for mode in _MODES.value:
                 r = bench_table(tf, npu_rec, n_keys, dim, mode, rng, baseline)
                 base = r["baseline_step_keys_per_s"]
@@ -293,14 +336,17 @@ def main(argv):
                 stock = r["stock_step_keys_per_s"]
                 r["step_over_stock"] = r["table_step_keys_per_s"] / stock if stock else None
                 results.append(r)
-                print(f"{n_keys:>10} {dim:>4} {mode:>6} {r['table_lookup_keys_per_s']:>12.3g} "
-                      f"{r['table_step_keys_per_s']:>11.3g} {base or float('nan'):>13.3g} "
-                      f"{r['step_over_baseline'] or float('nan'):>9.2f} "
-                      f"{r['lookup_over_numpy'] or float('nan'):>9.2f} {npy or float('nan'):>11.3g} "
-                      f"{r['variable_bytes_per_live_key']:>9.1f} "
-                      f"{r['index_bytes_per_live_key']:>9.1f} "
-                      f"{r['rss_bytes_per_live_key']:>9.1f} {stock or float('nan'):>14.3g} "
-                      f"{r['step_over_stock'] or float('nan'):>10.2f}", flush=True)
+                print(
+                    f"{n_keys:>10} {dim:>4} {mode:>6} {r['table_lookup_keys_per_s']:>12.3g} "
+                    f"{r['table_step_keys_per_s']:>11.3g} {base or float('nan'):>13.3g} "
+                    f"{r['step_over_baseline'] or float('nan'):>9.2f} "
+                    f"{r['lookup_over_numpy'] or float('nan'):>9.2f} {npy or float('nan'):>11.3g} "
+                    f"{r['variable_bytes_per_live_key']:>9.1f} "
+                    f"{r['index_bytes_per_live_key']:>9.1f} "
+                    f"{r['rss_bytes_per_live_key']:>9.1f} {stock or float('nan'):>14.3g} "
+                    f"{r['step_over_stock'] or float('nan'):>10.2f}",
+                    flush=True,
+                )
                 _write_json(tf, results)
             if release is not None:
                 release()

@@ -36,9 +36,9 @@ _BATCH = 100_000
 
 def _fill(table, run):
     keys = np.unique(np.random.default_rng(0).integers(-(2**62), 2**62, _KEYS.value * 2))
-    keys = np.random.default_rng(1).permutation(keys)[:_KEYS.value]
+    keys = np.random.default_rng(1).permutation(keys)[: _KEYS.value]
     for i in range(0, len(keys), _BATCH):
-        run(keys[i:i + _BATCH])
+        run(keys[i : i + _BATCH])
 
 
 def _time(read, rounds):
@@ -52,16 +52,21 @@ def _time(read, rounds):
 
 
 def _eager():
-    table = npu_rec.create_table("bench_eager", _DIM.value, capacity=_KEYS.value,
-                                 optimizer=npu_rec.optimizers.Adagrad(0.1))
+    table = npu_rec.create_table(
+        "bench_eager", _DIM.value, capacity=_KEYS.value, optimizer=npu_rec.optimizers.Adagrad(0.1)
+    )
     _fill(table, lambda k: npu_rec.sparse_lookup(table, tf.constant(k)))
     return _time(lambda check: table.read_state(0, check=check), _ROUNDS.value)
 
 
 def _graph():
     with tf.Graph().as_default():
-        table = npu_rec.create_table("bench_graph", _DIM.value, capacity=_KEYS.value,
-                                     optimizer=npu_rec.optimizers.Adagrad(0.1))
+        table = npu_rec.create_table(
+            "bench_graph",
+            _DIM.value,
+            capacity=_KEYS.value,
+            optimizer=npu_rec.optimizers.Adagrad(0.1),
+        )
         ids = tf.compat.v1.placeholder(tf.int64, [None])
         emb = npu_rec.sparse_lookup(table, ids)
         with tf.compat.v1.Session() as sess:
@@ -83,9 +88,19 @@ def main(argv):
     for mode, r in results.items():
         print(f"{mode:8} {r['read_s']:10.3f} {r['read_and_check_s']:15.3f} {r['check_s']:10.3f}")
     with open(_JSON.value, "w") as f:
-        json.dump({"keys": _KEYS.value, "dim": _DIM.value, "rounds": _ROUNDS.value,
-                   "tensorflow": tf.__version__, "machine": platform.machine(),
-                   "cpus": os.cpu_count(), "results": results}, f, indent=2)
+        json.dump(
+            {
+                "keys": _KEYS.value,
+                "dim": _DIM.value,
+                "rounds": _ROUNDS.value,
+                "tensorflow": tf.__version__,
+                "machine": platform.machine(),
+                "cpus": os.cpu_count(),
+                "results": results,
+            },
+            f,
+            indent=2,
+        )
 
 
 if __name__ == "__main__":

@@ -35,15 +35,28 @@ def build(batches, sizes, lr):
     torch.manual_seed(0)
     torch.set_num_threads(os.cpu_count() or 1)
     keys = [f"C{i + 1}" for i in range(NUM_CAT)]
-    tables = [torchrec.EmbeddingBagConfig(name=f"t_{k}", embedding_dim=DIM, num_embeddings=n,
-                                          feature_names=[k], pooling=torchrec.PoolingType.SUM)
-              for k, n in zip(keys, sizes, strict=True)]
-    ebc = FusedEmbeddingBagCollection(tables, optimizer_type=RowWiseAdagrad,
-                                      optimizer_kwargs={"lr": lr})
+    tables = [
+        torchrec.EmbeddingBagConfig(
+            name=f"t_{k}",
+            embedding_dim=DIM,
+            num_embeddings=n,
+            feature_names=[k],
+            pooling=torchrec.PoolingType.SUM,
+        )
+        for k, n in zip(keys, sizes, strict=True)
+    ]
+    ebc = FusedEmbeddingBagCollection(
+        tables, optimizer_type=RowWiseAdagrad, optimizer_kwargs={"lr": lr}
+    )
     nn = torch.nn
     bottom = nn.Sequential(nn.Linear(NUM_DENSE, 64), nn.ReLU(), nn.Linear(64, DIM), nn.ReLU())
-    top = nn.Sequential(nn.Linear(DIM * (NUM_CAT + 1), 256), nn.ReLU(), nn.Linear(256, 128),
-                        nn.ReLU(), nn.Linear(128, 1))
+    top = nn.Sequential(
+        nn.Linear(DIM * (NUM_CAT + 1), 256),
+        nn.ReLU(),
+        nn.Linear(256, 128),
+        nn.ReLU(),
+        nn.Linear(128, 1),
+    )
     opt = torch.optim.Adam([*bottom.parameters(), *top.parameters()])
     loss_fn = nn.BCEWithLogitsLoss()
     mods = torch.tensor(sizes, dtype=torch.int64)
@@ -52,8 +65,7 @@ def build(batches, sizes, lr):
 
     def step(d, c, y):
         rows = torch.remainder(c, mods).t().reshape(-1)  # feature-major values
-        kjt = torchrec.KeyedJaggedTensor.from_lengths_sync(keys=keys, values=rows,
-                                                           lengths=lengths)
+        kjt = torchrec.KeyedJaggedTensor.from_lengths_sync(keys=keys, values=rows, lengths=lengths)
         pooled = ebc(kjt).values()  # [b, 26 * 16]
         loss = loss_fn(top(torch.cat([bottom(d), pooled], 1)), y)
         opt.zero_grad(set_to_none=True)
@@ -66,6 +78,7 @@ def build(batches, sizes, lr):
         for _ in range(k):
             step(*data[state["s"] % len(data)])
             state["s"] += 1
+
     return train
 
 
@@ -76,8 +89,11 @@ def main(argv):
     try:
         train = build(batches, sizes, lr)
     except ImportError as error:
-        print(f"skipped: {error.name} is not installed (optional `bench` extra, see "
-              "keras_bench.py --help)", flush=True)
+        print(
+            f"skipped: {error.name} is not installed (optional `bench` extra, see "
+            "keras_bench.py --help)",
+            flush=True,
+        )
         return
     print("ready", flush=True)
     for line in sys.stdin:

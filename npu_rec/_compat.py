@@ -87,5 +87,6 @@ def keep_out_of_meta_graphs(collection: str) -> None:
     """
     from tensorflow.python.framework import ops
 
-    ops.register_proto_function(collection, proto_type=None,
-                                to_proto=lambda item, export_scope=None: None)
+    ops.register_proto_function(
+        collection, proto_type=None, to_proto=lambda item, export_scope=None: None
+    )

@@ -73,21 +73,31 @@ class RecConfig:
         s("eval_steps", check_int("eval_steps", self.eval_steps, -1))
         s("if_load", check_bool("if_load", self.if_load))
         s("use_dynamic", check_bool("use_dynamic", self.use_dynamic))
-        s("use_dynamic_expansion",
-          check_bool("use_dynamic_expansion", self.use_dynamic_expansion))
+        s("use_dynamic_expansion", check_bool("use_dynamic_expansion", self.use_dynamic_expansion))
         s("bind_cpu", check_bool("bind_cpu", self.bind_cpu))
         s("save_steps", check_int("save_steps", self.save_steps, -1))
-        s("save_checkpoint_due_time", check_int(
-            "save_checkpoint_due_time", self.save_checkpoint_due_time, 1, optional=True))
-        s("save_delta_checkpoints_secs", check_int(
-            "save_delta_checkpoints_secs", self.save_delta_checkpoints_secs, 1,
-            optional=True))
-        s("is_incremental_checkpoint",
-          check_bool("is_incremental_checkpoint", self.is_incremental_checkpoint))
-        s("restore_model_version", check_int(
-            "restore_model_version", self.restore_model_version, 0, optional=True))
-        s("recent_key_count_threshold", check_int(
-            "recent_key_count_threshold", self.recent_key_count_threshold, 0))
+        s(
+            "save_checkpoint_due_time",
+            check_int("save_checkpoint_due_time", self.save_checkpoint_due_time, 1, optional=True),
+        )
+        s(
+            "save_delta_checkpoints_secs",
+            check_int(
+                "save_delta_checkpoints_secs", self.save_delta_checkpoints_secs, 1, optional=True
+            ),
+        )
+        s(
+            "is_incremental_checkpoint",
+            check_bool("is_incremental_checkpoint", self.is_incremental_checkpoint),
+        )
+        s(
+            "restore_model_version",
+            check_int("restore_model_version", self.restore_model_version, 0, optional=True),
+        )
+        s(
+            "recent_key_count_threshold",
+            check_int("recent_key_count_threshold", self.recent_key_count_threshold, 0),
+        )
         s("use_lccl", check_bool("use_lccl", self.use_lccl))
 
         # Cross-rules.
@@ -98,8 +108,11 @@ class RecConfig:
                 f"eval_steps={self.eval_steps}"
             )
         if self.is_incremental_checkpoint:
-            missing = [n for n in ("save_checkpoint_due_time", "save_delta_checkpoints_secs")
-                       if getattr(self, n) is None]
+            missing = [
+                n
+                for n in ("save_checkpoint_due_time", "save_delta_checkpoints_secs")
+                if getattr(self, n) is None
+            ]
             if missing:
                 raise ConfigError(
                     "`is_incremental_checkpoint=True` needs both "
@@ -135,8 +148,11 @@ class RecConfig:
                 "if_load=False"
             )
         if not self.is_incremental_checkpoint:
-            for name in ("save_checkpoint_due_time", "save_delta_checkpoints_secs",
-                         "recent_key_count_threshold"):
+            for name in (
+                "save_checkpoint_due_time",
+                "save_delta_checkpoints_secs",
+                "recent_key_count_threshold",
+            ):
                 value = getattr(self, name)
                 if value not in (None, 0):
                     out.append(
@@ -269,8 +285,7 @@ def register_shutdown_callback(callback: Callable[[], None]) -> Callable[[], Non
     decorator; returns `callback`.
     """
     if not callable(callback):
-        raise ConfigTypeError(
-            f"`callback` must be callable. Received: callback={callback!r}")
+        raise ConfigTypeError(f"`callback` must be callable. Received: callback={callback!r}")
     with _lock:
         if callback not in _shutdown_callbacks:
             _shutdown_callbacks.append(callback)

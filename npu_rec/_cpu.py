@@ -43,8 +43,11 @@ class CpuBinding:
     message: str
 
 
-def plan_cores(available: set[int] | frozenset[int], local_rank: int | None = None,
-               local_size: int | None = None) -> tuple[int, ...]:
+def plan_cores(
+    available: set[int] | frozenset[int],
+    local_rank: int | None = None,
+    local_size: int | None = None,
+) -> tuple[int, ...]:
     """Returns the cores a process should use.
 
     Args:
@@ -66,7 +69,8 @@ def plan_cores(available: set[int] | frozenset[int], local_rank: int | None = No
     if not 0 <= local_rank < local_size:
         raise ValueError(
             f"`local_rank` must be in [0, local_size - 1]. Received: "
-            f"local_rank={local_rank}, local_size={local_size}")
+            f"local_rank={local_rank}, local_size={local_size}"
+        )
     if local_size > len(cores):
         return (cores[local_rank % len(cores)],)
     base, extra = divmod(len(cores), local_size)
@@ -82,12 +86,14 @@ def _local_rank_from_env() -> tuple[int | None, int | None]:
     try:
         rank_i, size_i = int(rank), int(size)
     except ValueError:
-        logging.warning("bind_cpu: ignoring non-integer LOCAL_RANK=%r / LOCAL_WORLD_SIZE=%r",
-                        rank, size)
+        logging.warning(
+            "bind_cpu: ignoring non-integer LOCAL_RANK=%r / LOCAL_WORLD_SIZE=%r", rank, size
+        )
         return None, None
     if not 0 <= rank_i < size_i:
-        logging.warning("bind_cpu: ignoring LOCAL_RANK=%s outside [0, LOCAL_WORLD_SIZE=%s)",
-                        rank_i, size_i)
+        logging.warning(
+            "bind_cpu: ignoring LOCAL_RANK=%s outside [0, LOCAL_WORLD_SIZE=%s)", rank_i, size_i
+        )
         return None, None
     return rank_i, size_i
 
@@ -140,8 +146,9 @@ def bind() -> CpuBinding:
             logging.info(message)
         else:
             logging.warning(message)
-        _binding = CpuBinding(cores=cores, pinned=pinned, tf_threads=refused is None,
-                              message=message)
+        _binding = CpuBinding(
+            cores=cores, pinned=pinned, tf_threads=refused is None, message=message
+        )
         return _binding
 
 
@@ -156,8 +163,9 @@ def unbind() -> None:
             try:
                 os.sched_setaffinity(0, _affinity_before)
             except OSError as error:
-                logging.warning("bind_cpu: could not restore affinity %s: %s",
-                                sorted(_affinity_before), error)
+                logging.warning(
+                    "bind_cpu: could not restore affinity %s: %s", sorted(_affinity_before), error
+                )
         _binding = None
         _affinity_before = None
 

@@ -33,12 +33,20 @@ from keras.src.trainers.trainer import Trainer
 
 try:
     from keras.src.backend.common import global_state
-except ImportError:          # a Keras 3 release that moved it: see `has_global_state()`
+except ImportError:  # a Keras 3 release that moved it: see `has_global_state()`
     global_state = None
 
-__all__ = ["Functional", "Trainer", "flatten_layers", "functional_init_arguments",
-           "global_state", "has_global_state", "missing", "object_registration",
-           "register_functional_name"]
+__all__ = [
+    "Functional",
+    "Trainer",
+    "flatten_layers",
+    "functional_init_arguments",
+    "global_state",
+    "has_global_state",
+    "missing",
+    "object_registration",
+    "register_functional_name",
+]
 
 #: (module, attribute path) of every private Keras name npu_rec relies on.
 REQUIRED = (
@@ -84,4 +92,5 @@ def register_functional_name(sub: type, cls: type) -> None:
 def has_global_state() -> bool:
     """Whether this Keras exposes the layer-name counters where npu_rec expects them."""
     return global_state is not None and all(
-        hasattr(global_state, f) for f in ("get_global_attribute", "set_global_attribute"))
+        hasattr(global_state, f) for f in ("get_global_attribute", "set_global_attribute")
+    )

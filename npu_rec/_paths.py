@@ -39,9 +39,11 @@ def make_directory(path, argument: str) -> str:
     """
     blocker = file_in_the_way(path)
     if blocker is not None:
-        raise ValueError(f"`{argument}` must be a directory, but {blocker!r} is a file. "
-                         f"Received: {argument}={os.fspath(path)!r}. Give another path (or "
-                         "move the file away).")
+        raise ValueError(
+            f"`{argument}` must be a directory, but {blocker!r} is a file. "
+            f"Received: {argument}={os.fspath(path)!r}. Give another path (or "
+            "move the file away)."
+        )
     os.makedirs(path, exist_ok=True)
     return os.fspath(path)
 

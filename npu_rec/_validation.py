@@ -47,13 +47,20 @@ class ConfigTypeError(ConfigError, TypeError):
 
 
 def _type_error(name: str, value: Any, rule: str) -> ConfigTypeError:
-    return ConfigTypeError(f"`{name}` must be {rule}. Received: {name}={value!r} "
-                           f"of type {type(value).__name__}")
+    return ConfigTypeError(
+        f"`{name}` must be {rule}. Received: {name}={value!r} of type {type(value).__name__}"
+    )
 
 
-def check_int(name: str, value: Any, lower: int | None = None,
-              upper: int | None = INT32_MAX, *, optional: bool = False,
-              rule: str | None = None) -> int | None:
+def check_int(
+    name: str,
+    value: Any,
+    lower: int | None = None,
+    upper: int | None = INT32_MAX,
+    *,
+    optional: bool = False,
+    rule: str | None = None,
+) -> int | None:
     """`value` as an `int` in [lower, upper] (either bound None = open), or None if optional.
 
     Args:
@@ -89,10 +96,17 @@ def check_int(name: str, value: Any, lower: int | None = None,
     return value
 
 
-def check_number(name: str, value: Any, lower: float | None = None,
-                 upper: float | None = None, *, lower_open: bool = False,
-                 upper_open: bool = False, optional: bool = False,
-                 rule: str | None = None) -> float | None:
+def check_number(
+    name: str,
+    value: Any,
+    lower: float | None = None,
+    upper: float | None = None,
+    *,
+    lower_open: bool = False,
+    upper_open: bool = False,
+    optional: bool = False,
+    rule: str | None = None,
+) -> float | None:
     """`value` as a `float` within the bounds (open or closed), or None if optional.
 
     Raises:
@@ -122,8 +136,9 @@ def check_number(name: str, value: Any, lower: float | None = None,
     return number
 
 
-def check_bool(name: str, value: Any, *, optional: bool = False,
-               rule: str | None = None) -> bool | None:
+def check_bool(
+    name: str, value: Any, *, optional: bool = False, rule: str | None = None
+) -> bool | None:
     """`value` if it is exactly `True` or `False` (not 0/1, not a string), or None if optional.
 
     Raises:

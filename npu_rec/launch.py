@@ -53,16 +53,16 @@ def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
             s.close()
 
 
-def cluster_spec(workers: int, ps: int = 0, chief: bool = False,
-                 host: str = "127.0.0.1") -> dict[str, list[str]]:
+def cluster_spec(
+    workers: int, ps: int = 0, chief: bool = False, host: str = "127.0.0.1"
+) -> dict[str, list[str]]:
     """A `TF_CONFIG` cluster of addresses on free ports of `host`.
 
     An evaluator task is never part of the cluster (tf.estimator's rule).
     """
     counts = {"chief": int(chief), "worker": workers, "ps": ps}
     ports = iter(free_ports(sum(counts.values()), host))
-    cluster = {job: [f"{host}:{next(ports)}" for _ in range(n)]
-               for job, n in counts.items() if n}
+    cluster = {job: [f"{host}:{next(ports)}" for _ in range(n)] for job, n in counts.items() if n}
     return cluster
 
 
@@ -82,13 +82,25 @@ def _tasks(cluster: dict[str, list[str]], evaluator: bool) -> list[tuple[str, in
 class _Task:
     """One running task: its process (own process group) and the thread copying its output."""
 
-    def __init__(self, job: str, index: int, command: Sequence[str], env: dict[str, str],
-                 out, lock: threading.Lock):
+    def __init__(
+        self,
+        job: str,
+        index: int,
+        command: Sequence[str],
+        env: dict[str, str],
+        out,
+        lock: threading.Lock,
+    ):
         self.name = f"{job}:{index}"
         self.job = job
-        self.proc = subprocess.Popen(list(command), env=env, stdin=subprocess.DEVNULL,
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
+        self.proc = subprocess.Popen(
+            list(command),
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         self._reader = threading.Thread(target=self._copy, args=(out, lock), daemon=True)
         self._reader.start()
 
@@ -130,9 +142,18 @@ def _stop(tasks: list[_Task]) -> None:
         t.join_output()
 
 
-def run(command: Sequence[str], *, workers: int, ps: int = 0, chief: bool = False,
-        evaluator: bool = False, timeout_secs: float | None = None, grace_secs: float = 0.0,
-        out=None, env: dict[str, str] | None = None) -> int:
+def run(
+    command: Sequence[str],
+    *,
+    workers: int,
+    ps: int = 0,
+    chief: bool = False,
+    evaluator: bool = False,
+    timeout_secs: float | None = None,
+    grace_secs: float = 0.0,
+    out=None,
+    env: dict[str, str] | None = None,
+) -> int:
     """Runs `command` once per task with its `TF_CONFIG`; returns the job's exit code.
 
     Args:
@@ -177,8 +198,10 @@ def _validate(command, workers, ps, timeout_secs, grace_secs) -> None:
     if isinstance(ps, bool) or not isinstance(ps, int) or ps < 0:
         raise ValueError(f"`ps` must be an integer >= 0. Received: ps={ps!r}")
     if timeout_secs is not None and not timeout_secs > 0:
-        raise ValueError("`timeout_secs` must be > 0 (or None for no limit). "
-                         f"Received: timeout_secs={timeout_secs!r}")
+        raise ValueError(
+            "`timeout_secs` must be > 0 (or None for no limit). "
+            f"Received: timeout_secs={timeout_secs!r}"
+        )
     if not grace_secs >= 0:
         raise ValueError(f"`grace_secs` must be >= 0. Received: grace_secs={grace_secs!r}")
     if not command:
@@ -204,15 +227,20 @@ def _watch(tasks: list[_Task], timeout_secs, grace_secs, out, lock) -> int:
                 code = t.proc.poll()
                 if code not in (None, 0):
                     failed, failed_at = t, now
-                    _say(out, lock, f"task {t.name} failed with exit code {exit_code(code)}; "
-                         f"stopping the other tasks"
-                         + (f" after up to {grace_secs:g} s" if grace_secs else ""))
+                    _say(
+                        out,
+                        lock,
+                        f"task {t.name} failed with exit code {exit_code(code)}; "
+                        f"stopping the other tasks"
+                        + (f" after up to {grace_secs:g} s" if grace_secs else ""),
+                    )
                     break
             else:
                 if all(t.proc.poll() == 0 for t in needed):
                     return 0
-        if failed is not None and (now - failed_at >= grace_secs or all(
-                t.proc.poll() is not None for t in needed)):
+        if failed is not None and (
+            now - failed_at >= grace_secs or all(t.proc.poll() is not None for t in needed)
+        ):
             return exit_code(failed.proc.returncode)
         if timeout_secs is not None and now - start > timeout_secs:
             live = [t.name for t in tasks if t.proc.poll() is None]
@@ -246,18 +274,30 @@ def _restore_signals(previous) -> None:
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m npu_rec.launch",
-        description="Runs a program once per task of a local TF_CONFIG cluster.")
+        description="Runs a program once per task of a local TF_CONFIG cluster.",
+    )
     p.add_argument("--workers", type=int, default=2, help="worker tasks (default 2)")
     p.add_argument("--ps", type=int, default=0, help="parameter-server tasks (default 0)")
     p.add_argument("--chief", action="store_true", help="add a chief task")
     p.add_argument("--evaluator", action="store_true", help="add an evaluator task")
-    p.add_argument("--timeout_secs", type=float, default=None,
-                   help="stop every task after this many seconds and exit 124")
-    p.add_argument("--grace_secs", type=float, default=0.0,
-                   help="after a task fails, let the others exit on their own this long")
+    p.add_argument(
+        "--timeout_secs",
+        type=float,
+        default=None,
+        help="stop every task after this many seconds and exit 124",
+    )
+    p.add_argument(
+        "--grace_secs",
+        type=float,
+        default=0.0,
+        help="after a task fails, let the others exit on their own this long",
+    )
     p.add_argument("-m", dest="module", default=None, help="run a module (as python -m)")
-    p.add_argument("program", nargs=argparse.REMAINDER,
-                   help="script.py [args...] (or the module's args with -m)")
+    p.add_argument(
+        "program",
+        nargs=argparse.REMAINDER,
+        help="script.py [args...] (or the module's args with -m)",
+    )
     return p
 
 
@@ -271,9 +311,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         _parser().error("name a script (script.py [args...]) or a module (-m module)")
     try:
-        return run(command, workers=args.workers, ps=args.ps, chief=args.chief,
-                   evaluator=args.evaluator, timeout_secs=args.timeout_secs,
-                   grace_secs=args.grace_secs)
+        return run(
+            command,
+            workers=args.workers,
+            ps=args.ps,
+            chief=args.chief,
+            evaluator=args.evaluator,
+            timeout_secs=args.timeout_secs,
+            grace_secs=args.grace_secs,
+        )
     except ValueError as err:
         _parser().error(str(err))
     except _Interrupted as stop:

@@ -78,16 +78,30 @@ def describe(model_dir: str) -> dict:
     versions = []
     for v in table_versions(model_dir):
         arrays, meta = read_file(v.path)
-        rows = {n: int(arrays[f"tables/{n}/keys"].shape[0]) for n in meta["tables"]
-                if f"tables/{n}/keys" in arrays}
-        versions.append({"step": v.step, "kind": v.kind, "parent": meta.get("parent"),
-                         "bytes": os.path.getsize(v.path), "rows_in_file": rows})
+        rows = {
+            n: int(arrays[f"tables/{n}/keys"].shape[0])
+            for n in meta["tables"]
+            if f"tables/{n}/keys" in arrays
+        }
+        versions.append(
+            {
+                "step": v.step,
+                "kind": v.kind,
+                "parent": meta.get("parent"),
+                "bytes": os.path.getsize(v.path),
+                "rows_in_file": rows,
+            }
+        )
     tables = {}
     if versions:
         _, meta = read_file(table_versions(model_dir)[-1].path)
         tables = {n: dict(d) for n, d in meta["tables"].items()}
         for n, size in table_sizes(model_dir).items():
             tables.setdefault(n, {})["rows"] = size
-    return {"model_dir": model_dir, "tables": tables, "versions": versions,
-            "dense_versions": dense_versions(model_dir),
-            "restore_model_version": restorable_versions(model_dir)}
+    return {
+        "model_dir": model_dir,
+        "tables": tables,
+        "versions": versions,
+        "dense_versions": dense_versions(model_dir),
+        "restore_model_version": restorable_versions(model_dir),
+    }

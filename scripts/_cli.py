@@ -51,9 +51,14 @@ def help_text(doc: str, own: tuple[str, ...], groups) -> str:
         for name in names:
             lines.extend(_describe(name))
         lines.append("")
-    lines.extend(textwrap.wrap("Every flag can also come from a file: --flagfile=run.flags "
-                               "(one --name=value a line). --helpfull lists absl's and "
-                               "TensorFlow's flags too.", _WIDTH))
+    lines.extend(
+        textwrap.wrap(
+            "Every flag can also come from a file: --flagfile=run.flags "
+            "(one --name=value a line). --helpfull lists absl's and "
+            "TensorFlow's flags too.",
+            _WIDTH,
+        )
+    )
     return "\n".join(lines) + "\n"
 
 
@@ -65,9 +70,9 @@ def _parser(doc: str, own: tuple[str, ...], groups):
         try:
             return flags.FLAGS(argv)
         except flags.Error as error:
-            sys.stderr.write(f"FATAL Flags parsing error: {error}\nPass --help to see the "
-                             "flags.\n")
+            sys.stderr.write(f"FATAL Flags parsing error: {error}\nPass --help to see the flags.\n")
             sys.exit(1)
+
     return parse
 
 
@@ -92,6 +97,7 @@ def _one_line_usage_errors(main):
         except app.UsageError as error:  # absl would print the whole --help first
             sys.stderr.write(f"Error: {error}\n")
             sys.exit(error.exitcode)
+
     return guarded
 
 

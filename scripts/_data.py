@@ -14,8 +14,14 @@ from scripts import _workers
 
 EVAL_START_ROW = 1 << 30  # held-out synthetic rows: far beyond anything trained on
 HOLD_OUT_EVERY = 10  # without --eval_data, one row in 10 of the files is held out
-_EXTENSIONS = {".parquet": "parquet", ".tfrecord": "tfrecord", ".tfrecords": "tfrecord",
-               ".csv": "csv", ".tsv": "criteo", ".txt": "criteo"}
+_EXTENSIONS = {
+    ".parquet": "parquet",
+    ".tfrecord": "tfrecord",
+    ".tfrecords": "tfrecord",
+    ".csv": "csv",
+    ".tsv": "criteo",
+    ".txt": "criteo",
+}
 _CRITEO = dict(label="label", dense=npd.DENSE_NAMES, categorical=npd.CATEGORICAL_NAMES)
 
 
@@ -50,8 +56,10 @@ def _format_of(path: str, fmt: str | None) -> str:
         return fmt
     ext = os.path.splitext(path.replace("*", ""))[1].lower()
     if ext not in _EXTENSIONS:
-        raise ValueError(f"--format is needed: the extension of --data={path!r} is not one of "
-                         f"{sorted(_EXTENSIONS)}")
+        raise ValueError(
+            f"--format is needed: the extension of --data={path!r} is not one of "
+            f"{sorted(_EXTENSIONS)}"
+        )
     return _EXTENSIONS[ext]
 
 
@@ -61,12 +69,16 @@ def _file_source(paths: str, fmt: str, label: str, dense, categorical, part=None
     if not all(os.path.exists(f) for f in files):
         raise ValueError(f"--data/--eval_data matches no file. Received: {paths!r}")
     # The reference models are binary classifiers: any other label is a malformed record.
-    roles = dict(label=label, dense=tuple(dense), categorical=tuple(categorical),
-                 label_domain=(0, 1))
-    make = {"criteo": lambda: npd.CsvSource.criteo(files), "tsv": lambda: npd.CsvSource.criteo(files),
-            "csv": lambda: npd.CsvSource(files, **roles),
-            "parquet": lambda: npd.ParquetSource(files, **roles),
-            "tfrecord": lambda: npd.TFRecordSource(files, **roles)}[fmt]
+    roles = dict(
+        label=label, dense=tuple(dense), categorical=tuple(categorical), label_domain=(0, 1)
+    )
+    make = {
+        "criteo": lambda: npd.CsvSource.criteo(files),
+        "tsv": lambda: npd.CsvSource.criteo(files),
+        "csv": lambda: npd.CsvSource(files, **roles),
+        "parquet": lambda: npd.ParquetSource(files, **roles),
+        "tfrecord": lambda: npd.TFRecordSource(files, **roles),
+    }[fmt]
     return _part_of(make, part)
 
 
@@ -76,33 +88,53 @@ def _part_of(make, part):
     return lambda: make().split(part, every=HOLD_OUT_EVERY)
 
 
-def plan(data: str, *, fmt=None, eval_data=None, label="label", dense=None, categorical=None,
-         seed: int = 0) -> DataPlan:
+def plan(
+    data: str,
+    *,
+    fmt=None,
+    eval_data=None,
+    label="label",
+    dense=None,
+    categorical=None,
+    seed: int = 0,
+) -> DataPlan:
     """The `DataPlan` of `--data` and friends (see scripts/_flags.py).
 
     Without --eval_data, one row in `HOLD_OUT_EVERY` of the training files (or
     sample) is held out for evaluation and never trained on.
     """
     if data == "synthetic":
-        return DataPlan(data, "label", tuple(npd.DENSE_NAMES), tuple(npd.CATEGORICAL_NAMES),
-                        lambda: npd.SyntheticSource(seed=seed), None,
-                        eval_name=f"held-out synthetic rows (seed {seed}, never trained on)",
-                        seed=seed)
-    held_out = (f"the rows of {data} held out from training (one in {HOLD_OUT_EVERY}; "
-                "--eval_data to evaluate other data)")
+        return DataPlan(
+            data,
+            "label",
+            tuple(npd.DENSE_NAMES),
+            tuple(npd.CATEGORICAL_NAMES),
+            lambda: npd.SyntheticSource(seed=seed),
+            None,
+            eval_name=f"held-out synthetic rows (seed {seed}, never trained on)",
+            seed=seed,
+        )
+    held_out = (
+        f"the rows of {data} held out from training (one in {HOLD_OUT_EVERY}; "
+        "--eval_data to evaluate other data)"
+    )
     if data in npd.SAMPLES:
         roles = npd.SAMPLES[data]
-        return DataPlan(data, roles["label"], tuple(roles["dense"]),
-                        tuple(roles["categorical"]),
-                        _part_of(lambda: npd.sample_source(data), "train"),
-                        _part_of(lambda: npd.sample_source(data), "eval"), eval_name=held_out,
-                        positive_rating=4.0 if data == "movielens_sample" else None)
+        return DataPlan(
+            data,
+            roles["label"],
+            tuple(roles["dense"]),
+            tuple(roles["categorical"]),
+            _part_of(lambda: npd.sample_source(data), "train"),
+            _part_of(lambda: npd.sample_source(data), "eval"),
+            eval_name=held_out,
+            positive_rating=4.0 if data == "movielens_sample" else None,
+        )
     fmt = _format_of(data, fmt)
     if fmt in ("criteo", "tsv"):
         label, dense, categorical = _CRITEO["label"], _CRITEO["dense"], _CRITEO["categorical"]
     if not categorical:
-        raise ValueError(f"--categorical_features is needed for --format={fmt} "
-                         f"(--data={data!r})")
+        raise ValueError(f"--categorical_features is needed for --format={fmt} (--data={data!r})")
     dense = tuple(dense or ())
     if eval_data:
         train = _file_source(data, fmt, label, dense, categorical)
@@ -139,8 +171,11 @@ def _fixed_shapes(p: DataPlan, batch_size: int) -> bool:
         first = next(iter(probe.next_minibatch(batch_size).values()))
     if not first.sweep_end or first.num_samples >= batch_size:
         return True
-    print(f"npu_rec: the training data ({p.name}) has {first.num_samples} rows, fewer than "
-          f"--batch_size={batch_size}: each step trains on all of them", flush=True)
+    print(
+        f"npu_rec: the training data ({p.name}) has {first.num_samples} rows, fewer than "
+        f"--batch_size={batch_size}: each step trains on all of them",
+        flush=True,
+    )
     return False
 
 
@@ -153,8 +188,14 @@ def train_dataset(p: DataPlan, batch_size: int, source=None):
     static = _fixed_shapes(p, batch_size)
     source = source if source is not None else p.train_source()
     workers, rank = _workers.shard()  # each worker reads its own share
-    ds = npd.as_dataset(source, batch_size, num_sweeps=None, use_dynamic=not static,
-                        number_of_workers=workers, worker_rank=rank)
+    ds = npd.as_dataset(
+        source,
+        batch_size,
+        num_sweeps=None,
+        use_dynamic=not static,
+        number_of_workers=workers,
+        worker_rank=rank,
+    )
     position = ds.reading_position
     return ds.map(_select(p)), source, position
 

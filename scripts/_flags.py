@@ -16,108 +16,190 @@ from npu_rec._paths import file_in_the_way
 from npu_rec.estimator import ExperimentalConfig
 
 DATA_NAMES = ("synthetic", "criteo_sample", "avazu_sample", "movielens_sample")
-PRECISION_MODES = ("force_fp32", "must_keep_origin_dtype", "allow_fp32_to_fp16",
-                   "allow_fp32_to_bf16", "allow_mix_precision_bf16")
+PRECISION_MODES = (
+    "force_fp32",
+    "must_keep_origin_dtype",
+    "allow_fp32_to_fp16",
+    "allow_fp32_to_bf16",
+    "allow_mix_precision_bf16",
+)
 
-FRONTEND = flags.DEFINE_enum("frontend", "keras", ["keras", "estimator"],
-                             "Front end: npu_rec.keras RecModel or npu_rec.estimator NPUEstimator.")
+FRONTEND = flags.DEFINE_enum(
+    "frontend",
+    "keras",
+    ["keras", "estimator"],
+    "Front end: npu_rec.keras RecModel or npu_rec.estimator NPUEstimator.",
+)
 MODEL = flags.DEFINE_enum("model", "deepfm", ["deepfm", "wdl", "dlrm"], "Reference model.")
 DATA = flags.DEFINE_string(
-    "data", "synthetic",
-    f"Training data: one of {', '.join(DATA_NAMES)}, or a file path or glob pattern.")
+    "data",
+    "synthetic",
+    f"Training data: one of {', '.join(DATA_NAMES)}, or a file path or glob pattern.",
+)
 EVAL_DATA = flags.DEFINE_string(
-    "eval_data", None, "Evaluation data path or glob (default: held-out synthetic rows, or "
-    "the one row in 10 of --data held out from training).")
+    "eval_data",
+    None,
+    "Evaluation data path or glob (default: held-out synthetic rows, or "
+    "the one row in 10 of --data held out from training).",
+)
 FORMAT = flags.DEFINE_enum(
-    "format", None, ["csv", "tsv", "criteo", "parquet", "tfrecord"],
-    "Format of --data files (default: from the file extension; .txt/.tsv = criteo).")
+    "format",
+    None,
+    ["csv", "tsv", "criteo", "parquet", "tfrecord"],
+    "Format of --data files (default: from the file extension; .txt/.tsv = criteo).",
+)
 LABEL = flags.DEFINE_string("label", "label", "Label column of --data files.")
 DENSE_FEATURES = flags.DEFINE_list(
-    "dense_features", None, "Dense columns of --data files (criteo format: I1-I13).")
+    "dense_features", None, "Dense columns of --data files (criteo format: I1-I13)."
+)
 CATEGORICAL_FEATURES = flags.DEFINE_list(
-    "categorical_features", None, "Categorical columns of --data files (criteo format: C1-C26).")
+    "categorical_features", None, "Categorical columns of --data files (criteo format: C1-C26)."
+)
 BATCH_SIZE = flags.DEFINE_integer("batch_size", 1024, "Examples per step.", lower_bound=1)
 MAX_STEPS = flags.DEFINE_integer(
-    "max_steps", 300, "Global step at which training stops (resumed runs included).",
-    lower_bound=1)
+    "max_steps", 300, "Global step at which training stops (resumed runs included).", lower_bound=1
+)
 EVAL_STEPS = flags.DEFINE_integer("eval_steps", 40, "Evaluation batches.", lower_bound=1)
 SAVE_STEPS = flags.DEFINE_integer(
-    "save_steps", 1000, "Steps between full checkpoints (npu_rec.init(save_steps)); training's "
-    "end always saves.", lower_bound=1)
+    "save_steps",
+    1000,
+    "Steps between full checkpoints (npu_rec.init(save_steps)); training's end always saves.",
+    lower_bound=1,
+)
 MODEL_DIR = flags.DEFINE_string(
-    "model_dir", None, "Checkpoints, TensorBoard events and metrics.json; a run resumes from "
-    "the checkpoint it holds. Default: a new temporary directory.")
+    "model_dir",
+    None,
+    "Checkpoints, TensorBoard events and metrics.json; a run resumes from "
+    "the checkpoint it holds. Default: a new temporary directory.",
+)
 EMBEDDING_DIM = flags.DEFINE_integer(
-    "embedding_dim", 8, "Width of the factor embeddings.", lower_bound=2, upper_bound=1024)
+    "embedding_dim", 8, "Width of the factor embeddings.", lower_bound=2, upper_bound=1024
+)
 ACCESS_THRESHOLD = flags.DEFINE_integer(
-    "access_threshold", -1, "Admission: an id gets a row after this many sightings (-1 off).",
-    lower_bound=-1, upper_bound=2147483647)
+    "access_threshold",
+    -1,
+    "Admission: an id gets a row after this many sightings (-1 off).",
+    lower_bound=-1,
+    upper_bound=2147483647,
+)
 EVICTION_THRESHOLD = flags.DEFINE_integer(
-    "eviction_threshold", -1, "Eviction: free rows of ids unseen this many seconds (-1 off; "
-    "needs --access_threshold).", lower_bound=-1, upper_bound=2147483647)
+    "eviction_threshold",
+    -1,
+    "Eviction: free rows of ids unseen this many seconds (-1 off; needs --access_threshold).",
+    lower_bound=-1,
+    upper_bound=2147483647,
+)
 TABLE_PER_FEATURE = flags.DEFINE_bool(
-    "table_per_feature", False, "One sparse table per categorical feature (default: one "
-    "table shared by all, keys salted per feature, as FeatureSpec sharing does).")
+    "table_per_feature",
+    False,
+    "One sparse table per categorical feature (default: one "
+    "table shared by all, keys salted per feature, as FeatureSpec sharing does).",
+)
 EVICT_STEPS = flags.DEFINE_integer(
-    "evict_steps", 100, "Steps between evictions when --eviction_threshold is set.",
-    lower_bound=1)
+    "evict_steps", 100, "Steps between evictions when --eviction_threshold is set.", lower_bound=1
+)
 INCREMENTAL = flags.DEFINE_bool(
-    "incremental_checkpoint", False, "Timed full and delta table checkpoints "
-    "(npu_rec.init(is_incremental_checkpoint=True)).")
+    "incremental_checkpoint",
+    False,
+    "Timed full and delta table checkpoints (npu_rec.init(is_incremental_checkpoint=True)).",
+)
 FULL_SECS = flags.DEFINE_integer(
-    "save_checkpoint_due_time", 60, "Seconds between full saves with --incremental_checkpoint.",
-    lower_bound=1)
+    "save_checkpoint_due_time",
+    60,
+    "Seconds between full saves with --incremental_checkpoint.",
+    lower_bound=1,
+)
 DELTA_SECS = flags.DEFINE_integer(
-    "save_delta_checkpoints_secs", 10,
-    "Seconds between delta saves with --incremental_checkpoint.", lower_bound=1)
+    "save_delta_checkpoints_secs",
+    10,
+    "Seconds between delta saves with --incremental_checkpoint.",
+    lower_bound=1,
+)
 ACCELERATE = flags.DEFINE_string(
-    "accelerate_train_mode", None, 'npu_bridge accelerated training, e.g. "fast1|step|0.5" '
-    "(bfloat16 first, then float32).")
-PRECISION = flags.DEFINE_enum("precision_mode", None, list(PRECISION_MODES),
-                              "npu_bridge precision_mode (Estimator front end).")
+    "accelerate_train_mode",
+    None,
+    'npu_bridge accelerated training, e.g. "fast1|step|0.5" (bfloat16 first, then float32).',
+)
+PRECISION = flags.DEFINE_enum(
+    "precision_mode",
+    None,
+    list(PRECISION_MODES),
+    "npu_bridge precision_mode (Estimator front end).",
+)
 RESTORE_VERSION = flags.DEFINE_integer(
-    "restore_model_version", None, "Resume from this checkpoint version (a global step) of "
-    "--model_dir instead of the latest.", lower_bound=0)
+    "restore_model_version",
+    None,
+    "Resume from this checkpoint version (a global step) of --model_dir instead of the latest.",
+    lower_bound=0,
+)
 KEEP = flags.DEFINE_integer(
-    "keep_checkpoint_max", 0, "Checkpoint versions kept in --model_dir (0 = all): "
-    "NPURunConfig(keep_checkpoint_max) / SparseCheckpoint(keep_checkpoint_max).", lower_bound=0)
+    "keep_checkpoint_max",
+    0,
+    "Checkpoint versions kept in --model_dir (0 = all): "
+    "NPURunConfig(keep_checkpoint_max) / SparseCheckpoint(keep_checkpoint_max).",
+    lower_bound=0,
+)
 SEED = flags.DEFINE_integer("seed", 0, "Seeds the data and the model.", lower_bound=0)
-LEARNING_RATE = flags.DEFINE_float("learning_rate", 1e-3, "Adam learning rate (dense).",
-                                   lower_bound=0.0)
+LEARNING_RATE = flags.DEFINE_float(
+    "learning_rate", 1e-3, "Adam learning rate (dense).", lower_bound=0.0
+)
 SPARSE_LEARNING_RATE = flags.DEFINE_float(
-    "sparse_learning_rate", 0.05, "Adagrad learning rate (tables).", lower_bound=0.0)
+    "sparse_learning_rate", 0.05, "Adagrad learning rate (tables).", lower_bound=0.0
+)
 REPORT = flags.DEFINE_string("report", None, "Write a PNG plot of loss and AUC over steps here.")
-VERBOSE = flags.DEFINE_integer("verbose", 1, "0 silent, 1 progress bar and summary.",
-                               lower_bound=0, upper_bound=2)
+VERBOSE = flags.DEFINE_integer(
+    "verbose", 1, "0 silent, 1 progress bar and summary.", lower_bound=0, upper_bound=2
+)
 
 
 #: The shared flags by topic, in the order `--help` lists them (tests check that every
 #: flag of this module is in exactly one group).
 GROUPS = (
-    ("model", ("frontend", "model", "embedding_dim", "table_per_feature", "seed",
-               "learning_rate", "sparse_learning_rate")),
-    ("data", ("data", "format", "label", "dense_features", "categorical_features",
-              "eval_data")),
+    (
+        "model",
+        (
+            "frontend",
+            "model",
+            "embedding_dim",
+            "table_per_feature",
+            "seed",
+            "learning_rate",
+            "sparse_learning_rate",
+        ),
+    ),
+    ("data", ("data", "format", "label", "dense_features", "categorical_features", "eval_data")),
     ("steps", ("batch_size", "max_steps", "eval_steps")),
-    ("checkpoints", ("model_dir", "restore_model_version", "save_steps",
-                     "incremental_checkpoint", "save_checkpoint_due_time",
-                     "save_delta_checkpoints_secs", "keep_checkpoint_max")),
+    (
+        "checkpoints",
+        (
+            "model_dir",
+            "restore_model_version",
+            "save_steps",
+            "incremental_checkpoint",
+            "save_checkpoint_due_time",
+            "save_delta_checkpoints_secs",
+            "keep_checkpoint_max",
+        ),
+    ),
     ("admission and eviction", ("access_threshold", "eviction_threshold", "evict_steps")),
     ("precision", ("accelerate_train_mode", "precision_mode")),
     ("output", ("report", "verbose")),
 )
 
+
 @flags.multi_flags_validator(
     ["eviction_threshold", "access_threshold"],
     message="--eviction_threshold needs --access_threshold >= 0 (mx_rec: eviction requires "
-            "admission)")
+    "admission)",
+)
 def _eviction_needs_admission(v):
     return v["eviction_threshold"] < 0 or v["access_threshold"] >= 0
 
 
 @flags.multi_flags_validator(
     ["restore_model_version", "model_dir"],
-    message="--restore_model_version needs --model_dir holding that checkpoint")
+    message="--restore_model_version needs --model_dir holding that checkpoint",
+)
 def _restore_needs_model_dir(v):
     return v["restore_model_version"] is None or bool(v["model_dir"])
 
@@ -125,14 +207,17 @@ def _restore_needs_model_dir(v):
 @flags.multi_flags_validator(
     ["save_delta_checkpoints_secs", "save_checkpoint_due_time"],
     message="--save_delta_checkpoints_secs must be smaller than --save_checkpoint_due_time "
-            "(deltas between full saves)")
+    "(deltas between full saves)",
+)
 def _delta_before_full(v):
     return v["save_delta_checkpoints_secs"] < v["save_checkpoint_due_time"]
 
 
-@flags.validator("accelerate_train_mode",
-                 message='--accelerate_train_mode must look like "fast|step|0.9" or '
-                         '"fast1|loss|1.05" (npu_bridge ExperimentalConfig)')
+@flags.validator(
+    "accelerate_train_mode",
+    message='--accelerate_train_mode must look like "fast|step|0.9" or '
+    '"fast1|loss|1.05" (npu_bridge ExperimentalConfig)',
+)
 def _accelerate_format(value):
     if value is None:
         return True
@@ -146,23 +231,28 @@ def _accelerate_format(value):
 @flags.multi_flags_validator(
     ["accelerate_train_mode", "frontend", "precision_mode"],
     message="--accelerate_train_mode with --precision_mode: only allow_fp32_to_fp16 or "
-            "must_keep_origin_dtype may be combined (npu_bridge's rule)")
+    "must_keep_origin_dtype may be combined (npu_bridge's rule)",
+)
 def _accelerate_precision(v):
-    return (not v["accelerate_train_mode"] or v["precision_mode"] is None
-            or v["precision_mode"] in ("allow_fp32_to_fp16", "must_keep_origin_dtype"))
+    return (
+        not v["accelerate_train_mode"]
+        or v["precision_mode"] is None
+        or v["precision_mode"] in ("allow_fp32_to_fp16", "must_keep_origin_dtype")
+    )
 
 
 @flags.multi_flags_validator(
     ["precision_mode", "frontend"],
     message="--precision_mode is an NPURunConfig setting: use it with --frontend=estimator "
-            "(Keras: --accelerate_train_mode)")
+    "(Keras: --accelerate_train_mode)",
+)
 def _precision_is_estimator(v):
     return v["precision_mode"] is None or v["frontend"] == "estimator"
 
 
 @flags.multi_flags_validator(
-    ["data", "format"],
-    message="--format applies to --data paths, not to the built-in data names")
+    ["data", "format"], message="--format applies to --data paths, not to the built-in data names"
+)
 def _format_needs_path(v):
     return v["format"] is None or v["data"] not in DATA_NAMES
 
@@ -173,8 +263,10 @@ def _matches_no_file(value: str, names: tuple[str, ...] = ()) -> str | None:
         return None
     close = difflib.get_close_matches(value, names, n=1)
     if close:
-        return (f"{value!r} is neither a data name nor an existing file; did you mean "
-                f"--data={close[0]}?")
+        return (
+            f"{value!r} is neither a data name nor an existing file; did you mean "
+            f"--data={close[0]}?"
+        )
     also = f", or one of {', '.join(names)}" if names else ""
     return f"{value!r} matches no file. Give an existing file or glob{also}."
 
@@ -199,8 +291,10 @@ def _eval_data_exists(value):
 def _model_dir_is_a_directory(value):
     blocker = value and file_in_the_way(value)
     if blocker:
-        raise flags.ValidationError(f"{blocker!r} is a file, not a directory: give another "
-                                    "--model_dir (or move the file away).")
+        raise flags.ValidationError(
+            f"{blocker!r} is a file, not a directory: give another "
+            "--model_dir (or move the file away)."
+        )
     return True
 
 

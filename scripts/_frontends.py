@@ -56,35 +56,54 @@ def init_npu_rec(s: RunSettings) -> None:
     """`npu_rec.init` from the settings, so its step-consistency rules check the run."""
     npu_rec.shutdown()
     inc = s.incremental_checkpoint
-    npu_rec.init(max_steps=s.max_steps, save_steps=s.save_steps, if_load=True,
-                 restore_model_version=s.restore_model_version, use_dynamic_expansion=True,
-                 bind_cpu=False, is_incremental_checkpoint=inc,
-                 save_checkpoint_due_time=s.save_checkpoint_due_time if inc else None,
-                 save_delta_checkpoints_secs=s.save_delta_checkpoints_secs if inc else None)
+    npu_rec.init(
+        max_steps=s.max_steps,
+        save_steps=s.save_steps,
+        if_load=True,
+        restore_model_version=s.restore_model_version,
+        use_dynamic_expansion=True,
+        bind_cpu=False,
+        is_incremental_checkpoint=inc,
+        save_checkpoint_due_time=s.save_checkpoint_due_time if inc else None,
+        save_delta_checkpoints_secs=s.save_delta_checkpoints_secs if inc else None,
+    )
 
 
 def _specs(s: RunSettings, plan: _data.DataPlan):
     admission = None if s.access_threshold < 0 else s.access_threshold
     eviction = None if s.eviction_threshold < 0 else s.eviction_threshold
-    return specs_for(plan.categorical, table_name=None if s.table_per_feature else "categorical",
-                     access_threshold=admission, eviction_threshold=eviction)
+    return specs_for(
+        plan.categorical,
+        table_name=None if s.table_per_feature else "categorical",
+        access_threshold=admission,
+        eviction_threshold=eviction,
+    )
 
 
 def _model_kwargs(s: RunSettings, plan: _data.DataPlan) -> dict:
     lr = s.sparse_learning_rate
-    return dict(embedding_dim=s.embedding_dim, seed=s.seed,
-                sparse_optimizer=lambda: npu_rec.optimizers.Adagrad(lr))
+    return dict(
+        embedding_dim=s.embedding_dim,
+        seed=s.seed,
+        sparse_optimizer=lambda: npu_rec.optimizers.Adagrad(lr),
+    )
 
 
 def _result(s, plan, log, eval_results, sizes, step, seconds) -> dict:
     return {
-        "frontend": s.frontend, "model": s.model, "data": plan.name,
-        "batch_size": s.batch_size, "global_step": int(step),
-        "steps": len(log.steps), "start_step": int(log.start if not log.steps
-                                                   else log.steps[0] - 1),
-        "eval_loss": float(eval_results["loss"]), "eval_auc": float(eval_results["auc"]),
-        "train_seconds": round(seconds, 2), "samples_per_sec": round(log.samples_per_sec, 1),
-        "peak_memory_mb": _report.peak_memory_mb(), "table_sizes": sizes,
+        "frontend": s.frontend,
+        "model": s.model,
+        "data": plan.name,
+        "batch_size": s.batch_size,
+        "global_step": int(step),
+        "steps": len(log.steps),
+        "start_step": int(log.start if not log.steps else log.steps[0] - 1),
+        "eval_loss": float(eval_results["loss"]),
+        "eval_auc": float(eval_results["auc"]),
+        "train_seconds": round(seconds, 2),
+        "samples_per_sec": round(log.samples_per_sec, 1),
+        "peak_memory_mb": _report.peak_memory_mb(),
+        "table_sizes": sizes,
         "model_dir": s.model_dir,
     }
 
@@ -94,8 +113,11 @@ def keras_model(s: RunSettings, plan: _data.DataPlan):
     """The compiled `RecModel` of the run."""
     keras.utils.set_random_seed(s.seed)
     model = build_rec_model(s.model, _specs(s, plan), plan.dense, **_model_kwargs(s, plan))
-    model.compile(optimizer=keras.optimizers.Adam(s.learning_rate), loss="binary_crossentropy",
-                  metrics=[keras.metrics.AUC(name="auc")])
+    model.compile(
+        optimizer=keras.optimizers.Adam(s.learning_rate),
+        loss="binary_crossentropy",
+        metrics=[keras.metrics.AUC(name="auc")],
+    )
     return model
 
 
@@ -113,9 +135,13 @@ def run_keras(s: RunSettings, plan: _data.DataPlan, *, train: bool = True):
         model = keras_model(s, plan)
     ds, source, position = _data.train_dataset(plan, s.batch_size)
     ds = _workers.distribute(ds)
-    ckpt = kcb.SparseCheckpoint(s.model_dir, save_freq=s.save_steps, data_source=source,
-                                reading_position=position,
-                                keep_checkpoint_max=s.keep_checkpoint_max)
+    ckpt = kcb.SparseCheckpoint(
+        s.model_dir,
+        save_freq=s.save_steps,
+        data_source=source,
+        reading_position=position,
+        keep_checkpoint_max=s.keep_checkpoint_max,
+    )
     log = _report.MetricLog(s.batch_size, s.max_steps, 0, s.verbose if train else 0)
     callbacks = [ckpt, _report.KerasProgress(log)]
     if s.eviction_threshold >= 0:
@@ -130,8 +156,9 @@ def run_keras(s: RunSettings, plan: _data.DataPlan, *, train: bool = True):
     log.start = ckpt.restored_step or 0
     seconds = time.perf_counter() - start
     log.close()
-    results = model.evaluate(_data.eval_dataset(plan, s.batch_size, s.eval_steps),
-                             return_dict=True, verbose=0)
+    results = model.evaluate(
+        _data.eval_dataset(plan, s.batch_size, s.eval_steps), return_dict=True, verbose=0
+    )
     sizes = {t.name: int(t.size()) for t in model.tables}
     return _result(s, plan, log, results, sizes, model.global_step, seconds), log, model
 
@@ -167,15 +194,28 @@ class _ProgressHook(tf.compat.v1.train.SessionRunHook):
 
 def estimator(s: RunSettings, plan: _data.DataPlan) -> E.NPUEstimator:
     """The `NPUEstimator` of the run (`keep_checkpoint_max` versions kept; 0 = all)."""
-    experimental = (E.ExperimentalConfig(accelerate_train_mode=s.accelerate_train_mode)
-                    if s.accelerate_train_mode else None)
-    config = E.NPURunConfig(model_dir=s.model_dir, save_checkpoints_steps=s.save_steps,
-                            save_summary_steps=min(100, s.save_steps),
-                            keep_checkpoint_max=s.keep_checkpoint_max,
-                            log_step_count_steps=100, precision_mode=s.precision_mode,
-                            experimental_config=experimental, random_seed=s.seed)
-    model_fn = estimator_model_fn(s.model, _specs(s, plan), plan.dense,
-                                  learning_rate=s.learning_rate, **_model_kwargs(s, plan))
+    experimental = (
+        E.ExperimentalConfig(accelerate_train_mode=s.accelerate_train_mode)
+        if s.accelerate_train_mode
+        else None
+    )
+    config = E.NPURunConfig(
+        model_dir=s.model_dir,
+        save_checkpoints_steps=s.save_steps,
+        save_summary_steps=min(100, s.save_steps),
+        keep_checkpoint_max=s.keep_checkpoint_max,
+        log_step_count_steps=100,
+        precision_mode=s.precision_mode,
+        experimental_config=experimental,
+        random_seed=s.seed,
+    )
+    model_fn = estimator_model_fn(
+        s.model,
+        _specs(s, plan),
+        plan.dense,
+        learning_rate=s.learning_rate,
+        **_model_kwargs(s, plan),
+    )
     return E.NPUEstimator(model_fn, config=config)
 
 
@@ -197,15 +237,19 @@ def run_estimator(s: RunSettings, plan: _data.DataPlan, *, train: bool = True):
     log = _report.MetricLog(s.batch_size, s.max_steps, start_step, s.verbose if train else 0)
     hooks = [_ProgressHook(log)]
     if s.eviction_threshold >= 0:
-        hooks.append(E.EvictHook(evict_enable=True, evict_time_interval=None,
-                                 evict_step_interval=s.evict_steps))
+        hooks.append(
+            E.EvictHook(
+                evict_enable=True, evict_time_interval=None, evict_step_interval=s.evict_steps
+            )
+        )
     start = time.perf_counter()
     if train and start_step < s.max_steps:
         est.train(_data.train_input_fn(plan, s.batch_size), max_steps=s.max_steps, hooks=hooks)
     seconds = time.perf_counter() - start
     log.close()
-    results = est.evaluate(lambda: _data.eval_dataset(plan, s.batch_size, s.eval_steps),
-                           steps=s.eval_steps)
+    results = est.evaluate(
+        lambda: _data.eval_dataset(plan, s.batch_size, s.eval_steps), steps=s.eval_steps
+    )
     sizes = _checkpoints.table_sizes(s.model_dir)
     return _result(s, plan, log, results, sizes, results["global_step"], seconds), log, est
 

@@ -52,8 +52,14 @@ class MetricLog:
         self.loss: list[float] = []
         self.auc: list[float] = []
         self.start = start
-        self._bar = tqdm(total=total, initial=start, unit="step", dynamic_ncols=True,
-                         disable=not verbose, file=sys.stderr)
+        self._bar = tqdm(
+            total=total,
+            initial=start,
+            unit="step",
+            dynamic_ncols=True,
+            disable=not verbose,
+            file=sys.stderr,
+        )
         self._t0 = None
         self._t_first = None
         self.seconds = 0.0
@@ -71,8 +77,10 @@ class MetricLog:
             timed = len(self.steps) - 2
             self.seconds = now - self._t_first
             rate = timed / self.seconds if self.seconds > 0 and timed > 0 else 0.0
-            self._bar.set_postfix_str(f"loss={loss:.4f} {rate:.1f} steps/s "
-                                      f"{rate * self.batch_size:.0f} samples/s", refresh=False)
+            self._bar.set_postfix_str(
+                f"loss={loss:.4f} {rate:.1f} steps/s {rate * self.batch_size:.0f} samples/s",
+                refresh=False,
+            )
         self._bar.update(max(0, int(step) - self._bar.n))
 
     @property
@@ -87,15 +95,16 @@ class MetricLog:
         """TensorBoard scalars `train/loss` and `train/auc` per step under `log_dir`."""
         # tf.summary.write, not tf.summary.scalar: the latter needs the tensorboard package.
         meta = tf.compat.v1.SummaryMetadata(
-            plugin_data=tf.compat.v1.SummaryMetadata.PluginData(plugin_name="scalars"))
+            plugin_data=tf.compat.v1.SummaryMetadata.PluginData(plugin_name="scalars")
+        )
         writer = tf.summary.create_file_writer(log_dir)
         with writer.as_default():
             for s, lo, au in zip(self.steps, self.loss, self.auc, strict=True):
-                tf.summary.write("train/loss", tf.constant(lo, tf.float32), step=s,
-                                 metadata=meta)
+                tf.summary.write("train/loss", tf.constant(lo, tf.float32), step=s, metadata=meta)
                 if not np.isnan(au):
-                    tf.summary.write("train/auc", tf.constant(au, tf.float32), step=s,
-                                     metadata=meta)
+                    tf.summary.write(
+                        "train/auc", tf.constant(au, tf.float32), step=s, metadata=meta
+                    )
         writer.flush()
         writer.close()
         return log_dir
@@ -137,16 +146,21 @@ def write_report(path: str, log: MetricLog, title: str) -> str:
 
 def print_summary(metrics: dict) -> None:
     """The final summary: one `key=value` line (stable, greppable) and the table sizes."""
-    print(f"eval_loss={metrics['eval_loss']:.4f} eval_auc={metrics['eval_auc']:.4f} "
-          f"samples_per_sec={metrics['samples_per_sec']:.0f} "
-          f"train_seconds={metrics['train_seconds']:.1f} "
-          f"peak_memory_mb={metrics['peak_memory_mb']:.0f} global_step={metrics['global_step']}",
-          flush=True)
+    print(
+        f"eval_loss={metrics['eval_loss']:.4f} eval_auc={metrics['eval_auc']:.4f} "
+        f"samples_per_sec={metrics['samples_per_sec']:.0f} "
+        f"train_seconds={metrics['train_seconds']:.1f} "
+        f"peak_memory_mb={metrics['peak_memory_mb']:.0f} global_step={metrics['global_step']}",
+        flush=True,
+    )
     sizes = metrics.get("table_sizes") or {}
     if sizes:
         rows = sum(sizes.values())
-        print(f"tables: {len(sizes)}, rows: {rows}; largest: " + ", ".join(
-            f"{k}={v}" for k, v in sorted(sizes.items(), key=lambda kv: -kv[1])[:3]), flush=True)
+        print(
+            f"tables: {len(sizes)}, rows: {rows}; largest: "
+            + ", ".join(f"{k}={v}" for k, v in sorted(sizes.items(), key=lambda kv: -kv[1])[:3]),
+            flush=True,
+        )
 
 
 def write_metrics(model_dir: str, metrics: dict) -> str:

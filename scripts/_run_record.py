@@ -23,8 +23,16 @@ FILE = "run_flags.json"
 #: Flags whose value changes the graph: an explicit different value is refused.
 GRAPH = ("frontend", "model", "embedding_dim", "table_per_feature")
 #: Flags that default to the recorded value (GRAPH, thresholds, data and its columns).
-DEFAULTED = (*GRAPH, "access_threshold", "eviction_threshold", "data", "format", "label",
-             "dense_features", "categorical_features")
+DEFAULTED = (
+    *GRAPH,
+    "access_threshold",
+    "eviction_threshold",
+    "data",
+    "format",
+    "label",
+    "dense_features",
+    "categorical_features",
+)
 
 
 def path(model_dir: str) -> str:
@@ -42,11 +50,15 @@ def read(model_dir: str) -> dict | None:
 def write(model_dir: str, settings, plan) -> None:
     """Records the run's model flags (`settings`: `RunSettings`, `plan`: `DataPlan`)."""
     record = {name: getattr(settings, name) for name in GRAPH}
-    record.update(access_threshold=settings.access_threshold,
-                  eviction_threshold=settings.eviction_threshold)
-    record.update({name: flags.FLAGS[name].value
-                   for name in ("data", "format", "label", "dense_features",
-                                "categorical_features")})
+    record.update(
+        access_threshold=settings.access_threshold, eviction_threshold=settings.eviction_threshold
+    )
+    record.update(
+        {
+            name: flags.FLAGS[name].value
+            for name in ("data", "format", "label", "dense_features", "categorical_features")
+        }
+    )
     record["columns"] = _columns(plan)
     os.makedirs(model_dir, exist_ok=True)
     tmp = path(model_dir) + ".tmp"
@@ -84,7 +96,8 @@ def apply(model_dir: str) -> dict | None:
             raise app.UsageError(
                 f"--{name}={_show(flag.value)} conflicts with --{name}={_show(record[name])} "
                 f"of the training run in --model_dir={model_dir} ({FILE}): leave --{name} out "
-                "to use the run's value, or give another --model_dir.")
+                "to use the run's value, or give another --model_dir."
+            )
     return record
 
 
@@ -97,4 +110,5 @@ def check_columns(model_dir: str, record: dict | None, plan) -> None:
     raise app.UsageError(
         f"--data={plan.name} has {diff} columns {_show(got[diff]) or '-'} but the training "
         f"run in --model_dir={model_dir} used {_show(want[diff]) or '-'} (--data="
-        f"{record.get('data')}): give data with the run's columns, or another --model_dir.")
+        f"{record.get('data')}): give data with the run's columns, or another --model_dir."
+    )

@@ -31,8 +31,10 @@ def setup():
     workers = len(cluster.get("worker", [])) + len(cluster.get("chief", []))
     if _STRATEGY is None and workers > 1:
         if cluster.get("ps"):
-            raise SystemExit("npu_rec: `ps` tasks (the Estimator's parameter-server route) are "
-                             "not supported by the scripts yet; launch workers only.")
+            raise SystemExit(
+                "npu_rec: `ps` tasks (the Estimator's parameter-server route) are "
+                "not supported by the scripts yet; launch workers only."
+            )
         import npu_rec.distribute  # noqa: PLC0415
 
         _STRATEGY = npu_rec.distribute.multi_worker_strategy()
@@ -73,5 +75,7 @@ def distribute(dataset):
 def check_frontend(frontend: str) -> None:
     """Several workers train the Keras front end only (for now)."""
     if _STRATEGY is not None and frontend != "keras":
-        raise SystemExit(f"npu_rec: --frontend={frontend} cannot run on several workers yet; "
-                         "use --frontend=keras (docs/distributed.md).")
+        raise SystemExit(
+            f"npu_rec: --frontend={frontend} cannot run on several workers yet; "
+            "use --frontend=keras (docs/distributed.md)."
+        )

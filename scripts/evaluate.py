@@ -32,17 +32,32 @@ flags.adopt_module_key_flags(F)
 def run() -> dict:
     """Restores the run of --model_dir and evaluates it; returns the metrics."""
     if not F.MODEL_DIR.value or not _checkpoints.restorable_versions(F.MODEL_DIR.value):
-        raise app.UsageError(f"--model_dir must hold a checkpoint of a training run. "
-                             f"Received: --model_dir={F.MODEL_DIR.value!r}")
+        raise app.UsageError(
+            f"--model_dir must hold a checkpoint of a training run. "
+            f"Received: --model_dir={F.MODEL_DIR.value!r}"
+        )
     settings, plan = settings_and_plan()
     settings.verbose = 0
     metrics, _, _ = _frontends.run(settings, plan, train=False)
-    out = {k: metrics[k] for k in ("frontend", "model", "data", "global_step", "eval_loss",
-                                   "eval_auc", "table_sizes")}
+    out = {
+        k: metrics[k]
+        for k in (
+            "frontend",
+            "model",
+            "data",
+            "global_step",
+            "eval_loss",
+            "eval_auc",
+            "table_sizes",
+        )
+    }
     with open(os.path.join(settings.model_dir, "eval_metrics.json"), "w") as f:
         json.dump(out, f, indent=2)
-    print(f"eval_loss={out['eval_loss']:.4f} eval_auc={out['eval_auc']:.4f} "
-          f"global_step={out['global_step']}", flush=True)
+    print(
+        f"eval_loss={out['eval_loss']:.4f} eval_auc={out['eval_auc']:.4f} "
+        f"global_step={out['global_step']}",
+        flush=True,
+    )
     return out
 
 

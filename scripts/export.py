@@ -39,8 +39,10 @@ def run() -> str:
     if not _EXPORT_DIR.value:
         raise app.UsageError("--export_dir is required. Received: --export_dir=None")
     if not F.MODEL_DIR.value or not _checkpoints.restorable_versions(F.MODEL_DIR.value):
-        raise app.UsageError(f"--model_dir must hold a checkpoint of a training run. "
-                             f"Received: --model_dir={F.MODEL_DIR.value!r}")
+        raise app.UsageError(
+            f"--model_dir must hold a checkpoint of a training run. "
+            f"Received: --model_dir={F.MODEL_DIR.value!r}"
+        )
     settings, plan = settings_and_plan()
     _frontends.init_npu_rec(settings)
     if settings.frontend == "keras":
@@ -52,8 +54,9 @@ def run() -> str:
         spec = {n: tf.TensorSpec([None], tf.float32) for n in plan.dense}
         spec.update({n: tf.TensorSpec([None], tf.int64) for n in plan.categorical})
         est = _frontends.estimator(settings, plan)
-        path = est.export_saved_model(_EXPORT_DIR.value,
-                                      E.build_raw_serving_input_receiver_fn(spec))
+        path = est.export_saved_model(
+            _EXPORT_DIR.value, E.build_raw_serving_input_receiver_fn(spec)
+        )
     path = path.decode() if isinstance(path, bytes) else str(path)
     print(f"exported={path}", flush=True)
     return path

@@ -30,8 +30,9 @@ def run() -> dict:
     """Prints and returns the description of --model_dir."""
     model_dir = F.MODEL_DIR.value
     if not model_dir or not os.path.isdir(model_dir):
-        raise app.UsageError(f"--model_dir must be an existing directory. "
-                             f"Received: --model_dir={model_dir!r}")
+        raise app.UsageError(
+            f"--model_dir must be an existing directory. Received: --model_dir={model_dir!r}"
+        )
     info = _checkpoints.describe(model_dir)
     if _JSON.value:
         print(json.dumps(info, indent=2))
@@ -39,8 +40,10 @@ def run() -> dict:
     print(f"model_dir: {model_dir}")
     print("tables:")
     for name, t in info["tables"].items():
-        print(f"  {name}: dim={t.get('dim')} rows={t.get('rows', 0)} "
-              f"slots={','.join(t.get('slots', []))}")
+        print(
+            f"  {name}: dim={t.get('dim')} rows={t.get('rows', 0)} "
+            f"slots={','.join(t.get('slots', []))}"
+        )
     print("versions:")
     for v in info["versions"]:
         parent = "" if v["parent"] is None else f" (delta of {v['parent']})"

@@ -49,8 +49,11 @@ def run() -> dict:
     if done is not None:
         return done
     if settings.verbose:
-        print(f"npu_rec: online training {settings.model} on {plan.name}, "
-              f"model_dir={settings.model_dir}", flush=True)
+        print(
+            f"npu_rec: online training {settings.model} on {plan.name}, "
+            f"model_dir={settings.model_dir}",
+            flush=True,
+        )
     metrics, log, _ = _frontends.run(settings, plan)
     return finish(settings, plan, metrics, log)
 
@@ -60,8 +63,10 @@ def main(argv):
         raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
     F.check_now()
     if F.FRONTEND.value != "keras":
-        raise app.UsageError("online_train.py runs RecModel.online_train: --frontend must be "
-                             f"keras. Received: --frontend={F.FRONTEND.value}")
+        raise app.UsageError(
+            "online_train.py runs RecModel.online_train: --frontend must be "
+            f"keras. Received: --frontend={F.FRONTEND.value}"
+        )
     _cli.quiet_logs()
     run()
 

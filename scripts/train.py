@@ -45,27 +45,43 @@ def settings_from_flags(model_dir: str | None = None) -> _frontends.RunSettings:
     """The `RunSettings` of the parsed flags (a temporary --model_dir when unset)."""
     model_dir = model_dir or F.MODEL_DIR.value or tempfile.mkdtemp(prefix="npu_rec_run_")
     return _frontends.RunSettings(
-        model=F.MODEL.value, frontend=F.FRONTEND.value, batch_size=F.BATCH_SIZE.value,
-        max_steps=F.MAX_STEPS.value, eval_steps=F.EVAL_STEPS.value,
-        save_steps=F.SAVE_STEPS.value, model_dir=model_dir,
-        embedding_dim=F.EMBEDDING_DIM.value, access_threshold=F.ACCESS_THRESHOLD.value,
-        eviction_threshold=F.EVICTION_THRESHOLD.value, evict_steps=F.EVICT_STEPS.value,
+        model=F.MODEL.value,
+        frontend=F.FRONTEND.value,
+        batch_size=F.BATCH_SIZE.value,
+        max_steps=F.MAX_STEPS.value,
+        eval_steps=F.EVAL_STEPS.value,
+        save_steps=F.SAVE_STEPS.value,
+        model_dir=model_dir,
+        embedding_dim=F.EMBEDDING_DIM.value,
+        access_threshold=F.ACCESS_THRESHOLD.value,
+        eviction_threshold=F.EVICTION_THRESHOLD.value,
+        evict_steps=F.EVICT_STEPS.value,
         table_per_feature=F.TABLE_PER_FEATURE.value,
         incremental_checkpoint=F.INCREMENTAL.value,
         save_checkpoint_due_time=F.FULL_SECS.value,
         save_delta_checkpoints_secs=F.DELTA_SECS.value,
-        accelerate_train_mode=F.ACCELERATE.value, precision_mode=F.PRECISION.value,
-        restore_model_version=F.RESTORE_VERSION.value, seed=F.SEED.value,
+        accelerate_train_mode=F.ACCELERATE.value,
+        precision_mode=F.PRECISION.value,
+        restore_model_version=F.RESTORE_VERSION.value,
+        seed=F.SEED.value,
         keep_checkpoint_max=F.KEEP.value,
-        learning_rate=F.LEARNING_RATE.value, sparse_learning_rate=F.SPARSE_LEARNING_RATE.value,
-        verbose=F.VERBOSE.value)
+        learning_rate=F.LEARNING_RATE.value,
+        sparse_learning_rate=F.SPARSE_LEARNING_RATE.value,
+        verbose=F.VERBOSE.value,
+    )
 
 
 def data_plan_from_flags() -> _data.DataPlan:
     """The `DataPlan` of --data, --format, --eval_data and the column flags."""
-    return _data.plan(F.DATA.value, fmt=F.FORMAT.value, eval_data=F.EVAL_DATA.value,
-                      label=F.LABEL.value, dense=F.DENSE_FEATURES.value,
-                      categorical=F.CATEGORICAL_FEATURES.value, seed=F.SEED.value)
+    return _data.plan(
+        F.DATA.value,
+        fmt=F.FORMAT.value,
+        eval_data=F.EVAL_DATA.value,
+        label=F.LABEL.value,
+        dense=F.DENSE_FEATURES.value,
+        categorical=F.CATEGORICAL_FEATURES.value,
+        seed=F.SEED.value,
+    )
 
 
 def settings_and_plan(adjust=None, *, record_run: bool = False):
@@ -119,9 +135,12 @@ def already_complete(settings) -> dict | None:
     if step < settings.max_steps:
         return None
     path = os.path.join(settings.model_dir, "metrics.json")
-    print(f"npu_rec: training was already complete: global step {step} >= "
-          f"--max_steps={settings.max_steps} in --model_dir={settings.model_dir} (raise "
-          f"--max_steps to train further). The last run's metrics, kept in {path}:", flush=True)
+    print(
+        f"npu_rec: training was already complete: global step {step} >= "
+        f"--max_steps={settings.max_steps} in --model_dir={settings.model_dir} (raise "
+        f"--max_steps to train further). The last run's metrics, kept in {path}:",
+        flush=True,
+    )
     if not os.path.exists(path):
         return {}
     with open(path) as f:
@@ -138,8 +157,11 @@ def run() -> dict:
     if done is not None:
         return done
     if settings.verbose:
-        print(f"npu_rec: training {settings.model} ({settings.frontend}) on {plan.name}, "
-              f"model_dir={settings.model_dir}", flush=True)
+        print(
+            f"npu_rec: training {settings.model} ({settings.frontend}) on {plan.name}, "
+            f"model_dir={settings.model_dir}",
+            flush=True,
+        )
     metrics, log, _ = _frontends.run(settings, plan)
     return finish(settings, plan, metrics, log)
 

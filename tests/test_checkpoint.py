@@ -31,9 +31,15 @@ def _assert_same(a, b):
 
 
 def _make_table(name="ck"):
-    return npu_rec.create_table(name, 3, optimizer=npu_rec.optimizers.Adam(0.05),
-                                access_threshold=2, eviction_threshold=20,
-                                dynamic_expansion=True, capacity=4)
+    return npu_rec.create_table(
+        name,
+        3,
+        optimizer=npu_rec.optimizers.Adam(0.05),
+        access_threshold=2,
+        eviction_threshold=20,
+        dynamic_expansion=True,
+        capacity=4,
+    )
 
 
 @pytest.fixture()
@@ -47,20 +53,23 @@ def history(tmp_path):
     manager.save(10)
     live[10] = _snapshot(table)
     _train(table, [2, 6, 6, 8, 8, 9], 130)
-    assert table.evict() > 0               # keys idle since 100/105 go: deletions
+    assert table.evict() > 0  # keys idle since 100/105 go: deletions
     manager.save(20, delta=True)
     live[20] = _snapshot(table)
     _train(table, [1, 1, 9, 10, 10], 140)
     manager.save(30, delta=True)
     live[30] = _snapshot(table)
-    _train(table, [11, 11, 12], 150)       # unsaved changes
+    _train(table, [11, 11, 12], 150)  # unsaved changes
     return table, manager, live, tmp_path
 
 
 def test_versions_lists_full_and_deltas(history):
     _, manager, _, _ = history
     assert [(v.step, v.kind) for v in manager.versions()] == [
-        (10, "full"), (20, "delta"), (30, "delta")]
+        (10, "full"),
+        (20, "delta"),
+        (30, "delta"),
+    ]
     assert manager.latest_version() == 30
 
 
@@ -80,7 +89,7 @@ def test_restore_into_a_fresh_table_keeps_admitting_and_evicting(history):
     pending = dict(zip(live[20]["pending_keys"], live[20]["pending_counts"], strict=True))
     key = next(k for k, c in pending.items() if c == 1)
     npu_rec.sparse_lookup(fresh, tf.constant([key], tf.int64), timestamps=131)
-    assert key in fresh.export()["keys"]   # second sighting admits it (threshold 2)
+    assert key in fresh.export()["keys"]  # second sighting admits it (threshold 2)
 
 
 def test_truncated_delta_is_refused_and_older_versions_still_restore(history):

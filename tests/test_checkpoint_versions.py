@@ -20,8 +20,9 @@ def _save(tdir, step, kind):
     return tdir.commit(step, kind, parts)
 
 
-@pytest.mark.parametrize("keep, kept", [(1, [4, 5]), (2, [4, 5]), (3, [1, 2, 3, 4, 5]),
-                                        (0, [1, 2, 3, 4, 5])])
+@pytest.mark.parametrize(
+    "keep, kept", [(1, [4, 5]), (2, [4, 5]), (3, [1, 2, 3, 4, 5]), (0, [1, 2, 3, 4, 5])]
+)
 def test_retention_deletes_whole_old_chains_only(tmp_path, keep, kept):
     with TrainingDir(str(tmp_path), keep=keep) as tdir:
         tdir.start_from(None)
@@ -29,8 +30,7 @@ def test_retention_deletes_whole_old_chains_only(tmp_path, keep, kept):
             _save(tdir, step, kind)
     log = VersionLog(str(tmp_path))
     assert [v.step for v in log.versions()] == kept
-    assert sorted(p.name for p in tmp_path.glob("dense-*")) == [
-        f"dense-{s:012d}.npz" for s in kept]
+    assert sorted(p.name for p in tmp_path.glob("dense-*")) == [f"dense-{s:012d}.npz" for s in kept]
     newest, chain = log.select()
     assert newest.step == 5 and [v.step for v in chain] == [4, 5]
 
@@ -39,10 +39,17 @@ def test_opening_for_training_removes_temporary_files_and_uncommitted_parts(tmp_
     with TrainingDir(str(tmp_path)) as tdir:
         tdir.start_from(None)
         _save(tdir, 1, "full")
-    leftovers = ["dense-000000000002.npz", "state-000000000002.json", "model.ckpt-2.index",
-                 "tables/ckpt-000000000002.delta.nrc", "tables/ckpt-000000000002.full.nrc.tmp-7",
-                 "dense-000000000002.npz.tmp.npz", "model.ckpt-2.data-00000-of-00001.tempstate1",
-                 "checkpoint.tmp0a1b", "commits/version-000000000002.json.tmp-9"]
+    leftovers = [
+        "dense-000000000002.npz",
+        "state-000000000002.json",
+        "model.ckpt-2.index",
+        "tables/ckpt-000000000002.delta.nrc",
+        "tables/ckpt-000000000002.full.nrc.tmp-7",
+        "dense-000000000002.npz.tmp.npz",
+        "model.ckpt-2.data-00000-of-00001.tempstate1",
+        "checkpoint.tmp0a1b",
+        "commits/version-000000000002.json.tmp-9",
+    ]
     for rel in leftovers:
         (tmp_path / rel).write_text("partial")
     (tmp_path / "notes.txt").write_text("mine")
@@ -63,6 +70,6 @@ def test_an_altered_record_or_part_is_never_restored_silently(tmp_path, caplog):
     with caplog.at_level(logging.WARNING):
         assert VersionLog(str(tmp_path)).select()[0].step == 1
     assert any("version-000000000002.json" in r.getMessage() for r in caplog.records)
-    (tmp_path / "dense-000000000001.npz").write_text("x" * 24)   # same size, other bytes
+    (tmp_path / "dense-000000000001.npz").write_text("x" * 24)  # same size, other bytes
     with pytest.raises(CheckpointCorruptedError, match="dense-000000000001.npz.*SHA-256"):
         VersionLog(str(tmp_path)).select(fallback=False)

@@ -85,15 +85,19 @@ def test_range_message_is_exact():
     with pytest.raises(npu_rec.ConfigError) as info:
         npu_rec.init(save_steps=-2)
     assert str(info.value) == (
-        "`save_steps` must be an integer in [-1, 2147483647]. Received: save_steps=-2")
+        "`save_steps` must be an integer in [-1, 2147483647]. Received: save_steps=-2"
+    )
 
 
 @pytest.mark.parametrize("name, default", BOOL_PARAMS)
-@pytest.mark.parametrize("value", [1, 0, "True", None, np.bool_(True)],
-                         ids=["int1", "int0", "str", "None", "numpy_bool"])
+@pytest.mark.parametrize(
+    "value", [1, 0, "True", None, np.bool_(True)], ids=["int1", "int0", "str", "None", "numpy_bool"]
+)
 def test_bool_parameter_rejects_non_bool(name, default, value):
-    with pytest.raises(TypeError, match=re.escape(
-            f"`{name}` must be a bool (True or False). Received: {name}={value!r}")):
+    with pytest.raises(
+        TypeError,
+        match=re.escape(f"`{name}` must be a bool (True or False). Received: {name}={value!r}"),
+    ):
         npu_rec.init(**{name: value})
 
 
@@ -135,11 +139,16 @@ def test_defaults_before_init_and_after_shutdown():
 def test_seed_example():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        npu_rec.init(max_steps=200, train_steps=100, eval_steps=10, save_steps=100,
-                     use_dynamic=True, use_dynamic_expansion=False)
+        npu_rec.init(
+            max_steps=200,
+            train_steps=100,
+            eval_steps=10,
+            save_steps=100,
+            use_dynamic=True,
+            use_dynamic_expansion=False,
+        )
     cfg = npu_rec.get_config()
-    assert (cfg.max_steps, cfg.train_steps, cfg.eval_steps, cfg.save_steps) == (
-        200, 100, 10, 100)
+    assert (cfg.max_steps, cfg.train_steps, cfg.eval_steps, cfg.save_steps) == (200, 100, 10, 100)
     assert cfg.use_dynamic is True and cfg.use_dynamic_expansion is False
     assert _config.is_initialized()
 
@@ -183,9 +192,11 @@ def test_config_is_read_only_and_replace_revalidates():
 
 # Cross-rules.
 
+
 def test_steps_all_zero_is_an_error_naming_all_three():
-    with pytest.raises(npu_rec.ConfigError, match=re.escape(
-            "Received: max_steps=0, train_steps=0, eval_steps=0")):
+    with pytest.raises(
+        npu_rec.ConfigError, match=re.escape("Received: max_steps=0, train_steps=0, eval_steps=0")
+    ):
         npu_rec.init(max_steps=0, train_steps=0, eval_steps=0)
 
 
@@ -195,52 +206,76 @@ def test_steps_not_all_zero_pass(values):
     assert npu_rec.get_config().max_steps == values[0]
 
 
-@pytest.mark.parametrize("given, missing", [
-    ({}, "`save_checkpoint_due_time`, `save_delta_checkpoints_secs`"),
-    ({"save_checkpoint_due_time": 60}, "`save_delta_checkpoints_secs`"),
-    ({"save_delta_checkpoints_secs": 10}, "`save_checkpoint_due_time`"),
-])
+@pytest.mark.parametrize(
+    "given, missing",
+    [
+        ({}, "`save_checkpoint_due_time`, `save_delta_checkpoints_secs`"),
+        ({"save_checkpoint_due_time": 60}, "`save_delta_checkpoints_secs`"),
+        ({"save_delta_checkpoints_secs": 10}, "`save_checkpoint_due_time`"),
+    ],
+)
 def test_incremental_needs_both_intervals(given, missing):
     full = given.get("save_checkpoint_due_time")
     delta = given.get("save_delta_checkpoints_secs")
-    with pytest.raises(npu_rec.ConfigError, match=re.escape(
+    with pytest.raises(
+        npu_rec.ConfigError,
+        match=re.escape(
             f"Missing: {missing}. Received: save_checkpoint_due_time={full}, "
-            f"save_delta_checkpoints_secs={delta}")):
+            f"save_delta_checkpoints_secs={delta}"
+        ),
+    ):
         npu_rec.init(is_incremental_checkpoint=True, **given)
 
 
 def test_incremental_with_both_intervals_passes_without_warning():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        npu_rec.init(is_incremental_checkpoint=True, save_checkpoint_due_time=60,
-                     save_delta_checkpoints_secs=10, recent_key_count_threshold=2)
+        npu_rec.init(
+            is_incremental_checkpoint=True,
+            save_checkpoint_due_time=60,
+            save_delta_checkpoints_secs=10,
+            recent_key_count_threshold=2,
+        )
     cfg = npu_rec.get_config()
     assert (cfg.save_checkpoint_due_time, cfg.save_delta_checkpoints_secs) == (60, 10)
 
 
 @pytest.mark.parametrize("full, delta", [(10, 10), (5, 10)])
 def test_full_interval_not_greater_than_delta_warns_naming_both(full, delta):
-    with pytest.warns(UserWarning, match=re.escape(
-            f"save_checkpoint_due_time={full}, save_delta_checkpoints_secs={delta}")):
-        npu_rec.init(is_incremental_checkpoint=True, save_checkpoint_due_time=full,
-                     save_delta_checkpoints_secs=delta)
+    with pytest.warns(
+        UserWarning,
+        match=re.escape(f"save_checkpoint_due_time={full}, save_delta_checkpoints_secs={delta}"),
+    ):
+        npu_rec.init(
+            is_incremental_checkpoint=True,
+            save_checkpoint_due_time=full,
+            save_delta_checkpoints_secs=delta,
+        )
     assert npu_rec.get_config().save_checkpoint_due_time == full
 
 
 def test_use_lccl_true_is_not_available():
-    with pytest.raises(npu_rec.ConfigError,
-                       match=r"`use_lccl=True`.*not available on this platform"):
+    with pytest.raises(
+        npu_rec.ConfigError, match=r"`use_lccl=True`.*not available on this platform"
+    ):
         npu_rec.init(use_lccl=True)
     assert not _config.is_initialized()
 
 
-@pytest.mark.parametrize("kwargs, fragment", [
-    ({"restore_model_version": 7}, "restore_model_version=7, if_load=False"),
-    ({"recent_key_count_threshold": 3}, "recent_key_count_threshold=3, "
-                                        "is_incremental_checkpoint=False"),
-    ({"save_delta_checkpoints_secs": 3}, "save_delta_checkpoints_secs=3, "
-                                         "is_incremental_checkpoint=False"),
-])
+@pytest.mark.parametrize(
+    "kwargs, fragment",
+    [
+        ({"restore_model_version": 7}, "restore_model_version=7, if_load=False"),
+        (
+            {"recent_key_count_threshold": 3},
+            "recent_key_count_threshold=3, is_incremental_checkpoint=False",
+        ),
+        (
+            {"save_delta_checkpoints_secs": 3},
+            "save_delta_checkpoints_secs=3, is_incremental_checkpoint=False",
+        ),
+    ],
+)
 def test_settings_without_effect_warn(kwargs, fragment):
     with pytest.warns(UserWarning, match=re.escape(fragment)):
         npu_rec.init(**kwargs)
@@ -254,6 +289,7 @@ def test_restore_model_version_with_if_load_is_quiet():
 
 
 # shutdown callbacks.
+
 
 def test_shutdown_runs_callbacks_in_order_once_each():
     calls = []

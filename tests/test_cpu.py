@@ -13,8 +13,9 @@ import tensorflow as tf
 import npu_rec
 from npu_rec import _cpu
 
-needs_affinity = pytest.mark.skipif(not hasattr(os, "sched_setaffinity"),
-                                    reason="no os.sched_setaffinity on this platform")
+needs_affinity = pytest.mark.skipif(
+    not hasattr(os, "sched_setaffinity"), reason="no os.sched_setaffinity on this platform"
+)
 
 
 @pytest.fixture(autouse=True)
@@ -26,17 +27,20 @@ def _fresh(monkeypatch):
     npu_rec.shutdown()
 
 
-@pytest.mark.parametrize("available, rank, size, expected", [
-    ({0, 1, 2, 3}, None, None, (0, 1, 2, 3)),
-    ({3, 1, 2}, None, None, (1, 2, 3)),
-    ({0, 1, 2, 3}, 0, 1, (0, 1, 2, 3)),
-    ({0, 1, 2, 3}, 0, 2, (0, 1)),
-    ({0, 1, 2, 3}, 1, 2, (2, 3)),
-    ({0, 1, 2, 3, 4}, 0, 2, (0, 1, 2)),
-    ({0, 1, 2, 3, 4}, 1, 2, (3, 4)),
-    ({0, 1}, 2, 3, (0,)),  # more processes than cores: round-robin, never empty
-    (set(), None, None, ()),
-])
+@pytest.mark.parametrize(
+    "available, rank, size, expected",
+    [
+        ({0, 1, 2, 3}, None, None, (0, 1, 2, 3)),
+        ({3, 1, 2}, None, None, (1, 2, 3)),
+        ({0, 1, 2, 3}, 0, 1, (0, 1, 2, 3)),
+        ({0, 1, 2, 3}, 0, 2, (0, 1)),
+        ({0, 1, 2, 3}, 1, 2, (2, 3)),
+        ({0, 1, 2, 3, 4}, 0, 2, (0, 1, 2)),
+        ({0, 1, 2, 3, 4}, 1, 2, (3, 4)),
+        ({0, 1}, 2, 3, (0,)),  # more processes than cores: round-robin, never empty
+        (set(), None, None, ()),
+    ],
+)
 def test_plan_cores(available, rank, size, expected):
     assert _cpu.plan_cores(available, rank, size) == expected
 
@@ -119,8 +123,15 @@ def test_fresh_process_gets_its_share_and_thread_pools():
     """)
     env = dict(os.environ, LOCAL_RANK="0", LOCAL_WORLD_SIZE="2", TF_CPP_MIN_LOG_LEVEL="3")
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    out = subprocess.run([sys.executable, "-c", script], env=env, cwd=root,
-                         capture_output=True, text=True, timeout=120, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", script],
+        env=env,
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
     result = json.loads(out.stdout.strip().splitlines()[-1])
     expected = list(_cpu.plan_cores(os.sched_getaffinity(0), 0, 2))
     assert result["cores"] == expected == result["affinity"]

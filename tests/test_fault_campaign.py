@@ -10,10 +10,20 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def test_every_restart_resumes_from_the_newest_committed_version_intact(tmp_path):
     out = tmp_path / "faults.json"
-    subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "fault_campaign.py"),
-                    "--mode=short", f"--work_dir={tmp_path / 'work'}", f"--out={out}",
-                    "--run_timeout=120"], check=True, timeout=280, capture_output=True,
-                   env=dict(os.environ, PYTHONPATH=ROOT))
+    subprocess.run(
+        [
+            sys.executable,
+            os.path.join(ROOT, "benchmarks", "fault_campaign.py"),
+            "--mode=short",
+            f"--work_dir={tmp_path / 'work'}",
+            f"--out={out}",
+            "--run_timeout=120",
+        ],
+        check=True,
+        timeout=280,
+        capture_output=True,
+        env=dict(os.environ, PYTHONPATH=ROOT),
+    )
     results = json.loads(out.read_text())["results"]
     assert {r["frontend"] for r in results} == {"keras", "estimator"}
     for r in results:

@@ -47,12 +47,13 @@ def _imports(name: str, path: pathlib.Path, mods) -> dict[str, int]:
             if node.level:
                 parts = package.split(".")[: len(package.split(".")) - node.level + 1]
                 base = ".".join([*parts, *([node.module] if node.module else [])])
-            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in mods else base
-                       for a in node.names]
+            targets = [
+                f"{base}.{a.name}" if f"{base}.{a.name}" in mods else base for a in node.names
+            ]
         else:
             continue
         for target in targets:
-            while target and target not in mods:   # `import npu_rec.x.y` names the module
+            while target and target not in mods:  # `import npu_rec.x.y` names the module
                 target = target.rpartition(".")[0]
             if target and target != name:
                 out.setdefault(target, node.lineno)
@@ -66,7 +67,7 @@ def import_graph(root: pathlib.Path = ROOT, package: str = "npu_rec"):
 
 def find_cycle(graph) -> list[str] | None:
     """One import circle `[a, b, ..., a]` of `graph`, or None (iterative DFS)."""
-    state: dict[str, int] = {}          # 1 = on the current path, 2 = done
+    state: dict[str, int] = {}  # 1 = on the current path, 2 = done
     for start in sorted(graph):
         if state.get(start):
             continue
@@ -78,7 +79,7 @@ def find_cycle(graph) -> list[str] | None:
                 state[path.pop()] = 2
                 stack.pop()
             elif state.get(nxt) == 1:
-                return path[path.index(nxt):] + [nxt]
+                return path[path.index(nxt) :] + [nxt]
             elif not state.get(nxt):
                 state[nxt] = 1
                 path.append(nxt)
@@ -92,7 +93,7 @@ def _within(module: str, package: str) -> bool:
 
 def test_no_module_imports_a_module_that_imports_it_back():
     graph = import_graph()
-    assert len(graph) > 50, sorted(graph)      # the walk found the package
+    assert len(graph) > 50, sorted(graph)  # the walk found the package
     cycle = find_cycle(graph)
     assert cycle is None, "import circle: " + " -> ".join(cycle)
 
@@ -100,16 +101,25 @@ def test_no_module_imports_a_module_that_imports_it_back():
 @pytest.mark.parametrize("source,target", [FRONT_ENDS, FRONT_ENDS[::-1]])
 def test_front_ends_never_import_each_other(source, target):
     graph = import_graph()
-    bad = [f"{a} -> {b} (line {line})" for a, deps in graph.items() if _within(a, source)
-           for b, line in deps.items() if _within(b, target)]
+    bad = [
+        f"{a} -> {b} (line {line})"
+        for a, deps in graph.items()
+        if _within(a, source)
+        for b, line in deps.items()
+        if _within(b, target)
+    ]
     assert not bad, bad
 
 
 def test_the_core_imports_no_front_end():
     graph = import_graph()
-    bad = [f"{a} -> {b} (line {line})" for a, deps in graph.items()
-           if a != "npu_rec" and not any(_within(a, p) for p in ABOVE_CORE)
-           for b, line in deps.items() if any(_within(b, p) for p in ABOVE_CORE)]
+    bad = [
+        f"{a} -> {b} (line {line})"
+        for a, deps in graph.items()
+        if a != "npu_rec" and not any(_within(a, p) for p in ABOVE_CORE)
+        for b, line in deps.items()
+        if any(_within(b, p) for p in ABOVE_CORE)
+    ]
     assert not bad, bad
 
 
@@ -123,8 +133,7 @@ def test_the_checks_see_circles_through_chains_and_function_bodies(tmp_path):
     (pkg / "sub" / "c.py").write_text("def f():\n    from pkg import a\n")
     graph = import_graph(tmp_path, "pkg")
     assert find_cycle(graph) == ["pkg.a", "pkg.sub.b", "pkg.sub.c", "pkg.a"]
-    (pkg / "sub" / "c.py").write_text("import pkg.sub.b\n")   # a shorter circle b <-> c
-    assert find_cycle(import_graph(tmp_path, "pkg")) == ["pkg.sub.b", "pkg.sub.c",
-                                                          "pkg.sub.b"]
+    (pkg / "sub" / "c.py").write_text("import pkg.sub.b\n")  # a shorter circle b <-> c
+    assert find_cycle(import_graph(tmp_path, "pkg")) == ["pkg.sub.b", "pkg.sub.c", "pkg.sub.b"]
     (pkg / "sub" / "c.py").write_text("x = 1\n")
     assert find_cycle(import_graph(tmp_path, "pkg")) is None

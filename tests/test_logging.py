@@ -15,8 +15,14 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def _run(code):
     env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="3")
-    out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
-                         text=True, timeout=240, env=env, cwd=ROOT)
+    out = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=env,
+        cwd=ROOT,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     return out
 
@@ -43,7 +49,8 @@ def test_library_use_prints_each_warning_once_and_leaves_the_root_logger_alone()
 
 def test_scripts_print_each_warning_once(tmp_path):
     script = tmp_path / "probe.py"
-    script.write_text(textwrap.dedent('''
+    script.write_text(
+        textwrap.dedent('''
         """A script probing the log setup of scripts/_cli.py."""
         import tensorflow as tf
         from absl import app
@@ -57,10 +64,17 @@ def test_scripts_print_each_warning_once(tmp_path):
             tf.get_logger().warning("tensorflow probe")
 
         _cli.run(main, __doc__)
-    '''))
+    ''')
+    )
     env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="3")
-    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                         timeout=240, env=env, cwd=ROOT)
+    out = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=env,
+        cwd=ROOT,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stderr.count("npu_rec probe") == 1, out.stderr
     assert out.stderr.count("tensorflow probe") == 1, out.stderr

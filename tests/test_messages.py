@@ -14,8 +14,10 @@ from npu_rec import estimator as E
 from npu_rec.keras import SparseEmbedding, TableNotTrainedError
 from npu_rec.keras.callbacks import Evict
 
-FULL = (r"^Sparse table 'small' is full: its capacity is 3 rows and this batch needs 4\. Raise "
-        r"`capacity` in npu_rec.create_table, or turn on dynamic expansion")
+FULL = (
+    r"^Sparse table 'small' is full: its capacity is 3 rows and this batch needs 4\. Raise "
+    r"`capacity` in npu_rec.create_table, or turn on dynamic expansion"
+)
 
 
 def test_table_not_trained_error_has_no_terminal_escapes():
@@ -26,8 +28,10 @@ def test_table_not_trained_error_has_no_terminal_escapes():
         model.fit(np.arange(8), np.zeros(8), verbose=0)
     text = str(info.value)
     assert "\x1b" not in text
-    assert text.startswith("SparseEmbedding 'plain_embedding' (table 'plain') ran with "
-                           "training=True outside npu_rec.keras.RecModel's train step")
+    assert text.startswith(
+        "SparseEmbedding 'plain_embedding' (table 'plain') ran with "
+        "training=True outside npu_rec.keras.RecModel's train step"
+    )
 
 
 def _small():
@@ -68,8 +72,10 @@ def _evict_logs(caplog, evict):
 
 
 def test_keras_evict_logs_one_line_only_when_rows_were_freed(caplog):
-    tables = [npu_rec.create_table(n, 2, access_threshold=0, eviction_threshold=10)
-              for n in ("A", "B", "C")]
+    tables = [
+        npu_rec.create_table(n, 2, access_threshold=0, eviction_threshold=10)
+        for n in ("A", "B", "C")
+    ]
     npu_rec.sparse_lookup(tables[0], tf.constant([1, 2, 3], tf.int64), timestamps=100)
     npu_rec.sparse_lookup(tables[1], tf.constant([4], tf.int64), timestamps=100)
     callback = Evict(None, 1, tables=tables, now=lambda: 105)
@@ -77,7 +83,8 @@ def test_keras_evict_logs_one_line_only_when_rows_were_freed(caplog):
     assert _evict_logs(caplog, callback.evict) == []
     callback._now = lambda: 200
     assert _evict_logs(caplog, callback.evict) == [
-        "npu_rec: evicted 4 rows at step 7 (A: 3, B: 1)."]
+        "npu_rec: evicted 4 rows at step 7 (A: 3, B: 1)."
+    ]
     assert callback.evictions[-1] == (7, {"A": 3, "B": 1, "C": 0})
 
 

@@ -36,17 +36,19 @@ def test_only_rows_in_the_batch_move(name):
     np.testing.assert_array_equal(after["values"][[0, 2]], before["values"][[0, 2]])
     assert not np.allclose(after["values"][1], before["values"][1])
     for slot in after["slots"]:
-        np.testing.assert_array_equal(after["slots"][slot][[0, 2]],
-                                      before["slots"][slot][[0, 2]])
+        np.testing.assert_array_equal(after["slots"][slot][[0, 2]], before["slots"][slot][[0, 2]])
 
 
-@pytest.mark.parametrize("factory, match", [
-    (lambda: optimizers.SGD(learning_rate=0), "`learning_rate` must be a number > 0.0"),
-    (lambda: optimizers.Adagrad(epsilon=-1), "`epsilon`"),
-    (lambda: optimizers.Adam(beta_1=1.0), "`beta_1` must be a number >= 0.0 and < 1.0"),
-    (lambda: optimizers.Ftrl(learning_rate_power=0.5), "`learning_rate_power`"),
-    (lambda: optimizers.Ftrl(l1=True), "`l1`"),
-])
+@pytest.mark.parametrize(
+    "factory, match",
+    [
+        (lambda: optimizers.SGD(learning_rate=0), "`learning_rate` must be a number > 0.0"),
+        (lambda: optimizers.Adagrad(epsilon=-1), "`epsilon`"),
+        (lambda: optimizers.Adam(beta_1=1.0), "`beta_1` must be a number >= 0.0 and < 1.0"),
+        (lambda: optimizers.Ftrl(learning_rate_power=0.5), "`learning_rate_power`"),
+        (lambda: optimizers.Ftrl(l1=True), "`l1`"),
+    ],
+)
 def test_hyperparameter_validation(factory, match):
     with pytest.raises(ValueError, match=match):
         factory()
@@ -84,8 +86,10 @@ def _scheduled_run(name, schedule, mode):
     table = npu_rec.create_table(f"s_{name}_{mode}", 5, optimizer=_SCHEDULED[name](schedule))
     ref = ReferenceTable(f"s_{name}_{mode}", 5, OPTIMIZERS[name][1]())
     rng = np.random.default_rng(5)
-    batches = [(rng.integers(0, 12, size=20), rng.normal(size=(20, 5)).astype(np.float32))
-               for _ in range(6)]
+    batches = [
+        (rng.integers(0, 12, size=20), rng.normal(size=(20, 5)).astype(np.float32))
+        for _ in range(6)
+    ]
 
     def step(ids, grads):
         npu_rec.sparse_lookup(table, ids, timestamps=1)
@@ -108,8 +112,9 @@ def test_a_keras_schedule_drives_the_table_learning_rate(name):
 
 
 def test_a_callable_schedule_in_a_tf_function():
-    table, ref = _scheduled_run("adagrad", lambda step: 0.2 * 0.5 ** (
-        tf.cast(step, tf.float32) / 2), "function")
+    table, ref = _scheduled_run(
+        "adagrad", lambda step: 0.2 * 0.5 ** (tf.cast(step, tf.float32) / 2), "function"
+    )
     assert_same_state(table, ref)
 
 
@@ -139,7 +144,8 @@ def test_a_schedule_in_a_v1_graph_as_the_estimator_runs_it():
                 for key, row in zip(after["keys"].tolist(), after["values"], strict=True):
                     if key in summed and key in old:
                         np.testing.assert_allclose(
-                            row, old[key] - _decay_reference(k) * summed[key], atol=1e-6)
+                            row, old[key] - _decay_reference(k) * summed[key], atol=1e-6
+                        )
                         checked += 1
     assert checked > 10
 
@@ -149,7 +155,8 @@ def test_learning_rate_schedules_serialise_and_plain_callables_say_they_cannot()
     clone = npu_rec.optimizers.Adam(**opt.get_config())
     assert clone.learning_rate.get_config() == _decay().get_config()
     assert float(clone.learning_rate_at(tf.constant(3, tf.int64))) == pytest.approx(
-        _decay_reference(2))
+        _decay_reference(2)
+    )
     with pytest.raises(ValueError, match="cannot serialise its learning_rate"):
         npu_rec.optimizers.SGD(lambda step: 0.1).get_config()
     with pytest.raises(ValueError, match="`learning_rate` must be a number > 0.0, a keras"):

@@ -11,7 +11,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def _section():
     with open(os.path.join(ROOT, "docs", "porting.md")) as f:
         text = f.read()
-    return text[text.index("## From tf.estimator"):]
+    return text[text.index("## From tf.estimator") :]
 
 
 def test_table_names_what_needs_a_change():

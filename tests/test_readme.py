@@ -13,7 +13,7 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOCS = ("README.md", os.path.join("docs", "scripts.md"))
-SCALE = 100          # documented step counts run 100x smaller (300 -> 3)
+SCALE = 100  # documented step counts run 100x smaller (300 -> 3)
 DEFAULT_MAX_STEPS = 300
 
 
@@ -32,8 +32,7 @@ def commands(doc: str) -> list[str]:
     text = _read(doc)
     found = []
     for block in re.findall(r"```sh\n(.*?)```", text, flags=re.S):
-        found += [line.strip() for line in block.replace("\\\n", " ").splitlines()
-                  if line.strip()]
+        found += [line.strip() for line in block.replace("\\\n", " ").splitlines() if line.strip()]
     for span in re.findall(r"`(python3? [^`]*)`", text):
         if span not in found and not re.search(r"\b[A-Z]{3,}\b|\[", span):
             found.append(span)
@@ -100,10 +99,17 @@ def _run_scripts(invocations, tmp_path):
     """Runs scripts/NAME.py invocations in order in one process (one TensorFlow import),
     as `app.run` would (flags parsed from the command line, then `main`)."""
     env = dict(os.environ, PYTHONPATH=ROOT, TMPDIR=str(tmp_path), TF_CPP_MIN_LOG_LEVEL="2")
-    out = subprocess.run([sys.executable, "-c", _RUNNER, json.dumps(invocations)], cwd=ROOT,
-                         env=env, capture_output=True, text=True, timeout=280)
-    results = [json.loads(line[7:]) for line in out.stdout.splitlines()
-               if line.startswith("RESULT ")]
+    out = subprocess.run(
+        [sys.executable, "-c", _RUNNER, json.dumps(invocations)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
+    results = [
+        json.loads(line[7:]) for line in out.stdout.splitlines() if line.startswith("RESULT ")
+    ]
     assert len(results) == len(invocations), out.stderr[-3000:]
     return [(r[:-1], r[-1]) for r in results if r[-1]]
 
@@ -114,7 +120,7 @@ def run_py(monkeypatch):
     spec = importlib.util.spec_from_file_location("run_py", os.path.join(ROOT, "run.py"))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    monkeypatch.setattr(module, "_ensure_env", lambda extras: None)   # never pip install here
+    monkeypatch.setattr(module, "_ensure_env", lambda extras: None)  # never pip install here
     return module
 
 
@@ -131,8 +137,14 @@ def test_every_documented_command_runs(doc, run_py, tmp_path):
     assert len(started) == len(commands(doc))
     helps = {tuple(a) for a in started if "--help" in a}
     for argv in sorted(helps):
-        out = subprocess.run([sys.executable, *argv], cwd=ROOT, capture_output=True, text=True,
-                             timeout=120, env=dict(os.environ, PYTHONPATH=ROOT))
+        out = subprocess.run(
+            [sys.executable, *argv],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=dict(os.environ, PYTHONPATH=ROOT),
+        )
         assert out.returncode == 0 and "--max_steps" in out.stdout, out.stderr[-2000:]
     scripts = [a for a in started if a[0] != "-m" and "--help" not in a]
     assert [a for a in started if a[0] == "-m" and a[1] != "pytest"] == []
@@ -146,7 +158,9 @@ def test_run_py_script_names_the_scripts_it_runs(run_py, argv, capsys):
     run_py._run = lambda args: pytest.fail(f"started {args}")
     assert run_py.main(argv) == 2
     out = capsys.readouterr().out
-    assert ("usage: python3 run.py script NAME [FLAGS], NAME one of evaluate, export, "
-            "inspect_checkpoint, online_train, train.") in out
+    assert (
+        "usage: python3 run.py script NAME [FLAGS], NAME one of evaluate, export, "
+        "inspect_checkpoint, online_train, train."
+    ) in out
     if len(argv) > 1:
         assert f"Received: {argv[1]!r}" in out

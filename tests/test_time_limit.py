@@ -21,10 +21,23 @@ def test_a_hanging_test_fails_with_a_stack_dump(tmp_path):
     )
     # The project's own pytest settings, with the limit shortened for this check only.
     result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-c", os.path.join(ROOT, "pyproject.toml"),
-         "--rootdir", str(tmp_path), "-o", "timeout=3", "-p", "no:cacheprovider",
-         str(tmp_path / "test_hang.py")],
-        capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-c",
+            os.path.join(ROOT, "pyproject.toml"),
+            "--rootdir",
+            str(tmp_path),
+            "-o",
+            "timeout=3",
+            "-p",
+            "no:cacheprovider",
+            str(tmp_path / "test_hang.py"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     output = result.stdout + result.stderr
     assert result.returncode != 0, output

@@ -32,33 +32,49 @@ def test_the_errors_are_exported_and_subclass_the_builtin_ones():
     assert {"ConfigError", "ConfigTypeError"} <= set(npu_rec.__all__)
 
 
-@pytest.mark.parametrize("call,match", [
-    (lambda: npu_rec.create_table("t", True), "`dim` must be an integer >= 1. Received: dim=True"),
-    (lambda: npu_rec.create_table("t", 2.0), "`dim` must be an integer >= 1. Received: dim=2.0"),
-    (lambda: npu_rec.init(max_steps=True, bind_cpu=False),
-     "`max_steps` must be an integer in [-1, 2147483647]. Received: max_steps=True"),
-    (lambda: npu_rec.init(bind_cpu=1), "`bind_cpu` must be a bool (True or False)"),
-    (lambda: NPURunConfig(save_checkpoints_steps=True),
-     "`save_checkpoints_steps` must be None or an integer"),
-    (lambda: NPURunConfig(save_checkpoints_secs="60"), "`save_checkpoints_secs` must be None"),
-    (lambda: npu_rec.optimizers.SGD(learning_rate="0.1"), "`learning_rate` must be a number"),
-    (lambda: npu_rec.create_table("t", 2, num_shards=2.0), "`num_shards` must be an integer"),
-    (lambda: npu_rec.create_table(7, 2), "`name` must be a non-empty string"),
-])
+@pytest.mark.parametrize(
+    "call,match",
+    [
+        (
+            lambda: npu_rec.create_table("t", True),
+            "`dim` must be an integer >= 1. Received: dim=True",
+        ),
+        (
+            lambda: npu_rec.create_table("t", 2.0),
+            "`dim` must be an integer >= 1. Received: dim=2.0",
+        ),
+        (
+            lambda: npu_rec.init(max_steps=True, bind_cpu=False),
+            "`max_steps` must be an integer in [-1, 2147483647]. Received: max_steps=True",
+        ),
+        (lambda: npu_rec.init(bind_cpu=1), "`bind_cpu` must be a bool (True or False)"),
+        (
+            lambda: NPURunConfig(save_checkpoints_steps=True),
+            "`save_checkpoints_steps` must be None or an integer",
+        ),
+        (lambda: NPURunConfig(save_checkpoints_secs="60"), "`save_checkpoints_secs` must be None"),
+        (lambda: npu_rec.optimizers.SGD(learning_rate="0.1"), "`learning_rate` must be a number"),
+        (lambda: npu_rec.create_table("t", 2, num_shards=2.0), "`num_shards` must be an integer"),
+        (lambda: npu_rec.create_table(7, 2), "`name` must be a non-empty string"),
+    ],
+)
 def test_a_wrong_type_raises_config_type_error(call, match):
     with pytest.raises(npu_rec.ConfigTypeError, match=re.escape(match)) as info:
         call()
     assert "of type" in str(info.value)
 
 
-@pytest.mark.parametrize("call,match", [
-    (lambda: npu_rec.create_table("t", 0), "`dim` must be an integer >= 1. Received: dim=0"),
-    (lambda: npu_rec.create_table("t", 2, num_shards=0), "Received: num_shards=0"),
-    (lambda: npu_rec.init(max_steps=-2, bind_cpu=False), "Received: max_steps=-2"),
-    (lambda: NPURunConfig(save_checkpoints_steps=0), "Received: save_checkpoints_steps=0"),
-    (lambda: npu_rec.optimizers.Adam(beta_1=1.0), "`beta_1` must be a number >= 0.0 and < 1.0"),
-    (lambda: npu_rec.create_table("t", 2, eviction_threshold=5), "Eviction needs admission"),
-])
+@pytest.mark.parametrize(
+    "call,match",
+    [
+        (lambda: npu_rec.create_table("t", 0), "`dim` must be an integer >= 1. Received: dim=0"),
+        (lambda: npu_rec.create_table("t", 2, num_shards=0), "Received: num_shards=0"),
+        (lambda: npu_rec.init(max_steps=-2, bind_cpu=False), "Received: max_steps=-2"),
+        (lambda: NPURunConfig(save_checkpoints_steps=0), "Received: save_checkpoints_steps=0"),
+        (lambda: npu_rec.optimizers.Adam(beta_1=1.0), "`beta_1` must be a number >= 0.0 and < 1.0"),
+        (lambda: npu_rec.create_table("t", 2, eviction_threshold=5), "Eviction needs admission"),
+    ],
+)
 def test_an_out_of_range_value_raises_config_error_not_type_error(call, match):
     with pytest.raises(npu_rec.ConfigError, match=re.escape(match)) as info:
         call()
@@ -69,8 +85,7 @@ def test_numpy_integers_are_integers_everywhere():
     npu_rec.init(max_steps=np.int64(5), save_steps=np.int32(5), bind_cpu=False)
     assert npu_rec.get_config().max_steps == 5
     assert type(npu_rec.get_config().max_steps) is int
-    table = npu_rec.create_table("t", np.int64(4), capacity=np.int32(64),
-                                 num_shards=np.int64(2))
+    table = npu_rec.create_table("t", np.int64(4), capacity=np.int32(64), num_shards=np.int64(2))
     assert (table.dim, table.num_shards) == (4, 2)
     assert type(table.config.dim) is int and type(table.config.capacity) is int
     assert NPURunConfig(save_checkpoints_steps=np.int64(10)).save_checkpoints_steps == 10
@@ -82,13 +97,18 @@ def test_numpy_bool_is_not_an_integer():
         npu_rec.create_table("t", np.bool_(True))
 
 
-@pytest.mark.parametrize("kwargs,expected", [
-    (dict(lower=1), "`n` must be an integer >= 1. Received: n=0"),
-    (dict(lower=1, upper=3), "`n` must be an integer in [1, 3]. Received: n=0"),
-    (dict(lower=1, optional=True), "`n` must be None or an integer >= 1. Received: n=0"),
-    (dict(lower=1, rule="an integer >= 1 (or None)"),
-     "`n` must be an integer >= 1 (or None). Received: n=0"),
-])
+@pytest.mark.parametrize(
+    "kwargs,expected",
+    [
+        (dict(lower=1), "`n` must be an integer >= 1. Received: n=0"),
+        (dict(lower=1, upper=3), "`n` must be an integer in [1, 3]. Received: n=0"),
+        (dict(lower=1, optional=True), "`n` must be None or an integer >= 1. Received: n=0"),
+        (
+            dict(lower=1, rule="an integer >= 1 (or None)"),
+            "`n` must be an integer >= 1 (or None). Received: n=0",
+        ),
+    ],
+)
 def test_check_int_states_the_rule_from_its_bounds(kwargs, expected):
     kwargs.setdefault("upper", None)
     with pytest.raises(npu_rec.ConfigError, match=re.escape(expected)):
@@ -108,8 +128,9 @@ def test_check_number_bounds_and_nan():
 
 def test_check_choice_lists_the_choices():
     assert _validation.check_choice("mode", "a", ("a", "b")) == "a"
-    with pytest.raises(npu_rec.ConfigError, match=re.escape(
-            "`mode` must be one of ['a', 'b']. Received: mode='c'")):
+    with pytest.raises(
+        npu_rec.ConfigError, match=re.escape("`mode` must be one of ['a', 'b']. Received: mode='c'")
+    ):
         _validation.check_choice("mode", "c", ("a", "b"))
 
 

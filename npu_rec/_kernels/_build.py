@@ -42,10 +42,15 @@ _MODES = ("auto", "on", "off")
 # AddressSanitizer and the UndefinedBehaviorSanitizer checks that GCC 12 compiles
 # TensorFlow's headers with (`-fsanitize=undefined` as a whole also turns on `null`
 # and the nonnull-attribute checks, which make an absl `constexpr` in them fail).
-_UBSAN = ("shift,integer-divide-by-zero,unreachable,vla-bound,return,signed-integer-overflow,"
-          "bounds,alignment,object-size,bool,enum,builtin,pointer-overflow")
-_SANITIZE_FLAGS = (f"-fsanitize=address,{_UBSAN}", "-fno-omit-frame-pointer",
-                   f"-fno-sanitize-recover={_UBSAN}")
+_UBSAN = (
+    "shift,integer-divide-by-zero,unreachable,vla-bound,return,signed-integer-overflow,"
+    "bounds,alignment,object-size,bool,enum,builtin,pointer-overflow"
+)
+_SANITIZE_FLAGS = (
+    f"-fsanitize=address,{_UBSAN}",
+    "-fno-omit-frame-pointer",
+    f"-fno-sanitize-recover={_UBSAN}",
+)
 _BUILD_TIMEOUT = 600
 _LOCK = threading.Lock()
 _STATE: dict = {}
@@ -59,15 +64,18 @@ def mode() -> str:
     """
     value = os.environ.get("NPU_REC_KERNELS", "auto").strip().lower() or "auto"
     if value not in _MODES:
-        raise ValueError(f"The environment variable NPU_REC_KERNELS must be one of {_MODES}. "
-                         f"Received: NPU_REC_KERNELS={value!r}")
+        raise ValueError(
+            f"The environment variable NPU_REC_KERNELS must be one of {_MODES}. "
+            f"Received: NPU_REC_KERNELS={value!r}"
+        )
     return value
 
 
 def cache_dir() -> str:
     """Directory of built libraries: `$NPU_REC_KERNEL_CACHE` or ~/.cache/npu_rec/kernels."""
     return os.environ.get("NPU_REC_KERNEL_CACHE") or os.path.join(
-        os.path.expanduser("~"), ".cache", "npu_rec", "kernels")
+        os.path.expanduser("~"), ".cache", "npu_rec", "kernels"
+    )
 
 
 def _sanitize() -> bool:
@@ -82,10 +90,19 @@ def build_command(output: str) -> list[str]:
     """The compiler command line writing the library to `output`."""
     here = os.path.dirname(os.path.abspath(__file__))
     flags = ["-O1", "-g", *_SANITIZE_FLAGS] if _sanitize() else ["-O3"]
-    return [_compiler(), "-shared", "-fPIC", *flags, "-ffp-contract=off",
-            "-Wno-deprecated-declarations",
-            *[os.path.join(here, s) for s in _SOURCES], "-o", output,
-            *tf.sysconfig.get_compile_flags(), *tf.sysconfig.get_link_flags()]
+    return [
+        _compiler(),
+        "-shared",
+        "-fPIC",
+        *flags,
+        "-ffp-contract=off",
+        "-Wno-deprecated-declarations",
+        *[os.path.join(here, s) for s in _SOURCES],
+        "-o",
+        output,
+        *tf.sysconfig.get_compile_flags(),
+        *tf.sysconfig.get_link_flags(),
+    ]
 
 
 def library_path() -> str:
@@ -98,8 +115,9 @@ def library_path() -> str:
     digest.update(" ".join(build_command("OUT")[1:]).replace(here, "").encode())
     digest.update(_compiler().encode())
     tag = "asan-" if _sanitize() else ""
-    return os.path.join(cache_dir(),
-                        f"npu_rec_ops-tf{tf.__version__}-{tag}{digest.hexdigest()[:16]}.so")
+    return os.path.join(
+        cache_dir(), f"npu_rec_ops-tf{tf.__version__}-{tag}{digest.hexdigest()[:16]}.so"
+    )
 
 
 def build(path: str) -> None:
@@ -116,13 +134,20 @@ def build(path: str) -> None:
     try:
         cmd = build_command(tmp)
         try:
-            done = subprocess.run(cmd, capture_output=True, text=True, timeout=_BUILD_TIMEOUT,
-                                  start_new_session=True, check=False)
+            done = subprocess.run(
+                cmd,
+                capture_output=True,
+                text=True,
+                timeout=_BUILD_TIMEOUT,
+                start_new_session=True,
+                check=False,
+            )
         except (OSError, subprocess.TimeoutExpired) as err:
             raise RuntimeError(f"{cmd[0]} could not run: {err}") from err
         if done.returncode != 0:
-            raise RuntimeError(f"{' '.join(cmd)} failed (exit {done.returncode}):\n"
-                               f"{done.stderr[-4000:]}")
+            raise RuntimeError(
+                f"{' '.join(cmd)} failed (exit {done.returncode}):\n{done.stderr[-4000:]}"
+            )
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
@@ -132,8 +157,11 @@ def build(path: str) -> None:
 def _load():
     path = library_path()
     if not os.path.exists(path):
-        logging.info("npu_rec: building the table kernels into %s (once per TensorFlow "
-                     "version and kernel source)", path)
+        logging.info(
+            "npu_rec: building the table kernels into %s (once per TensorFlow "
+            "version and kernel source)",
+            path,
+        )
         build(path)
     try:
         return tf.load_op_library(path)
@@ -160,13 +188,16 @@ def library():
                 if wanted == "on":
                     raise RuntimeError(
                         "NPU_REC_KERNELS=on, but npu_rec's table kernels could not be built "
-                        f"or loaded: {err}") from err
+                        f"or loaded: {err}"
+                    ) from err
                 first_line = str(err).splitlines()[0][:300]
                 logging.warning(
                     "npu_rec: table kernels unavailable (%s); sparse tables use the stock "
                     "TensorFlow ops (same results, slower). For the fast path install a C++ "
                     "compiler (g++) or set CXX, then restart; NPU_REC_KERNELS=off silences "
-                    "this.", first_line)
+                    "this.",
+                    first_line,
+                )
         _STATE["lib"] = lib
         return lib
 

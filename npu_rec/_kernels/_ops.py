@@ -36,15 +36,23 @@ def gather_touch(storage, rows, add=None, times=None) -> tf.Tensor:
     if not touch:
         add = times = tf.zeros([0], tf.int64)
     return lib.npu_rec_gather_touch(
-        values=storage.values.handle, counts=storage.counts.handle,
-        last_seen=storage.last_seen.handle, rows=rows, add=add,
-        times=tf.reshape(times, [-1]), touch=touch, dim=storage.dim)
+        values=storage.values.handle,
+        counts=storage.counts.handle,
+        last_seen=storage.last_seen.handle,
+        rows=rows,
+        add=add,
+        times=tf.reshape(times, [-1]),
+        touch=touch,
+        dim=storage.dim,
+    )
 
 
 def supports(optimizer) -> bool:
     """True when `optimizer` is one of the four built-in ones with their own update."""
-    return any(type(optimizer).apply_sparse is cls.apply_sparse
-               for cls in (_opt.SGD, _opt.Adagrad, _opt.Adam, _opt.Ftrl))
+    return any(
+        type(optimizer).apply_sparse is cls.apply_sparse
+        for cls in (_opt.SGD, _opt.Adagrad, _opt.Adam, _opt.Ftrl)
+    )
 
 
 def _attrs(optimizer, step: tf.Tensor):
@@ -60,12 +68,27 @@ def _attrs(optimizer, step: tf.Tensor):
         t = tf.cast(step, tf.float32)
         b1, b2 = optimizer.beta_1, optimizer.beta_2
         lr_t = lr * tf.sqrt(1.0 - tf.pow(b2, t)) / (1.0 - tf.pow(b1, t))
-        return "adam", lr_t, {"epsilon": optimizer.epsilon, "beta_1": b1,
-                              "one_minus_beta_1": 1.0 - b1, "beta_2": b2,
-                              "one_minus_beta_2": 1.0 - b2}
+        return (
+            "adam",
+            lr_t,
+            {
+                "epsilon": optimizer.epsilon,
+                "beta_1": b1,
+                "one_minus_beta_1": 1.0 - b1,
+                "beta_2": b2,
+                "one_minus_beta_2": 1.0 - b2,
+            },
+        )
     if isinstance(optimizer, _opt.Ftrl):
-        return "ftrl", lr, {"power": -optimizer.learning_rate_power, "l1": optimizer.l1,
-                            "two_l2": 2.0 * optimizer.l2}
+        return (
+            "ftrl",
+            lr,
+            {
+                "power": -optimizer.learning_rate_power,
+                "l1": optimizer.l1,
+                "two_l2": 2.0 * optimizer.l2,
+            },
+        )
     return "sgd", lr, {}
 
 
@@ -88,9 +111,16 @@ def sparse_apply(optimizer, storage, rows, grads, step) -> tf.Operation:
         index = tf.range(tf.shape(values, out_type=tf.int64)[0])
     values = tf.reshape(values, [-1, storage.dim])
     kind, lr, attrs = _attrs(optimizer, step)
-    with tf.control_dependencies([step]):     # counted even when the rate does not read it
+    with tf.control_dependencies([step]):  # counted even when the rate does not read it
         lr = tf.identity(lr)
     slots = [storage.slots[name].handle for name, _ in optimizer.slot_specs]
     return _build.library().npu_rec_sparse_apply(
-        values=storage.values.handle, slots=slots, rows=rows, grads=values,
-        grad_index=index, lr=lr, optimizer=kind, **attrs)
+        values=storage.values.handle,
+        slots=slots,
+        rows=rows,
+        grads=values,
+        grad_index=index,
+        lr=lr,
+        optimizer=kind,
+        **attrs,
+    )

@@ -44,9 +44,15 @@ def write_file(path: str, arrays: dict[str, np.ndarray], meta: dict[str, Any]) -
       meta: JSON-serialisable metadata.
     """
     arrays = {k: np.asarray(v, order="C") for k, v in arrays.items()}
-    header = json.dumps({"meta": meta, "arrays": [
-        {"name": k, "dtype": v.dtype.str, "shape": list(v.shape)} for k, v in arrays.items()]},
-        sort_keys=True).encode("utf-8")
+    header = json.dumps(
+        {
+            "meta": meta,
+            "arrays": [
+                {"name": k, "dtype": v.dtype.str, "shape": list(v.shape)} for k, v in arrays.items()
+            ],
+        },
+        sort_keys=True,
+    ).encode("utf-8")
     digest = hashlib.sha256()
     with atomic_file(path, "wb") as f:
         for chunk in (MAGIC, struct.pack("<Q", len(header)), header):
@@ -55,7 +61,7 @@ def write_file(path: str, arrays: dict[str, np.ndarray], meta: dict[str, Any]) -
         for v in arrays.values():
             view = memoryview(v.reshape(-1).view(np.uint8))
             for start in range(0, len(view), _CHUNK):
-                piece = view[start:start + _CHUNK]
+                piece = view[start : start + _CHUNK]
                 digest.update(piece)
                 f.write(piece)
         f.write(digest.digest())
@@ -72,10 +78,12 @@ def read_file(path: str) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         mismatch; the message names `path`.
       FileNotFoundError: `path` does not exist.
     """
+
     def corrupt(reason: str) -> CheckpointCorruptedError:
         return CheckpointCorruptedError(
             f"Checkpoint file {path!r} is corrupted ({reason}); it was refused. Older "
-            "versions in the same directory remain usable.")
+            "versions in the same directory remain usable."
+        )
 
     size = os.path.getsize(path)
     with open(path, "rb") as f:
@@ -90,8 +98,7 @@ def read_file(path: str) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         raw_header = f.read(hlen)
         try:
             header = json.loads(raw_header.decode("utf-8"))
-            specs = [(a["name"], np.dtype(a["dtype"]), tuple(a["shape"]))
-                     for a in header["arrays"]]
+            specs = [(a["name"], np.dtype(a["dtype"]), tuple(a["shape"])) for a in header["arrays"]]
         except (ValueError, KeyError, TypeError) as err:
             raise corrupt(f"unreadable header: {err}") from None
         body = sum(int(np.prod(s, dtype=np.int64)) * d.itemsize for _, d, s in specs)
@@ -108,7 +115,7 @@ def read_file(path: str) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
             view = memoryview(buf)
             got = 0
             while got < nbytes:
-                n = f.readinto(view[got:got + _CHUNK])
+                n = f.readinto(view[got : got + _CHUNK])
                 if not n:
                     raise corrupt("truncated while reading arrays")
                 got += n
@@ -127,4 +134,4 @@ def table_arrays(name: str, state: dict[str, Any]) -> dict[str, np.ndarray]:
 def table_state(name: str, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """The state of table `name` from a file's arrays (inverse of `table_arrays`)."""
     prefix = f"tables/{name}/"
-    return {k[len(prefix):]: v for k, v in arrays.items() if k.startswith(prefix)}
+    return {k[len(prefix) :]: v for k, v in arrays.items() if k.startswith(prefix)}

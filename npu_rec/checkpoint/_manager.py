@@ -62,11 +62,15 @@ class TableCheckpointManager:
     def __init__(self, directory: str, tables: Sequence, recent_key_count_threshold=None):
         if recent_key_count_threshold is None:
             recent_key_count_threshold = _default_threshold()
-        if (isinstance(recent_key_count_threshold, bool)
-                or not isinstance(recent_key_count_threshold, int)
-                or recent_key_count_threshold < 0):
-            raise ValueError("`recent_key_count_threshold` must be an integer >= 0. Received: "
-                             f"recent_key_count_threshold={recent_key_count_threshold!r}")
+        if (
+            isinstance(recent_key_count_threshold, bool)
+            or not isinstance(recent_key_count_threshold, int)
+            or recent_key_count_threshold < 0
+        ):
+            raise ValueError(
+                "`recent_key_count_threshold` must be an integer >= 0. Received: "
+                f"recent_key_count_threshold={recent_key_count_threshold!r}"
+            )
         self.directory = directory
         self.tables = list(tables)
         names = [t.name for t in self.tables]
@@ -82,8 +86,11 @@ class TableCheckpointManager:
         for fname in os.listdir(self.directory):
             m = _NAME.match(fname)
             if m:
-                found.append(CheckpointVersion(int(m.group(1)), m.group(2),
-                                               os.path.join(self.directory, fname)))
+                found.append(
+                    CheckpointVersion(
+                        int(m.group(1)), m.group(2), os.path.join(self.directory, fname)
+                    )
+                )
         return sorted(found)
 
     def latest_version(self) -> int | None:
@@ -114,21 +121,23 @@ class TableCheckpointManager:
             raise ValueError(f"`step` must be an integer >= 0. Received: step={step!r}")
         step = int(step)
         if delta and self._last_step is None:
-            logging.info("npu_rec: no previous save or restore; making step %d a full save.",
-                         step)
+            logging.info("npu_rec: no previous save or restore; making step %d a full save.", step)
             delta = False
         kind = "delta" if delta else "full"
         min_period = max(1, self.recent_key_count_threshold) if delta else 0
         arrays = {}
         for t in self.tables:
             arrays.update(_file_format.table_arrays(t.name, t.read_state(min_period, session)))
-        meta = {"step": step, "kind": kind, "parent": self._last_step if delta else None,
-                "tables": {t.name: t.describe() for t in self.tables},
-                "recent_key_count_threshold": self.recent_key_count_threshold}
+        meta = {
+            "step": step,
+            "kind": kind,
+            "parent": self._last_step if delta else None,
+            "tables": {t.name: t.describe() for t in self.tables},
+            "recent_key_count_threshold": self.recent_key_count_threshold,
+        }
         path = os.path.join(self.directory, f"ckpt-{step:012d}.{kind}.nrc")
         _file_format.write_file(path, arrays, meta)
-        other = os.path.join(self.directory,
-                             f"ckpt-{step:012d}.{'full' if delta else 'delta'}.nrc")
+        other = os.path.join(self.directory, f"ckpt-{step:012d}.{'full' if delta else 'delta'}.nrc")
         if os.path.exists(other):
             os.remove(other)
         if commit is not None:
@@ -164,8 +173,10 @@ class TableCheckpointManager:
             version = found[-1].step
         fulls = [v for v in found if v.kind == "full" and v.step <= version]
         if not fulls:
-            raise FileNotFoundError(f"No full table checkpoint at or before step {version} in "
-                                    f"{self.directory!r}; versions: {[v.step for v in found]}")
+            raise FileNotFoundError(
+                f"No full table checkpoint at or before step {version} in "
+                f"{self.directory!r}; versions: {[v.step for v in found]}"
+            )
         base = fulls[-1]
         chain = [base] + [v for v in found if v.kind == "delta" and base.step < v.step <= version]
         return self.restore_files([v.path for v in chain], session)
@@ -190,7 +201,8 @@ class TableCheckpointManager:
                 raise ValueError(
                     f"Checkpoint {path!r} ({kind}, continuing step {meta.get('parent')}) does "
                     f"not continue the previous file of the chain (step {prev}): the chain is "
-                    f"broken. Restore version={prev} or an earlier full save.")
+                    f"broken. Restore version={prev} or an earlier full save."
+                )
             for t in self.tables:
                 t.check_compatible(meta, path)
                 st = _file_format.table_state(t.name, arrays)

@@ -74,13 +74,22 @@ class TrainingLock:
                 f"{os.path.dirname(self.path)!r} is being trained by another process: its lock "
                 f"{self.path!r} is held by {holder}. Two trainers on one directory would "
                 "interleave their checkpoints; wait for it to finish, stop it, or train in "
-                "another directory.") from None
+                "another directory."
+            ) from None
         previous = _read_holder(fd)
         if previous.get("pid") is not None:
-            logging.warning("npu_rec: taking over the training lock %s left by %s, which is "
-                            "no longer running.", self.path, _describe(previous))
-        payload = json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
-                              "since": time.strftime("%Y-%m-%d %H:%M:%S")}).encode()
+            logging.warning(
+                "npu_rec: taking over the training lock %s left by %s, which is no longer running.",
+                self.path,
+                _describe(previous),
+            )
+        payload = json.dumps(
+            {
+                "pid": os.getpid(),
+                "host": socket.gethostname(),
+                "since": time.strftime("%Y-%m-%d %H:%M:%S"),
+            }
+        ).encode()
         os.ftruncate(fd, 0)
         os.pwrite(fd, payload, 0)
         os.fsync(fd)
@@ -110,8 +119,9 @@ def _describe(holder: dict) -> str:
     if not holder:
         return "a process that did not record itself"
     me = " (this process)" if holder.get("pid") == os.getpid() else ""
-    return (f"pid {holder.get('pid')}{me} on host {holder.get('host')!r} "
-            f"(since {holder.get('since')})")
+    return (
+        f"pid {holder.get('pid')}{me} on host {holder.get('host')!r} (since {holder.get('since')})"
+    )
 
 
 class TrainingDir:
@@ -177,17 +187,24 @@ class TrainingDir:
                     continue
                 path = os.path.join(folder, name)
                 if os.path.isdir(path):
-                    size += sum(os.path.getsize(os.path.join(r, f))
-                                for r, _, fs in os.walk(path) for f in fs)
+                    size += sum(
+                        os.path.getsize(os.path.join(r, f))
+                        for r, _, fs in os.walk(path)
+                        for f in fs
+                    )
                     shutil.rmtree(path, ignore_errors=True)
                 else:
                     size += os.path.getsize(path)
                     os.remove(path)
                 removed.append(os.path.join(rel, name))
         if removed:
-            logging.warning("npu_rec: removed %d temporary files (%d bytes) of interrupted "
-                            "writes in %s: %s", len(removed), size, self.directory,
-                            sorted(removed)[:10])
+            logging.warning(
+                "npu_rec: removed %d temporary files (%d bytes) of interrupted writes in %s: %s",
+                len(removed),
+                size,
+                self.directory,
+                sorted(removed)[:10],
+            )
 
     def _adopt(self) -> None:
         """Writes commit records for the versions of a directory written before them."""
@@ -200,20 +217,33 @@ class TrainingDir:
                 for rel in v.parts:
                     check_part(self.log.path(rel))
             except (CheckpointCorruptedError, OSError) as err:
-                logging.warning("npu_rec: not adopting version step %d of %s: %s", v.step,
-                                self.directory, err)
+                logging.warning(
+                    "npu_rec: not adopting version step %d of %s: %s", v.step, self.directory, err
+                )
                 continue
             seq += 1
-            record = {"seq": seq, "id": v.id, "step": v.step, "kind": "full", "parent": None,
-                      "origin": None, "state": {}, "pid": None, "host": None,
-                      "time": time.time(),
-                      "parts": {rel: describe_part(self.log.path(rel)) for rel in v.parts}}
+            record = {
+                "seq": seq,
+                "id": v.id,
+                "step": v.step,
+                "kind": "full",
+                "parent": None,
+                "origin": None,
+                "state": {},
+                "pid": None,
+                "host": None,
+                "time": time.time(),
+                "parts": {rel: describe_part(self.log.path(rel)) for rel in v.parts},
+            }
             record["digest"] = digest_of(record)
             write_json_atomic(os.path.join(staging, f"version-{seq:012d}.json"), record)
         os.replace(staging, os.path.join(self.directory, COMMITS))
         if seq:
-            logging.info("npu_rec: adopted %d versions written before commit records in %s.",
-                         seq, self.directory)
+            logging.info(
+                "npu_rec: adopted %d versions written before commit records in %s.",
+                seq,
+                self.directory,
+            )
 
     def _remove_uncommitted(self) -> None:
         owned = self.log.owned()
@@ -228,8 +258,12 @@ class TrainingDir:
         for path_rel in orphans:
             os.remove(os.path.join(self.directory, path_rel))
         if orphans:
-            logging.warning("npu_rec: removed %d files of uncommitted (interrupted or failed) "
-                            "saves in %s: %s", len(orphans), self.directory, sorted(orphans)[:10])
+            logging.warning(
+                "npu_rec: removed %d files of uncommitted (interrupted or failed) saves in %s: %s",
+                len(orphans),
+                self.directory,
+                sorted(orphans)[:10],
+            )
 
     # --------------------------------------------------------------- training
     def start_from(self, version: Version | None, reason: str | None = None) -> None:
@@ -239,27 +273,34 @@ class TrainingDir:
         if version is None:
             newer = found
         elif version.id in ids:  # found by id: a legacy version is renumbered on adoption
-            newer = found[ids.index(version.id) + 1:]
+            newer = found[ids.index(version.id) + 1 :]
         else:
             newer = [v for v in found if v.seq > version.seq]
         if newer:
             if reason is None:
-                reason = (f"training continues from step {version.step}" if version is not None
-                          else "training starts from scratch")
+                reason = (
+                    f"training continues from step {version.step}"
+                    if version is not None
+                    else "training starts from scratch"
+                )
             self.log.retire(newer, reason)
         self.parent = self.origin = None if version is None else version.id
 
-    def commit(self, step: int, kind: str, parts: list[str], state: dict | None = None
-               ) -> Version:
+    def commit(self, step: int, kind: str, parts: list[str], state: dict | None = None) -> Version:
         """Publishes a version (its parts written and fsynced), then applies `keep`."""
-        version = self.log.commit(step, kind, parts, parent=self.parent, origin=self.origin,
-                                  state=state)
+        version = self.log.commit(
+            step, kind, parts, parent=self.parent, origin=self.origin, state=state
+        )
         self.parent = version.id
         gone = self.log.retention(self.keep)
         if gone:
             self.log.delete(gone)
-            logging.info("npu_rec: keep_checkpoint_max=%d: deleted versions at steps %s in %s.",
-                         self.keep, [v.step for v in gone], self.directory)
+            logging.info(
+                "npu_rec: keep_checkpoint_max=%d: deleted versions at steps %s in %s.",
+                self.keep,
+                [v.step for v in gone],
+                self.directory,
+            )
         return version
 
     def discard(self, parts: list[str]) -> None:

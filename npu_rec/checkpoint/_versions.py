@@ -45,12 +45,16 @@ COMMITS = "commits"
 RETIRED = "retired"
 _RECORD = re.compile(r"^version-(\d{12})\.json$")
 # Every file a version may own, with its step (group "s").
-PART = re.compile(r"^(?:model\.ckpt-(?P<s1>\d+)\.(?:index|data-\d+-of-\d+)|dense-(?P<s2>\d+)\.npz"
-                  r"|state-(?P<s3>\d+)\.json|data_position-(?P<s4>\d+)\.json"
-                  r"|tables/ckpt-(?P<s5>\d{12})\.(?:full|delta)\.nrc)$")
+PART = re.compile(
+    r"^(?:model\.ckpt-(?P<s1>\d+)\.(?:index|data-\d+-of-\d+)|dense-(?P<s2>\d+)\.npz"
+    r"|state-(?P<s3>\d+)\.json|data_position-(?P<s4>\d+)\.json"
+    r"|tables/ckpt-(?P<s5>\d{12})\.(?:full|delta)\.nrc)$"
+)
 # Temporary files of interrupted writes (ours, TF's Saver and checkpoint-state writer).
-TEMPORARY = re.compile(r"^(?:model\.ckpt-|dense-|state-|data_position-|checkpoint|ckpt-"
-                       r"|version-).*(?:\.tmp|\.tempstate|_temp)")
+TEMPORARY = re.compile(
+    r"^(?:model\.ckpt-|dense-|state-|data_position-|checkpoint|ckpt-"
+    r"|version-).*(?:\.tmp|\.tempstate|_temp)"
+)
 _CHUNK = 1 << 24
 
 
@@ -97,12 +101,14 @@ def unseal(path: str) -> dict:
             data = json.load(f)
     except (ValueError, UnicodeDecodeError) as err:
         raise CheckpointCorruptedError(
-            f"Checkpoint file {path!r} is corrupted (not valid JSON: {err}).") from None
+            f"Checkpoint file {path!r} is corrupted (not valid JSON: {err})."
+        ) from None
     if isinstance(data, dict) and data.get("format") == 2 and "sha256" in data:
         if digest_of(data.get("payload")) != data["sha256"]:
             raise CheckpointCorruptedError(
                 f"Checkpoint file {path!r} is corrupted (SHA-256 checksum mismatch: it was "
-                "altered after it was written).")
+                "altered after it was written)."
+            )
         return data["payload"]
     return data
 
@@ -125,6 +131,7 @@ def check_part(path: str) -> None:
     name = os.path.basename(path)
     if name.endswith(".nrc"):
         from npu_rec.checkpoint._file_format import read_file
+
         read_file(path)
     elif name.endswith(".npz"):
         try:
@@ -132,10 +139,12 @@ def check_part(path: str) -> None:
                 bad = z.testzip()
         except (zipfile.BadZipFile, OSError, EOFError) as err:
             raise CheckpointCorruptedError(
-                f"Checkpoint file {path!r} is corrupted (not a readable .npz: {err}).") from None
+                f"Checkpoint file {path!r} is corrupted (not a readable .npz: {err})."
+            ) from None
         if bad is not None:
             raise CheckpointCorruptedError(
-                f"Checkpoint file {path!r} is corrupted (CRC mismatch in member {bad!r}).")
+                f"Checkpoint file {path!r} is corrupted (CRC mismatch in member {bad!r})."
+            )
     elif name.endswith(".json"):
         unseal(path)
 
@@ -184,12 +193,24 @@ class VersionLog:
             digest = data.pop("digest")
             if digest != digest_of(data):
                 raise ValueError("SHA-256 checksum mismatch")
-            return Version(data["seq"], data["id"], data["step"], data["kind"], data["parent"],
-                           data["parts"], data.get("state") or {}, data.get("origin"),
-                           data.get("pid"))
+            return Version(
+                data["seq"],
+                data["id"],
+                data["step"],
+                data["kind"],
+                data["parent"],
+                data["parts"],
+                data.get("state") or {},
+                data.get("origin"),
+                data.get("pid"),
+            )
         except (ValueError, KeyError, TypeError, UnicodeDecodeError) as err:
-            logging.warning("npu_rec: commit record %r is unreadable (%s); the version it "
-                            "published is skipped.", path, err)
+            logging.warning(
+                "npu_rec: commit record %r is unreadable (%s); the version it "
+                "published is skipped.",
+                path,
+                err,
+            )
             return None
 
     def latest(self) -> Version | None:
@@ -210,7 +231,8 @@ class VersionLog:
             if parent is None:
                 raise CheckpointCorruptedError(
                     f"Version step {chain[0].step} in {self.directory!r} is a delta whose "
-                    f"parent version {chain[0].parent!r} is missing: its chain is broken.")
+                    f"parent version {chain[0].parent!r} is missing: its chain is broken."
+                )
             chain.insert(0, parent)
         return chain
 
@@ -225,7 +247,8 @@ class VersionLog:
                 path = self.path(rel)
                 if not os.path.exists(path):
                     raise CheckpointCorruptedError(
-                        f"Checkpoint file {path!r} of version step {v.step} is missing.")
+                        f"Checkpoint file {path!r} of version step {v.step} is missing."
+                    )
                 if v.legacy:
                     check_part(path)
                     continue
@@ -234,14 +257,17 @@ class VersionLog:
                     kind = "truncated" if size < expected["bytes"] else "has extra bytes"
                     raise CheckpointCorruptedError(
                         f"Checkpoint file {path!r} is corrupted ({kind}: {size} bytes, "
-                        f"committed with {expected['bytes']}).")
+                        f"committed with {expected['bytes']})."
+                    )
                 if file_sha256(path) != expected["sha256"]:
                     raise CheckpointCorruptedError(
                         f"Checkpoint file {path!r} is corrupted (SHA-256 checksum mismatch "
-                        "with its commit record).")
+                        "with its commit record)."
+                    )
 
-    def select(self, step: int | None = None, fallback: bool = True
-               ) -> tuple[Version | None, list[Version]]:
+    def select(
+        self, step: int | None = None, fallback: bool = True
+    ) -> tuple[Version | None, list[Version]]:
         """The version to restore and its chain, verified.
 
         Args:
@@ -263,8 +289,10 @@ class VersionLog:
         if step is not None:
             matches = [v for v in found if v.step == step]
             if not matches:
-                raise LookupError(f"No saved version at step {step} in {self.directory!r}. "
-                                  f"Existing versions: {sorted({v.step for v in found})}")
+                raise LookupError(
+                    f"No saved version at step {step} in {self.directory!r}. "
+                    f"Existing versions: {sorted({v.step for v in found})}"
+                )
             chain = self.chain(matches[-1], found)
             self.verify(chain)
             return matches[-1], chain
@@ -279,34 +307,65 @@ class VersionLog:
                     raise CheckpointCorruptedError(
                         f"{err} The newest version (step {version.step}) cannot be restored "
                         "and falling back to an older version is turned off "
-                        "(checkpoint_fallback=False).") from None
+                        "(checkpoint_fallback=False)."
+                    ) from None
                 skipped.append(version.step)
-                logging.warning("npu_rec: skipping checkpoint version step %d in %s: %s "
-                                "Falling back to the newest older complete version.",
-                                version.step, self.directory, err)
+                logging.warning(
+                    "npu_rec: skipping checkpoint version step %d in %s: %s "
+                    "Falling back to the newest older complete version.",
+                    version.step,
+                    self.directory,
+                    err,
+                )
         if skipped:
             raise CheckpointCorruptedError(
                 f"No version in {self.directory!r} can be restored: every one is damaged "
-                f"(steps {skipped}, warnings above name the files).")
+                f"(steps {skipped}, warnings above name the files)."
+            )
         return None, []
 
     # ---------------------------------------------------------------- writing
-    def commit(self, step: int, kind: str, parts: list[str], *, parent: str | None = None,
-               origin: str | None = None, state: dict | None = None) -> Version:
+    def commit(
+        self,
+        step: int,
+        kind: str,
+        parts: list[str],
+        *,
+        parent: str | None = None,
+        origin: str | None = None,
+        state: dict | None = None,
+    ) -> Version:
         """Publishes a version whose `parts` (relative paths) are written and fsynced."""
         found = self.versions() if not self.legacy else []
         seq = found[-1].seq + 1 if found else 1
-        record = {"seq": seq, "id": uuid.uuid4().hex[:16], "step": int(step), "kind": kind,
-                  "parent": parent if kind == "delta" else None, "origin": origin,
-                  "parts": {rel: describe_part(self.path(rel)) for rel in parts},
-                  "state": state or {}, "pid": os.getpid(), "host": socket.gethostname(),
-                  "time": time.time()}
+        record = {
+            "seq": seq,
+            "id": uuid.uuid4().hex[:16],
+            "step": int(step),
+            "kind": kind,
+            "parent": parent if kind == "delta" else None,
+            "origin": origin,
+            "parts": {rel: describe_part(self.path(rel)) for rel in parts},
+            "state": state or {},
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "time": time.time(),
+        }
         record["digest"] = digest_of(record)
         folder = os.path.join(self.directory, COMMITS)
         os.makedirs(folder, exist_ok=True)
         write_json_atomic(os.path.join(folder, f"version-{seq:012d}.json"), record)
-        return Version(seq, record["id"], int(step), kind, record["parent"], record["parts"],
-                       record["state"], origin, os.getpid())
+        return Version(
+            seq,
+            record["id"],
+            int(step),
+            kind,
+            record["parent"],
+            record["parts"],
+            record["state"],
+            origin,
+            os.getpid(),
+        )
 
     def owned(self) -> set[str]:
         """Relative paths of every part a live version owns."""
@@ -328,15 +387,21 @@ class VersionLog:
         """Moves `versions` (records and parts) aside to `retired/<time>-<seq>/`; returns it."""
         if not versions:
             return None
-        dest = os.path.join(self.directory, RETIRED,
-                            time.strftime("%Y%m%d-%H%M%S") + f"-from-seq-{versions[0].seq}")
+        dest = os.path.join(
+            self.directory, RETIRED, time.strftime("%Y%m%d-%H%M%S") + f"-from-seq-{versions[0].seq}"
+        )
         for v in versions:
             for rel in [f"{COMMITS}/version-{v.seq:012d}.json", *v.parts]:
                 if os.path.exists(self.path(rel)):
                     os.makedirs(os.path.dirname(os.path.join(dest, rel)), exist_ok=True)
                     os.replace(self.path(rel), os.path.join(dest, rel))
-        logging.warning("npu_rec: %s: versions at steps %s in %s were moved aside to %s.",
-                        reason, [v.step for v in versions], self.directory, dest)
+        logging.warning(
+            "npu_rec: %s: versions at steps %s in %s were moved aside to %s.",
+            reason,
+            [v.step for v in versions],
+            self.directory,
+            dest,
+        )
         return dest
 
     def retention(self, keep: int | None) -> list[Version]:
@@ -384,20 +449,22 @@ def legacy_versions(directory: str) -> list[Version]:
         files = dense[step]
         keras = any(f.startswith("dense-") for f in files)
         if not any(f.startswith(("model.ckpt-", "dense-")) for f in files) or (
-                keras and not any(f.startswith("state-") for f in files)):
+            keras and not any(f.startswith("state-") for f in files)
+        ):
             continue
         if any(f.startswith("model.ckpt-") and f.endswith(".index") for f in files) != any(
-                f.startswith("model.ckpt-") and ".data-" in f for f in files):
+            f.startswith("model.ckpt-") and ".data-" in f for f in files
+        ):
             continue
         parts = {f: {} for f in files}
         if table_files:
             fulls = [s for s, (kind, _) in table_files.items() if kind == "full" and s <= step]
             if not fulls or step not in table_files:
                 continue
-            parts.update({rel: {} for s, (_, rel) in sorted(table_files.items())
-                          if max(fulls) <= s <= step})
-        out.append(Version(len(out) + 1, f"legacy-{step}", step, "full", None, parts,
-                           legacy=True))
+            parts.update(
+                {rel: {} for s, (_, rel) in sorted(table_files.items()) if max(fulls) <= s <= step}
+            )
+        out.append(Version(len(out) + 1, f"legacy-{step}", step, "full", None, parts, legacy=True))
     return out
 
 

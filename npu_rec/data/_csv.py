@@ -110,10 +110,17 @@ class CsvSource(RowSource):
                     "`column_names` is required when header=False. Received: column_names=None"
                 )
 
-        super().__init__(paths, label=label, dense=dense, categorical=categorical,
-                         multi_valued=multi_valued, on_error=on_error,
-                         label_domain=label_domain, log_dense=log_dense,
-                         check_options=check_options)
+        super().__init__(
+            paths,
+            label=label,
+            dense=dense,
+            categorical=categorical,
+            multi_valued=multi_valued,
+            on_error=on_error,
+            label_domain=label_domain,
+            log_dense=log_dense,
+            check_options=check_options,
+        )
         self._delimiter = delimiter
         self._header = bool(header)
         self._column_names = None if column_names is None else tuple(column_names)
@@ -178,8 +185,10 @@ class CsvSource(RowSource):
                 if not raw and not f.read(1):
                     return None  # an empty file (e.g. an empty part of a partitioned output)
                 raise MalformedRecordError(
-                    path, "line", 1, "the header line is empty (header=True): expected the "
-                    "file's column names"
+                    path,
+                    "line",
+                    1,
+                    "the header line is empty (header=True): expected the file's column names",
                 )
             try:
                 text = raw.decode("utf-8")
@@ -243,8 +252,11 @@ class CsvSource(RowSource):
                     yield self._finish(path, names, min_row, *job)
                 if damage and line >= min_row:
                     self._errors.record(
-                        path, "line", line, f"corrupted or truncated gzip data ({damage[0]}); "
-                        "the rest of the file cannot be read"
+                        path,
+                        "line",
+                        line,
+                        f"corrupted or truncated gzip data ({damage[0]}); "
+                        "the rest of the file cannot be read",
                     )
             finally:
                 if pending is not None:

@@ -249,8 +249,10 @@ def _no_batch_message(source, rows: int, b: int, w: int, r: int, dynamic: bool) 
     who = f"worker {r} of {w}" if w > 1 else "it"
     head = f"as_dataset: one sweep of {type(source).__name__} gives {who} {rows} rows"
     if dynamic:
-        return (f"{head}, so no batch would ever be produced. Use fewer workers "
-                f"(number_of_workers={w}) or more data.")
+        return (
+            f"{head}, so no batch would ever be produced. Use fewer workers "
+            f"(number_of_workers={w}) or more data."
+        )
     return (
         f"{head}, fewer than batch_size={b}; with fixed shapes (use_dynamic=False) the short "
         "last batch of a sweep is dropped, so no batch would ever be produced. Use "

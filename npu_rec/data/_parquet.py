@@ -52,9 +52,16 @@ class ParquetSource(RowSource):
         separator: str = "|",
         label_domain=None,
     ):
-        super().__init__(paths, label=label, dense=dense, categorical=categorical,
-                         multi_valued=multi_valued, on_error=on_error,
-                         label_domain=label_domain, log_dense=log_dense)
+        super().__init__(
+            paths,
+            label=label,
+            dense=dense,
+            categorical=categorical,
+            multi_valued=multi_valued,
+            on_error=on_error,
+            label_domain=label_domain,
+            log_dense=log_dense,
+        )
         self._separator = separator
 
     def _open(self, loc, min_row):

@@ -97,9 +97,19 @@ class RowSource(MinibatchSource):
 
     unit = "row"  # how errors name a record: "line" (CSV), "row" (Parquet), "record" (TFRecord)
 
-    def __init__(self, paths, *, label: str, dense=(), categorical=(), multi_valued=(),
-                 on_error: str = "raise", label_domain=None, log_dense: bool = False,
-                 check_options=None):
+    def __init__(
+        self,
+        paths,
+        *,
+        label: str,
+        dense=(),
+        categorical=(),
+        multi_valued=(),
+        on_error: str = "raise",
+        label_domain=None,
+        log_dense: bool = False,
+        check_options=None,
+    ):
         if on_error not in ("raise", "skip"):
             raise ValueError(
                 f"`on_error` must be 'raise' or 'skip'. Received: on_error={on_error!r}"
@@ -107,7 +117,7 @@ class RowSource(MinibatchSource):
         self._roles = _convert.check_columns(label, dense, categorical, multi_valued)
         self.label_name = label
         if check_options is not None:
-            check_options()     # the format's own argument checks, before touching files
+            check_options()  # the format's own argument checks, before touching files
         self._files = _convert.expand_paths(paths)
         self._wanted = [label, *self._roles[1], *self._roles[2], *self._roles[3]]
         self._streams = _convert.column_streams(*self._roles)
@@ -263,12 +273,17 @@ class RowSource(MinibatchSource):
         now = fingerprint(path)
         self._fingerprints[i] = now
         if now != saved:
-            change = (f"size {saved.get('size')} -> {now['size']} bytes"
-                      if now["size"] != saved.get("size") else "same size, other content")
+            change = (
+                f"size {saved.get('size')} -> {now['size']} bytes"
+                if now["size"] != saved.get("size")
+                else "same size, other content"
+            )
             _logger.warning(
                 "%s: %s changed since this reading position was saved (%s): resuming at the "
                 "saved position may skip or repeat rows, or read from inside a record",
-                type(self).__name__, path, change,
+                type(self).__name__,
+                path,
+                change,
             )
 
     def _release(self) -> None:

@@ -59,9 +59,16 @@ class TFRecordSource(RowSource):
         log_dense: bool = False,
         label_domain=None,
     ):
-        super().__init__(paths, label=label, dense=dense, categorical=categorical,
-                         multi_valued=multi_valued, on_error=on_error,
-                         label_domain=label_domain, log_dense=log_dense)
+        super().__init__(
+            paths,
+            label=label,
+            dense=dense,
+            categorical=categorical,
+            multi_valued=multi_valued,
+            on_error=on_error,
+            label_domain=label_domain,
+            log_dense=log_dense,
+        )
         self._compression = compression_type or ""
         self._kinds = None
 

@@ -21,7 +21,19 @@ from npu_rec.distribute._faults import explain as explain_peer_error
 from npu_rec.distribute._strategy import multi_worker_strategy, worker_rank
 from npu_rec.distribute._worker_table import WorkerShardedTable
 
-__all__ = ["DEFAULT_TIMEOUT_SECONDS", "PEER_ERRORS", "Exchange", "NotInReplicaStepError",
-           "WorkerLostError", "WorkerShardedTable", "communication_options", "explain_peer_error",
-           "lost_tasks", "merge_states", "multi_worker_strategy", "restore_tables",
-           "save_tables", "worker_rank"]
+__all__ = [
+    "DEFAULT_TIMEOUT_SECONDS",
+    "PEER_ERRORS",
+    "Exchange",
+    "NotInReplicaStepError",
+    "WorkerLostError",
+    "WorkerShardedTable",
+    "communication_options",
+    "explain_peer_error",
+    "lost_tasks",
+    "merge_states",
+    "multi_worker_strategy",
+    "restore_tables",
+    "save_tables",
+    "worker_rank",
+]

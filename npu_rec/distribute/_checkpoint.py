@@ -57,7 +57,8 @@ def saved_layout(directory: str) -> list[str]:
         m = _WORKER_DIR.match(name)
         if m:
             groups.setdefault(int(m.group(2)), []).append(
-                (int(m.group(1)), os.path.join(directory, name)))
+                (int(m.group(1)), os.path.join(directory, name))
+            )
     if not groups:
         return [directory]
     newest = max(groups, key=lambda n: max(os.path.getmtime(p) for _, p in groups[n]))
@@ -65,7 +66,8 @@ def saved_layout(directory: str) -> list[str]:
     if [r for r, _ in found] != list(range(newest)):
         raise FileNotFoundError(
             f"Checkpoint {directory!r} was written by {newest} workers but holds the files of "
-            f"workers {[r for r, _ in found]} only: every worker's directory is needed.")
+            f"workers {[r for r, _ in found]} only: every worker's directory is needed."
+        )
     return [p for _, p in found]
 
 

@@ -24,7 +24,8 @@ def communication_options(timeout_seconds: float | None = DEFAULT_TIMEOUT_SECOND
     """RING collectives with a timeout: a lost peer fails the step instead of hanging it."""
     impl = tf.distribute.experimental.CommunicationImplementation.RING
     return tf.distribute.experimental.CommunicationOptions(
-        timeout_seconds=timeout_seconds, implementation=impl)
+        timeout_seconds=timeout_seconds, implementation=impl
+    )
 
 
 class NotInReplicaStepError(RuntimeError):
@@ -54,7 +55,8 @@ class Exchange:
                 "(`model.fit`/`evaluate`/`predict`, or `strategy.run`), where every worker "
                 "takes part. To read it, use `table.export()` (this worker's keys). Received: "
                 f"{'cross-replica context' if ctx is None else 'a replica context of '}"
-                f"{'' if ctx is None else str(ctx.num_replicas_in_sync) + ' replica(s)'}")
+                f"{'' if ctx is None else str(ctx.num_replicas_in_sync) + ' replica(s)'}"
+            )
         return ctx
 
     def gather(self, value: tf.Tensor, table_name: str) -> tf.Tensor:

@@ -17,8 +17,13 @@ import socket
 import tensorflow as tf
 
 #: Collective failures that mean "a peer is gone or stalled".
-PEER_ERRORS = (tf.errors.UnavailableError, tf.errors.DeadlineExceededError,
-               tf.errors.AbortedError, tf.errors.CancelledError, tf.errors.InternalError)
+PEER_ERRORS = (
+    tf.errors.UnavailableError,
+    tf.errors.DeadlineExceededError,
+    tf.errors.AbortedError,
+    tf.errors.CancelledError,
+    tf.errors.InternalError,
+)
 _PROBE_SECS = 2.0
 
 
@@ -49,12 +54,17 @@ def explain(err: Exception) -> Exception:
         return err
     lost = lost_tasks()
     if lost:
-        who = (f"lost worker task(s) {', '.join(lost)}: their address no longer accepts "
-               "connections (the process died)")
+        who = (
+            f"lost worker task(s) {', '.join(lost)}: their address no longer accepts "
+            "connections (the process died)"
+        )
     else:
-        who = ("a collective failed or timed out while every task still accepts connections "
-               "(a worker is stalled, or the network dropped)")
+        who = (
+            "a collective failed or timed out while every task still accepts connections "
+            "(a worker is stalled, or the network dropped)"
+        )
     return WorkerLostError(
         f"npu_rec: {who}. This worker stops too; re-run the same command on every task to "
         f"resume from the last checkpoint. Cause: {type(err).__name__}: "
-        f"{(err.message if hasattr(err, 'message') else str(err)).strip()[:600]}")
+        f"{(err.message if hasattr(err, 'message') else str(err)).strip()[:600]}"
+    )

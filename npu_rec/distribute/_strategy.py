@@ -27,12 +27,16 @@ def multi_worker_strategy(timeout_seconds: float | None = DEFAULT_TIMEOUT_SECOND
     Raises:
       ValueError: `timeout_seconds` is not > 0.
     """
-    if timeout_seconds is not None and (isinstance(timeout_seconds, bool)
-                                        or not timeout_seconds > 0):
-        raise ValueError("`timeout_seconds` must be > 0 (or None for no limit). "
-                         f"Received: timeout_seconds={timeout_seconds!r}")
+    if timeout_seconds is not None and (
+        isinstance(timeout_seconds, bool) or not timeout_seconds > 0
+    ):
+        raise ValueError(
+            "`timeout_seconds` must be > 0 (or None for no limit). "
+            f"Received: timeout_seconds={timeout_seconds!r}"
+        )
     return tf.distribute.MultiWorkerMirroredStrategy(
-        communication_options=communication_options(timeout_seconds))
+        communication_options=communication_options(timeout_seconds)
+    )
 
 
 def worker_rank(strategy) -> int:
@@ -59,13 +63,16 @@ def current_exchange() -> Exchange | None:
             "Sparse tables shard across workers with one device each; this worker has "
             f"{len(strategy.extended.worker_devices)} devices "
             f"({list(strategy.extended.worker_devices)}). Received: "
-            f"num_replicas_in_sync={workers}")
+            f"num_replicas_in_sync={workers}"
+        )
     timeout = _tf_private.strategy_timeout(strategy)
     if timeout is None:
-        logging.warning("npu_rec: the strategy's collectives have no timeout, so a lost worker "
-                        "would hang the others; sparse-table exchanges use %g s. Create the "
-                        "strategy with npu_rec.distribute.multi_worker_strategy().",
-                        DEFAULT_TIMEOUT_SECONDS)
+        logging.warning(
+            "npu_rec: the strategy's collectives have no timeout, so a lost worker "
+            "would hang the others; sparse-table exchanges use %g s. Create the "
+            "strategy with npu_rec.distribute.multi_worker_strategy().",
+            DEFAULT_TIMEOUT_SECONDS,
+        )
         timeout = DEFAULT_TIMEOUT_SECONDS
     return Exchange(workers, worker_rank(strategy), communication_options(timeout))
 

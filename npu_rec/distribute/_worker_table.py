@@ -62,8 +62,9 @@ class WorkerShardedTable(SparseTable):
     def __init__(self, config: TableConfig, exchange: Exchange):  # noqa: D107
         super().__init__(config)
         self._exchange = exchange
-        local_cfg = dataclasses.replace(config, name=f"{config.name}_worker{exchange.rank}",
-                                        num_shards=1)
+        local_cfg = dataclasses.replace(
+            config, name=f"{config.name}_worker{exchange.rank}", num_shards=1
+        )
         with _tf_private.outside_strategy():
             self.local = SingleShardTable(local_cfg, register=False, seed_name=config.name)
         if self._graph_mode:
@@ -96,8 +97,7 @@ class WorkerShardedTable(SparseTable):
         return self.local.variables()
 
     def __repr__(self) -> str:
-        return (super().__repr__()[:-1]
-                + f", num_workers={self.num_workers}, rank={self.rank})")
+        return super().__repr__()[:-1] + f", num_workers={self.num_workers}, rank={self.rank})"
 
     def owner_of(self, keys: tf.Tensor) -> tf.Tensor:
         """int32 [n]: the worker owning each int64 key."""
@@ -108,8 +108,7 @@ class WorkerShardedTable(SparseTable):
         return self._exchange.gather(value, self.name)
 
     @tf.autograph.experimental.do_not_convert
-    def lookup_unique(self, keys, counts, times, training, from_feature=False,
-                      batch_time=None):
+    def lookup_unique(self, keys, counts, times, training, from_feature=False, batch_time=None):
         # Two collectives (three with the update): each costs a network round trip
         # (~5 ms on loopback here), which dominates a step of many small tables.
         n_workers, rank = self.num_workers, self.rank
@@ -118,7 +117,7 @@ class WorkerShardedTable(SparseTable):
         columns = [keys, sender]
         if training:
             columns += [tf.cast(counts, tf.int64), tf.cast(times, tf.int64)]
-        everyone = self._gather(tf.stack(columns, 1))               # [N, 2 or 4]
+        everyone = self._gather(tf.stack(columns, 1))  # [N, 2 or 4]
         owner = self.owner_of(everyone[:, 0])
         mine = tf.where(tf.equal(owner, rank))[:, 0]
         uniq, at = tf.unique(tf.gather(everyone[:, 0], mine), out_idx=tf.int64)
@@ -127,18 +126,20 @@ class WorkerShardedTable(SparseTable):
             mine_rows = tf.gather(everyone, mine)
             got_counts = tf.math.unsorted_segment_sum(mine_rows[:, 2], at, n_uniq)
             got_times = tf.math.unsorted_segment_max(mine_rows[:, 3], at, n_uniq)
-            rows, emb = self.local.lookup_unique(uniq, got_counts, got_times, True,
-                                                  from_feature=from_feature)
+            rows, emb = self.local.lookup_unique(
+                uniq, got_counts, got_times, True, from_feature=from_feature
+            )
         else:
             rows, emb = self.local.lookup_unique(uniq, None, None, False)
         rows = tf.where(rows >= 0, rows * n_workers + rank, tf.constant(-1, tf.int64))
         # Answers in the order of the asked positions this worker owns; gathered, they are
         # ordered by owner, so position p's answer is at inverse(concat of owners' positions)[p].
         answers = self._gather(_pack(tf.gather(rows, at), tf.gather(emb, at)))
-        by_owner = tf.dynamic_partition(tf.range(tf.size(owner, out_type=tf.int64)), owner,
-                                        n_workers)
+        by_owner = tf.dynamic_partition(
+            tf.range(tf.size(owner, out_type=tf.int64)), owner, n_workers
+        )
         where = tf.math.invert_permutation(tf.concat(by_owner, 0))
-        asked_here = tf.where(tf.equal(everyone[:, 1], rank))[:, 0]   # in this worker's order
+        asked_here = tf.where(tf.equal(everyone[:, 1], rank))[:, 0]  # in this worker's order
         got_rows, got_emb = _unpack(tf.gather(answers, tf.gather(where, asked_here)))
         return got_rows, got_emb
 
@@ -146,7 +147,8 @@ class WorkerShardedTable(SparseTable):
         raise NotImplementedError(
             f"Sparse table {self.name!r} is sharded across workers: `apply_gradients(ids, "
             "grads)` is not supported on it; train it through `RecModel.fit` (recorded "
-            "lookups) or `npu_rec.apply_recorded_gradients` inside the replica step.")
+            "lookups) or `npu_rec.apply_recorded_gradients` inside the replica step."
+        )
 
     # --------------------------------------------------------- gradients
     @tf.autograph.experimental.do_not_convert
@@ -156,10 +158,10 @@ class WorkerShardedTable(SparseTable):
         rows, grads, _ = rows_with_values(rows, tf.cast(grads, tf.float32), None, all_rows)
         rows, grads = _unpack(self._gather(_pack(rows, grads)))
         mine = tf.where(tf.equal(rows % self.num_workers, self.rank))[:, 0]
-        local_rows, at = tf.unique(tf.gather(rows, mine) // self.num_workers,
-                                   out_idx=tf.int64)
-        summed = tf.math.unsorted_segment_sum(tf.gather(grads, mine), at,
-                                              tf.size(local_rows, out_type=tf.int64))
+        local_rows, at = tf.unique(tf.gather(rows, mine) // self.num_workers, out_idx=tf.int64)
+        summed = tf.math.unsorted_segment_sum(
+            tf.gather(grads, mine), at, tf.size(local_rows, out_type=tf.int64)
+        )
         return self.local.apply_rows(local_rows, summed, all_rows=True)
 
     # ------------------------------------------------------- maintenance
@@ -180,8 +182,9 @@ class WorkerShardedTable(SparseTable):
         return self.local.clamped_report()
 
     # ------------------------------------------------------------- state
-    def read_state(self, min_period: int = 0, session=None,
-                   check: bool = True) -> dict[str, np.ndarray]:
+    def read_state(
+        self, min_period: int = 0, session=None, check: bool = True
+    ) -> dict[str, np.ndarray]:
         return self.local.read_state(min_period, session, check)
 
     def write_state(self, st: dict[str, np.ndarray], session=None) -> None:

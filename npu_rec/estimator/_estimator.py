@@ -35,8 +35,9 @@ def _check_hooks(hooks) -> list:
     hooks = list(hooks or [])
     for h in hooks:
         if not isinstance(h, tf.compat.v1.train.SessionRunHook):
-            raise TypeError(f"`hooks` must hold tf.compat.v1.train.SessionRunHook objects. "
-                            f"Received: {h!r}")
+            raise TypeError(
+                f"`hooks` must hold tf.compat.v1.train.SessionRunHook objects. Received: {h!r}"
+            )
     return hooks
 
 
@@ -50,15 +51,19 @@ def _batch_length(out) -> int:
     lengths = {}
     for key, value in items:
         if np.ndim(value) == 0:
-            raise ValueError(f"Prediction {key!r} is a scalar, so it has no row per example. "
-                             "Give every prediction a first (batch) dimension, or call "
-                             "predict(..., yield_single_examples=False).")
+            raise ValueError(
+                f"Prediction {key!r} is a scalar, so it has no row per example. "
+                "Give every prediction a first (batch) dimension, or call "
+                "predict(..., yield_single_examples=False)."
+            )
         lengths[key] = len(value)
     if len(set(lengths.values())) > 1:
-        raise ValueError("Every prediction must have the same first dimension (the batch) to "
-                         "be split into examples. Received first dimensions "
-                         f"{dict(sorted(lengths.items()))}; give every prediction one row per "
-                         "example, or call predict(..., yield_single_examples=False).")
+        raise ValueError(
+            "Every prediction must have the same first dimension (the batch) to "
+            "be split into examples. Received first dimensions "
+            f"{dict(sorted(lengths.items()))}; give every prediction one row per "
+            "example, or call predict(..., yield_single_examples=False)."
+        )
     return next(iter(lengths.values()))
 
 
@@ -86,19 +91,22 @@ class NPUEstimator:
       >>> est.evaluate(eval_input_fn, steps=10)["loss"]
     """
 
-    def __init__(self, model_fn, model_dir=None, config=None, params=None,
-                 warm_start_from=None):
+    def __init__(self, model_fn, model_dir=None, config=None, params=None, warm_start_from=None):
         if not callable(model_fn):
             raise TypeError(f"`model_fn` must be callable. Received: model_fn={model_fn!r}")
         config = NPURunConfig() if config is None else config
         if not isinstance(config, RunConfig):
             raise TypeError(f"`config` must be an NPURunConfig. Received: config={config!r}")
-        if model_dir is not None and config.model_dir is not None and (
-                os.path.abspath(model_dir) != os.path.abspath(config.model_dir)):
+        if (
+            model_dir is not None
+            and config.model_dir is not None
+            and (os.path.abspath(model_dir) != os.path.abspath(config.model_dir))
+        ):
             raise ValueError(
                 "`model_dir` are set both in constructor and `NPURunConfig`, but with "
                 f"different values. In constructor: '{model_dir}', in NPURunConfig: "
-                f"'{config.model_dir}'.")
+                f"'{config.model_dir}'."
+            )
         model_dir = model_dir or config.model_dir
         if model_dir is None:
             model_dir = tempfile.mkdtemp(prefix="npu_rec_model_")
@@ -135,8 +143,10 @@ class NPUEstimator:
     def _trained_checkpoint(self) -> str:
         path = self.latest_checkpoint()
         if path is None:
-            raise ValueError(f"Could not find trained model in model_dir: {self.model_dir}. "
-                             "Train the estimator first (no checkpoint there yet).")
+            raise ValueError(
+                f"Could not find trained model in model_dir: {self.model_dir}. "
+                "Train the estimator first (no checkpoint there yet)."
+            )
         return path
 
     def get_variable_names(self) -> list[str]:
@@ -166,8 +176,7 @@ class NPUEstimator:
             features, labels, hooks = call_input_fn(input_fn, mode, self._params, self._config)
             if build_hook is not None:
                 build_hook(graph)
-            spec = call_model_fn(self._model_fn, features, labels, mode, self._params,
-                                 self._config)
+            spec = call_model_fn(self._model_fn, features, labels, mode, self._params, self._config)
         return graph, spec, features, hooks
 
     def _restore_plan(self, checkpoint_path=None, training=False):
@@ -175,11 +184,19 @@ class NPUEstimator:
 
         cfg = get_config()
         version = None
-        if training and cfg.if_load and cfg.restore_model_version is not None and (
-                not self._version_used):
+        if (
+            training
+            and cfg.if_load
+            and cfg.restore_model_version is not None
+            and (not self._version_used)
+        ):
             version = cfg.restore_model_version
-        plan = plan_restore(self.model_dir, checkpoint_path, version,
-                            fallback=getattr(self._config, "checkpoint_fallback", True))
+        plan = plan_restore(
+            self.model_dir,
+            checkpoint_path,
+            version,
+            fallback=getattr(self._config, "checkpoint_fallback", True),
+        )
         if plan.dense_path is None and self._warm_start_from is not None:
             # As tf.estimator: every mode warm-starts while model_dir has no checkpoint.
             plan.dense_path = self._warm_start_path()
@@ -193,8 +210,15 @@ class NPUEstimator:
     def _scaffold(self, spec, plan, saver, manager, default_saver=None, evaluation=False):
         """The session's Scaffold: the restore `plan` and `spec.scaffold` (see `_scaffold`)."""
         warm = plan.dense_path is not None and plan.dense_path == self._warm_start_path_or_none()
-        return session_scaffold(spec, plan, saver, manager, default_saver=default_saver,
-                                warm_start=warm, evaluation=evaluation)
+        return session_scaffold(
+            spec,
+            plan,
+            saver,
+            manager,
+            default_saver=default_saver,
+            warm_start=warm,
+            evaluation=evaluation,
+        )
 
     def _savers(self, spec):
         """(dense Saver in use, npu_rec's dense Saver, table manager) of the current graph."""
@@ -231,8 +255,10 @@ class NPUEstimator:
           npu_rec.ConfigError: the step settings of `npu_rec.init` disagree.
         """
         if steps is not None and max_steps is not None:
-            raise ValueError("Can not provide both steps and max_steps. "
-                             f"Received: steps={steps}, max_steps={max_steps}")
+            raise ValueError(
+                "Can not provide both steps and max_steps. "
+                f"Received: steps={steps}, max_steps={max_steps}"
+            )
         steps = check_int("steps", steps, 1, optional=True)
         max_steps = check_int("max_steps", max_steps, 1, optional=True)
         if saving_listeners:
@@ -262,20 +288,26 @@ class NPUEstimator:
             saver, default, manager = self._savers(spec)
             plan = self._restore_plan(checkpoint_path)
             if plan.dense_path is None:
-                logging.warning("Could not find trained model in model_dir: %s, running "
-                                "initialization to evaluate.", self.model_dir)
+                logging.warning(
+                    "Could not find trained model in model_dir: %s, running "
+                    "initialization to evaluate.",
+                    self.model_dir,
+                )
             final = tf.compat.v1.train.FinalOpsHook(values)
             creator = tf.compat.v1.train.ChiefSessionCreator(
                 scaffold=self._scaffold(spec, plan, saver, manager, default, evaluation=True),
-                config=self._session_config())
+                config=self._session_config(),
+            )
             done = 0
             all_hooks = data_hooks + hooks + list(spec.evaluation_hooks) + [final]
             with tf.compat.v1.train.MonitoredSession(creator, hooks=all_hooks) as sess:
                 while not sess.should_stop() and (steps is None or done < steps):
                     sess.run(update)
                     done += 1
-        results = {k: (v.item() if isinstance(v, np.generic) else v)
-                   for k, v in final.final_ops_values.items()}
+        results = {
+            k: (v.item() if isinstance(v, np.generic) else v)
+            for k, v in final.final_ops_values.items()
+        }
         self._write_eval_summaries(results, name)
         logging.info("Saving dict for global step %d: %s", results["global_step"], results)
         return results
@@ -284,14 +316,23 @@ class NPUEstimator:
         directory = os.path.join(self.model_dir, "eval" if not name else f"eval_{name}")
         with tf.Graph().as_default():
             writer = tf.compat.v1.summary.FileWriterCache.get(directory)
-        values = [tf.compat.v1.Summary.Value(tag=k, simple_value=float(v))
-                  for k, v in results.items() if k != "global_step" and np.ndim(v) == 0]
+        values = [
+            tf.compat.v1.Summary.Value(tag=k, simple_value=float(v))
+            for k, v in results.items()
+            if k != "global_step" and np.ndim(v) == 0
+        ]
         writer.add_summary(tf.compat.v1.Summary(value=values), results["global_step"])
         writer.flush()
 
     # ---------------------------------------------------------------- predict
-    def predict(self, input_fn, predict_keys=None, hooks=None, checkpoint_path=None,
-                yield_single_examples=True):
+    def predict(
+        self,
+        input_fn,
+        predict_keys=None,
+        hooks=None,
+        checkpoint_path=None,
+        yield_single_examples=True,
+    ):
         """Yields predictions: one dict per example (or per batch) when predictions are a dict.
 
         Without a checkpoint in `model_dir` (and no `checkpoint_path`), the
@@ -310,17 +351,23 @@ class NPUEstimator:
                 keys = [predict_keys] if isinstance(predict_keys, str) else list(predict_keys)
                 if not isinstance(preds, dict) or any(k not in preds for k in keys):
                     known = sorted(preds) if isinstance(preds, dict) else []
-                    raise ValueError(f"`predict_keys` must name prediction keys {known}. "
-                                     f"Received: predict_keys={predict_keys!r}")
+                    raise ValueError(
+                        f"`predict_keys` must name prediction keys {known}. "
+                        f"Received: predict_keys={predict_keys!r}"
+                    )
                 preds = {k: preds[k] for k in keys}
             saver, default, manager = self._savers(spec)
             plan = self._restore_plan(checkpoint_path)
             if plan.dense_path is None:
-                logging.warning("Could not find trained model in model_dir: %s, running "
-                                "initialization to predict.", self.model_dir)
+                logging.warning(
+                    "Could not find trained model in model_dir: %s, running "
+                    "initialization to predict.",
+                    self.model_dir,
+                )
             creator = tf.compat.v1.train.ChiefSessionCreator(
                 scaffold=self._scaffold(spec, plan, saver, manager, default),
-                config=self._session_config())
+                config=self._session_config(),
+            )
             all_hooks = data_hooks + hooks + list(spec.prediction_hooks)
             with tf.compat.v1.train.MonitoredSession(creator, hooks=all_hooks) as sess:
                 while not sess.should_stop():
@@ -330,13 +377,20 @@ class NPUEstimator:
                         continue
                     n = _batch_length(out)
                     for i in range(n):
-                        yield ({k: v[i] for k, v in out.items()} if isinstance(out, dict)
-                               else out[i])
+                        yield (
+                            {k: v[i] for k, v in out.items()} if isinstance(out, dict) else out[i]
+                        )
 
     # ----------------------------------------------------------------- export
-    def export_saved_model(self, export_dir_base, serving_input_receiver_fn,
-                           assets_extra=None, as_text=False, checkpoint_path=None,
-                           experimental_mode=ModeKeys.PREDICT):
+    def export_saved_model(
+        self,
+        export_dir_base,
+        serving_input_receiver_fn,
+        assets_extra=None,
+        as_text=False,
+        checkpoint_path=None,
+        experimental_mode=ModeKeys.PREDICT,
+    ):
         """Exports a SavedModel for serving (docs/estimator.md, "Export").
 
         The `model_fn` runs in PREDICT mode on the receiver's features; the
@@ -359,8 +413,15 @@ class NPUEstimator:
           ValueError: no checkpoint to export, or a mode other than PREDICT.
         """
         if experimental_mode != ModeKeys.PREDICT:
-            raise ValueError("npu_rec exports the PREDICT graph only. "
-                             f"Received: experimental_mode={experimental_mode!r}")
-        return _export.export_saved_model(self, export_dir_base, serving_input_receiver_fn,
-                                          assets_extra=assets_extra, as_text=as_text,
-                                          checkpoint_path=checkpoint_path)
+            raise ValueError(
+                "npu_rec exports the PREDICT graph only. "
+                f"Received: experimental_mode={experimental_mode!r}"
+            )
+        return _export.export_saved_model(
+            self,
+            export_dir_base,
+            serving_input_receiver_fn,
+            assets_extra=assets_extra,
+            as_text=as_text,
+            checkpoint_path=checkpoint_path,
+        )

@@ -37,10 +37,20 @@ def _index_variables(sess, table) -> tf.Operation:
     live = rows >= 0
     with tf.name_scope(f"npu_rec_export_{table.name}"):
         feeds = [tf.compat.v1.placeholder(tf.int64, [None]) for _ in range(2)]
-        k = tf.compat.v1.Variable(feeds[0], trainable=False, validate_shape=False,
-                                  name="keys", shape=tf.TensorShape([None]))
-        r = tf.compat.v1.Variable(feeds[1], trainable=False, validate_shape=False,
-                                  name="rows", shape=tf.TensorShape([None]))
+        k = tf.compat.v1.Variable(
+            feeds[0],
+            trainable=False,
+            validate_shape=False,
+            name="keys",
+            shape=tf.TensorShape([None]),
+        )
+        r = tf.compat.v1.Variable(
+            feeds[1],
+            trainable=False,
+            validate_shape=False,
+            name="rows",
+            shape=tf.TensorShape([None]),
+        )
         sess.run([k.initializer, r.initializer], {feeds[0]: keys[live], feeds[1]: rows[live]})
         return table.key_index.insert(k.read_value(), r.read_value())
 
@@ -52,8 +62,15 @@ def _export_dir(base: str) -> str:
     return os.path.join(base, str(stamp))
 
 
-def export_saved_model(est, export_dir_base, serving_input_receiver_fn, *, assets_extra=None,
-                       as_text=False, checkpoint_path=None):
+def export_saved_model(
+    est,
+    export_dir_base,
+    serving_input_receiver_fn,
+    *,
+    assets_extra=None,
+    as_text=False,
+    checkpoint_path=None,
+):
     """Writes the SavedModel into a new `<export_dir_base>/<timestamp>`; returns its path.
 
     The SavedModel is written into `temp-<timestamp>` and renamed when complete,
@@ -94,37 +111,53 @@ def _write(est, plan, serving_input_receiver_fn, export_dir, as_text):
             tf.compat.v1.set_random_seed(est.config.tf_random_seed)
         tf.compat.v1.train.get_or_create_global_step()
         receiver = serving_input_receiver_fn()
-        spec = call_model_fn(est.model_fn, receiver.features, None, ModeKeys.PREDICT,
-                             est.params, est.config)
+        spec = call_model_fn(
+            est.model_fn, receiver.features, None, ModeKeys.PREDICT, est.params, est.config
+        )
         signatures = signature_def_map(
             receiver.receiver_tensors,
             serving_export_outputs(spec.export_outputs, spec.predictions),
-            getattr(receiver, "receiver_tensors_alternatives", None))
+            getattr(receiver, "receiver_tensors_alternatives", None),
+        )
         saver, manager = dense_saver(est.config)
         saver = _scaffold.user_saver(spec) or saver
         local_init_op = _scaffold.export_local_init_op(spec)
         with tf.compat.v1.Session(graph=graph) as sess:
-            sess.run([tf.compat.v1.global_variables_initializer(),
-                      tf.compat.v1.local_variables_initializer(),
-                      tf.compat.v1.tables_initializer()])
+            sess.run(
+                [
+                    tf.compat.v1.global_variables_initializer(),
+                    tf.compat.v1.local_variables_initializer(),
+                    tf.compat.v1.tables_initializer(),
+                ]
+            )
             plan.init_fn(saver, manager)(None, sess)
             # Each table's key -> row map is rebuilt at load time by the main op
             # from two variables (standard ops only), so the SavedModel needs no
             # hash-table saveables and no npu_rec.
-            rebuild = [_index_variables(sess, shard) for t in _table_registry.tables()
-                       for shard in t.shards]
+            rebuild = [
+                _index_variables(sess, shard)
+                for t in _table_registry.tables()
+                for shard in t.shards
+            ]
             export_saver = tf.compat.v1.train.Saver(
-                var_list=tf.compat.v1.global_variables(), sharded=True, allow_empty=True)
+                var_list=tf.compat.v1.global_variables(), sharded=True, allow_empty=True
+            )
             for key in graph.get_all_collection_keys():
-                if key not in (tf.compat.v1.GraphKeys.GLOBAL_VARIABLES,
-                               tf.compat.v1.GraphKeys.TRAINABLE_VARIABLES):
+                if key not in (
+                    tf.compat.v1.GraphKeys.GLOBAL_VARIABLES,
+                    tf.compat.v1.GraphKeys.TRAINABLE_VARIABLES,
+                ):
                     graph.clear_collection(key)
             main_op = [tf.compat.v1.tables_initializer(), *rebuild]
             if local_init_op is not None:
                 main_op.append(local_init_op)
             builder = tf.compat.v1.saved_model.Builder(export_dir)
             builder.add_meta_graph_and_variables(
-                sess, saver=export_saver, tags=[tf.saved_model.SERVING],
-                signature_def_map=signatures, main_op=tf.group(*main_op),
-                strip_default_attrs=True)
+                sess,
+                saver=export_saver,
+                tags=[tf.saved_model.SERVING],
+                signature_def_map=signatures,
+                main_op=tf.group(*main_op),
+                strip_default_attrs=True,
+            )
             builder.save(as_text=as_text)

@@ -44,8 +44,9 @@ class _DatasetInitHook(tf.compat.v1.train.SessionRunHook):
 def call_input_fn(input_fn, mode, params, config):
     """Calls `input_fn` (with the arguments it names) and returns (features, labels, hooks)."""
     names = inspect.signature(input_fn).parameters
-    kwargs = {k: v for k, v in (("mode", mode), ("params", params), ("config", config))
-              if k in names}
+    kwargs = {
+        k: v for k, v in (("mode", mode), ("params", params), ("config", config)) if k in names
+    }
     with tf.device("/cpu:0"):
         result = input_fn(**kwargs)
     hooks = []
@@ -55,8 +56,10 @@ def call_input_fn(input_fn, mode, params, config):
         result = iterator.get_next()
     if isinstance(result, (tuple, list)):
         if len(result) != 2:
-            raise ValueError("`input_fn` must return features, (features, labels) or a dataset "
-                             f"of them. Received a tuple of {len(result)} elements.")
+            raise ValueError(
+                "`input_fn` must return features, (features, labels) or a dataset "
+                f"of them. Received a tuple of {len(result)} elements."
+            )
         return result[0], result[1], hooks
     return result, None, hooks
 
@@ -73,8 +76,10 @@ def call_model_fn(model_fn, features, labels, mode, params, config) -> Estimator
     with fresh_layer_names():
         spec = model_fn(**kwargs)
     if not isinstance(spec, EstimatorSpec):
-        raise ValueError("`model_fn` must return an npu_rec.estimator.EstimatorSpec. "
-                         f"Received: {type(spec).__name__}")
+        raise ValueError(
+            "`model_fn` must return an npu_rec.estimator.EstimatorSpec. "
+            f"Received: {type(spec).__name__}"
+        )
     return spec
 
 
@@ -92,8 +97,9 @@ def dense_saver(config) -> tuple[tf.compat.v1.train.Saver, TableCheckpointManage
     dense = [v for v in tf.compat.v1.global_variables() if v.ref() not in table_vars]
     # Retention is the version log's (`keep_checkpoint_max` over every save in
     # model_dir); the Saver writes with write_state=False and deletes nothing.
-    saver = tf.compat.v1.train.Saver(var_list=dense, max_to_keep=None,
-                                     save_relative_paths=True, sharded=False)
+    saver = tf.compat.v1.train.Saver(
+        var_list=dense, max_to_keep=None, save_relative_paths=True, sharded=False
+    )
     manager = None
     if tables:
         manager = TableCheckpointManager(os.path.join(config.model_dir, TABLES_SUBDIR), tables)
@@ -113,7 +119,8 @@ def checkpoint_step(path: str) -> int:
         raise ValueError(
             f"The checkpoint {path!r} has no `global_step`, so npu_rec cannot tell which "
             "table save belongs to it. A Saver given in EstimatorSpec(scaffold=...) must "
-            "save tf.compat.v1.train.get_global_step() too.") from None
+            "save tf.compat.v1.train.get_global_step() too."
+        ) from None
 
 
 def dense_prefix(version: Version) -> str | None:
@@ -138,7 +145,8 @@ def update_checkpoint_pointer(model_dir: str) -> None:
     if not prefixes:
         return
     lines = [f"model_checkpoint_path: {json.dumps(prefixes[-1])}"] + [
-        f"all_model_checkpoint_paths: {json.dumps(p)}" for p in prefixes]
+        f"all_model_checkpoint_paths: {json.dumps(p)}" for p in prefixes
+    ]
     path = os.path.join(model_dir, "checkpoint")
     tmp = f"{path}.tmp-{os.getpid()}"
     with open(tmp, "w") as f:
@@ -169,7 +177,8 @@ class RestorePlan:
                 f"The checkpoint {self.dense_path!r} has no sparse-table save at step "
                 f"{self.step} in {self.tables_dir!r}, but the model_fn creates tables "
                 f"{sorted(t.name for t in manager.tables)}. Pass a checkpoint written by "
-                "NPUEstimator (its directory holds `tables/`).")
+                "NPUEstimator (its directory holds `tables/`)."
+            )
 
         def init(scaffold, session):
             del scaffold
@@ -177,6 +186,7 @@ class RestorePlan:
                 saver.restore(session, self.dense_path)
             if manager is not None and self.table_files:
                 manager.restore_files(self.table_files, session)
+
         return init
 
 
@@ -184,18 +194,24 @@ def _plan_for(directory: str, version: Version, chain: list[Version], **kwargs) 
     prefix = dense_prefix(version)
     position = version.part("data_position-")
     tables = [os.path.join(directory, p) for p in table_parts(chain)]
-    logging.info("npu_rec: restoring step %d (dense %s, tables %s).", version.step, prefix,
-                 tables)
-    return RestorePlan(None if prefix is None else os.path.join(directory, prefix),
-                       version.step, version.step if tables else None, committed=version,
-                       table_files=tables,
-                       position_path=None if position is None else os.path.join(directory,
-                                                                                 position),
-                       **kwargs)
+    logging.info("npu_rec: restoring step %d (dense %s, tables %s).", version.step, prefix, tables)
+    return RestorePlan(
+        None if prefix is None else os.path.join(directory, prefix),
+        version.step,
+        version.step if tables else None,
+        committed=version,
+        table_files=tables,
+        position_path=None if position is None else os.path.join(directory, position),
+        **kwargs,
+    )
 
 
-def plan_restore(model_dir: str, checkpoint_path: str | None = None,
-                 version: int | None = None, fallback: bool = True) -> RestorePlan:
+def plan_restore(
+    model_dir: str,
+    checkpoint_path: str | None = None,
+    version: int | None = None,
+    fallback: bool = True,
+) -> RestorePlan:
     """Chooses the checkpoint: `version` (init's restore_model_version), a path, or the latest.
 
     The latest is the newest committed version of `model_dir` whose files all
@@ -219,7 +235,8 @@ def plan_restore(model_dir: str, checkpoint_path: str | None = None,
             tables = sorted({v.step for v in found if table_parts([v])})
             raise ConfigError(
                 f"`npu_rec.init(restore_model_version={version})` names no saved version in "
-                f"{model_dir!r}. Existing versions: dense {dense}, tables {tables}.") from None
+                f"{model_dir!r}. Existing versions: dense {dense}, tables {tables}."
+            ) from None
         return _plan_for(model_dir, found, chain, from_restore_model_version=True)
     if checkpoint_path is None:
         found, chain = log.select(fallback=fallback)
@@ -236,8 +253,11 @@ def plan_restore(model_dir: str, checkpoint_path: str | None = None,
             chain = other.chain(v)
             other.verify(chain)
             external = directory != os.path.abspath(model_dir)
-            return _plan_for(directory, v, chain,
-                             tables_dir=os.path.join(directory, TABLES_SUBDIR) if external
-                             else None)
+            return _plan_for(
+                directory,
+                v,
+                chain,
+                tables_dir=os.path.join(directory, TABLES_SUBDIR) if external else None,
+            )
     step = checkpoint_step(path)
     return RestorePlan(path, step, None, tables_dir=os.path.join(directory, TABLES_SUBDIR))

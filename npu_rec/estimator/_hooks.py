@@ -73,13 +73,18 @@ class TellMeStepOrLossHook(SessionRunHook):
             raise ValueError(
                 "TellMeStepOrLossHook needs either `step` and `total_step` or `loss` and "
                 f"`final_loss`. Received: step={step!r}, total_step={total_step!r}, "
-                f"loss={loss!r}, final_loss={final_loss!r}")
+                f"loss={loss!r}, final_loss={final_loss!r}"
+            )
         if by_step and (step is None or total_step is None):
-            raise ValueError("TellMeStepOrLossHook needs both `step` and `total_step`. "
-                             f"Received: step={step!r}, total_step={total_step!r}")
+            raise ValueError(
+                "TellMeStepOrLossHook needs both `step` and `total_step`. "
+                f"Received: step={step!r}, total_step={total_step!r}"
+            )
         if by_loss and (loss is None or final_loss is None):
-            raise ValueError("TellMeStepOrLossHook needs both `loss` and `final_loss`. "
-                             f"Received: loss={loss!r}, final_loss={final_loss!r}")
+            raise ValueError(
+                "TellMeStepOrLossHook needs both `loss` and `final_loss`. "
+                f"Received: loss={loss!r}, final_loss={final_loss!r}"
+            )
         self.trigger = "step" if by_step else "loss"
         self.step, self.total_step = step, total_step
         self.loss, self.final_loss = loss, final_loss
@@ -89,8 +94,9 @@ class TellMeStepOrLossHook(SessionRunHook):
 
     def begin(self):
         graph = tf.compat.v1.get_default_graph()
-        self._tensor = _tensor(graph, self.step if self.trigger == "step" else self.loss,
-                               self.trigger)
+        self._tensor = _tensor(
+            graph, self.step if self.trigger == "step" else self.loss, self.trigger
+        )
 
     def before_run(self, run_context):
         if self.trigger == "loss":
@@ -140,8 +146,7 @@ class _PrecisionHook(SessionRunHook):
             if self.tell is not None:
                 self.tell.history.append((s, dtype))
             if self.summary_steps and s % self.summary_steps == 0:
-                value = tf.compat.v1.Summary.Value(tag=PRECISION_TAG,
-                                                   simple_value=float(self.low))
+                value = tf.compat.v1.Summary.Value(tag=PRECISION_TAG, simple_value=float(self.low))
                 self._writer.add_summary(tf.compat.v1.Summary(value=[value]), s)
         self._step = end
         if not self.low:
@@ -153,8 +158,11 @@ class _PrecisionHook(SessionRunHook):
             next_step = end if self.tell is None else self.tell.last_value
         if not self.switch.is_low_precision(next_step):
             self.switch.switched_at = end
-            logging.info("npu_rec: accelerated training switches from %s to float32 at "
-                         "step %d.", self.switch.low_dtype, end)
+            logging.info(
+                "npu_rec: accelerated training switches from %s to float32 at step %d.",
+                self.switch.low_dtype,
+                end,
+            )
             self.switch_requested = True
             run_context.request_stop()
 
@@ -200,22 +208,25 @@ class EvictHook(SessionRunHook):
       >>> hook = EvictHook(evict_enable=True, evict_step_interval=1000)
     """
 
-    def __init__(self, evict_enable=False, evict_time_interval=24 * 60 * 60,
-                 evict_step_interval=None):
+    def __init__(
+        self, evict_enable=False, evict_time_interval=24 * 60 * 60, evict_step_interval=None
+    ):
         if not isinstance(evict_enable, bool):
-            raise TypeError("`evict_enable` must be a bool. "
-                            f"Received: evict_enable={evict_enable!r}")
+            raise TypeError(
+                f"`evict_enable` must be a bool. Received: evict_enable={evict_enable!r}"
+            )
         self.evict_enable = evict_enable
-        self._policy = EvictPolicy(evict_time_interval, evict_step_interval,
-                                   clock=lambda: clock())
+        self._policy = EvictPolicy(evict_time_interval, evict_step_interval, clock=lambda: clock())
         self.evictions: list[tuple[int, int]] = []
 
     def begin(self):
         self._tables = [t for t in _table_registry.tables() if t.config.eviction]
         self._global_step = tf.compat.v1.train.get_global_step()
         if self.evict_enable and not self._tables:
-            logging.warning("npu_rec: EvictHook found no table with eviction on "
-                            "(create_table(..., eviction_threshold=...)); it does nothing.")
+            logging.warning(
+                "npu_rec: EvictHook found no table with eviction on "
+                "(create_table(..., eviction_threshold=...)); it does nothing."
+            )
 
     def after_create_session(self, session, coord):
         self._policy.start(int(session.run(self._global_step)))
@@ -260,8 +271,18 @@ class SparseCheckpointSaverHook(SessionRunHook):
       saves: `(step, kind)` of every save.
     """
 
-    def __init__(self, model_dir, saver, manager, policy, save_secs=None,
-                 has_full_save=False, data_position=None, training_dir=None, state_fn=None):
+    def __init__(
+        self,
+        model_dir,
+        saver,
+        manager,
+        policy,
+        save_secs=None,
+        has_full_save=False,
+        data_position=None,
+        training_dir=None,
+        state_fn=None,
+    ):
         self.model_dir, self.saver, self.manager = model_dir, saver, manager
         self.training_dir, self.state_fn = training_dir, state_fn
         self.policy, self.save_secs = policy, save_secs
@@ -276,8 +297,9 @@ class SparseCheckpointSaverHook(SessionRunHook):
         self._last = int(session.run(self._global_step))
         self._last_time = clock()
         self.policy.start(self._last, clock(), has_full_save=self.has_full_save)
-        tf.io.write_graph(session.graph.as_graph_def(add_shapes=True), self.model_dir,
-                          "graph.pbtxt")
+        tf.io.write_graph(
+            session.graph.as_graph_def(add_shapes=True), self.model_dir, "graph.pbtxt"
+        )
 
     def after_run(self, run_context, run_values):
         step = int(run_context.session.run(self._global_step))
@@ -295,13 +317,20 @@ class SparseCheckpointSaverHook(SessionRunHook):
 
     def save(self, session, step: int, kind: str) -> None:
         state = None if self.state_fn is None else self.state_fn()
-        kind = _save.save_version(self.training_dir, session, self.saver, self.manager, step,
-                                  kind != FULL, self.data_position, state)
+        kind = _save.save_version(
+            self.training_dir,
+            session,
+            self.saver,
+            self.manager,
+            step,
+            kind != FULL,
+            self.data_position,
+            state,
+        )
         self.policy.mark_saved(kind, step, clock())
         self._last, self._last_time = step, clock()
         self.saves.append((step, kind))
-        logging.info("npu_rec: saved %s checkpoint for step %d in %s.", kind, step,
-                     self.model_dir)
+        logging.info("npu_rec: saved %s checkpoint for step %d in %s.", kind, step, self.model_dir)
 
 
 class _StepRateHook(SessionRunHook):
@@ -328,8 +357,12 @@ class _StepRateHook(SessionRunHook):
         if step // self.every > self._last_step // self.every:
             elapsed = max(time.time() - self._last_time, 1e-9)
             rate = (step - self._last_step) / elapsed
-            logging.info("global_step/sec: %.4g, examples/sec: %.4g (step %d)", rate,
-                         self._examples / elapsed, step)
+            logging.info(
+                "global_step/sec: %.4g, examples/sec: %.4g (step %d)",
+                rate,
+                self._examples / elapsed,
+                step,
+            )
             value = tf.compat.v1.Summary.Value(tag="global_step/sec", simple_value=rate)
             self._writer.add_summary(tf.compat.v1.Summary(value=[value]), step)
             self._last_step, self._last_time, self._examples = step, time.time(), 0

@@ -47,7 +47,9 @@ def fresh_layer_names():
             logging.warning(
                 "npu_rec: Keras %s has no keras.src.backend.common.global_state; unnamed "
                 "Keras layers in a model_fn get new names in each graph the Estimator "
-                "builds (name them, or use a supported Keras).", keras.__version__)
+                "builds (name them, or use a supported Keras).",
+                keras.__version__,
+            )
         yield
         return
     saved = _global_state.get_global_attribute(UIDS_ATTRIBUTE)

@@ -35,14 +35,21 @@ def _update_op(name: str, metric, variables, after):
     updates = list(getattr(metric, "updates", None) or [])
     if not updates:
         initializers = {v.initializer for v in variables}
-        writes = list(dict.fromkeys(
-            op for v in variables for op in v.handle.consumers()
-            if op.type in _WRITES and op not in initializers))
+        writes = list(
+            dict.fromkeys(
+                op
+                for v in variables
+                for op in v.handle.consumers()
+                if op.type in _WRITES and op not in initializers
+            )
+        )
         updates = [_after(op, after) for op in writes]
     if not updates:
-        raise ValueError(f"`eval_metric_ops[{name!r}]` is a metric object whose "
-                         "update_state(...) was never called in the model_fn; call it on "
-                         f"the batch's labels / predictions. Received: {metric!r}")
+        raise ValueError(
+            f"`eval_metric_ops[{name!r}]` is a metric object whose "
+            "update_state(...) was never called in the model_fn; call it on "
+            f"the batch's labels / predictions. Received: {metric!r}"
+        )
     return tf.group(*updates, name=f"{name}_update")
 
 
@@ -64,12 +71,13 @@ def _after(write: tf.Operation, after):
 def _make_local(variables) -> None:
     graph = tf.compat.v1.get_default_graph()
     ids = {id(v) for v in variables}
-    for key in (tf.compat.v1.GraphKeys.GLOBAL_VARIABLES,
-                tf.compat.v1.GraphKeys.TRAINABLE_VARIABLES):
+    for key in (
+        tf.compat.v1.GraphKeys.GLOBAL_VARIABLES,
+        tf.compat.v1.GraphKeys.TRAINABLE_VARIABLES,
+    ):
         ref = graph.get_collection_ref(key)
         ref[:] = [v for v in ref if id(v) not in ids]
-    for key in (tf.compat.v1.GraphKeys.LOCAL_VARIABLES,
-                tf.compat.v1.GraphKeys.METRIC_VARIABLES):
+    for key in (tf.compat.v1.GraphKeys.LOCAL_VARIABLES, tf.compat.v1.GraphKeys.METRIC_VARIABLES):
         present = {id(v) for v in graph.get_collection(key)}
         for v in variables:
             if id(v) not in present:
@@ -92,13 +100,17 @@ def metric_pairs(eval_metric_ops, after=None) -> dict:
     if eval_metric_ops is None:
         return {}
     if not isinstance(eval_metric_ops, dict):
-        raise TypeError("`eval_metric_ops` must be a dict of name -> (value, update_op) or "
-                        f"metric object. Received: eval_metric_ops={eval_metric_ops!r}")
+        raise TypeError(
+            "`eval_metric_ops` must be a dict of name -> (value, update_op) or "
+            f"metric object. Received: eval_metric_ops={eval_metric_ops!r}"
+        )
     pairs = {}
     for name, m in eval_metric_ops.items():
         if name in _RESERVED:
-            raise ValueError(f"`eval_metric_ops` may not use the name {name!r}: the "
-                             "Estimator reports it itself. Rename the metric.")
+            raise ValueError(
+                f"`eval_metric_ops` may not use the name {name!r}: the "
+                "Estimator reports it itself. Rename the metric."
+            )
         if isinstance(m, tuple) and len(m) == 2:
             pairs[name] = m
         elif is_metric_object(m):
@@ -106,6 +118,8 @@ def metric_pairs(eval_metric_ops, after=None) -> dict:
             pairs[name] = (m.result(), _update_op(name, m, variables, after))
             _make_local(variables)
         else:
-            raise TypeError(f"`eval_metric_ops[{name!r}]` must be a (value, update_op) pair "
-                            f"or a Keras metric object. Received: {m!r}")
+            raise TypeError(
+                f"`eval_metric_ops[{name!r}]` must be a (value, update_op) pair "
+                f"or a Keras metric object. Received: {m!r}"
+            )
     return pairs

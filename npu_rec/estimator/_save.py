@@ -20,8 +20,16 @@ from npu_rec.checkpoint._training_dir import TrainingDir
 from npu_rec.estimator._graph import update_checkpoint_pointer
 
 
-def save_version(tdir: TrainingDir, session, saver, manager, step: int, delta: bool,
-                 data_position=None, state: dict | None = None) -> str:
+def save_version(
+    tdir: TrainingDir,
+    session,
+    saver,
+    manager,
+    step: int,
+    delta: bool,
+    data_position=None,
+    state: dict | None = None,
+) -> str:
     """Writes and commits version `step`; returns its kind ("full" or "delta").
 
     Args:
@@ -51,6 +59,7 @@ def save_version(tdir: TrainingDir, session, saver, manager, step: int, delta: b
         if manager is None:
             tdir.commit(step, kind, parts, state=state)
         else:
+
             def commit(path):
                 nonlocal kind
                 kind = "delta" if path.endswith(".delta.nrc") else "full"
@@ -59,8 +68,14 @@ def save_version(tdir: TrainingDir, session, saver, manager, step: int, delta: b
 
             manager.save(step, delta=kind == "delta", session=session, commit=commit)
     except BaseException:
-        tdir.discard(parts + [f"model.ckpt-{step}.index", f"model.ckpt-{step}.data-00000-of-00001",
-                              f"data_position-{step}.json"])
+        tdir.discard(
+            parts
+            + [
+                f"model.ckpt-{step}.index",
+                f"model.ckpt-{step}.data-00000-of-00001",
+                f"data_position-{step}.json",
+            ]
+        )
         raise
     update_checkpoint_pointer(model_dir)
     return kind

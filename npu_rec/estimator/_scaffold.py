@@ -35,20 +35,24 @@ def user_saver(spec) -> tf.compat.v1.train.Saver | None:
     """
     saver = None if spec.scaffold is None else spec.scaffold.saver
     if saver is not None and not isinstance(saver, tf.compat.v1.train.Saver):
-        raise TypeError("`EstimatorSpec.scaffold.saver` must be a tf.compat.v1.train.Saver "
-                        f"(npu_rec saves the tables beside it). Received: {saver!r}")
+        raise TypeError(
+            "`EstimatorSpec.scaffold.saver` must be a tf.compat.v1.train.Saver "
+            f"(npu_rec saves the tables beside it). Received: {saver!r}"
+        )
     return saver
 
 
 def _warm_start_saver(path: str, saver) -> tf.compat.v1.train.Saver:
     """A Saver over the variables of `saver` that the checkpoint `path` holds."""
     names = {n for n, _ in tf.train.list_variables(path)}
-    return tf.compat.v1.train.Saver(var_list=[
-        v for v in saver._var_list if v.op.name in names and v.op.name != "global_step"])
+    return tf.compat.v1.train.Saver(
+        var_list=[v for v in saver._var_list if v.op.name in names and v.op.name != "global_step"]
+    )
 
 
-def session_scaffold(spec, plan, saver, manager, *, default_saver=None, warm_start=False,
-                     evaluation=False) -> Scaffold:
+def session_scaffold(
+    spec, plan, saver, manager, *, default_saver=None, warm_start=False, evaluation=False
+) -> Scaffold:
     """The Scaffold a session of this graph is created with.
 
     Args:
@@ -71,16 +75,19 @@ def session_scaffold(spec, plan, saver, manager, *, default_saver=None, warm_sta
     init_fn = restore
     user_init = None if user is None else user.init_fn
     if user_init is not None and (plan.dense_path is None or warm_start):
+
         def init_fn(scaffold, session):
             restore(scaffold, session)
             user_init(session)
+
     if user is None:
         return Scaffold(saver=restore_saver, init_fn=init_fn)
     local_init_op = user.local_init_op
     if evaluation and local_init_op is not None:
         local_init_op = tf.group(local_init_op, Scaffold.default_local_init_op())
-    return Scaffold(init_fn=init_fn, saver=restore_saver, local_init_op=local_init_op,
-                    copy_from_scaffold=user)
+    return Scaffold(
+        init_fn=init_fn, saver=restore_saver, local_init_op=local_init_op, copy_from_scaffold=user
+    )
 
 
 def summary_op(spec, default):

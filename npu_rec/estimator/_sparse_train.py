@@ -27,7 +27,7 @@ from npu_rec.table._lookup import LOOKUP_COLLECTION, apply_recorded_gradients
 APPLIED_COLLECTION = "npu_rec_estimator_applied_lookups"
 _LOSS_SCALING_COLLECTION = "npu_rec_estimator_loss_scaling"
 #: Initial dynamic loss scale, and the finite steps after which it doubles.
-INITIAL_LOSS_SCALE = 2.0 ** 15
+INITIAL_LOSS_SCALE = 2.0**15
 GROWTH_STEPS = 2000
 
 
@@ -44,8 +44,7 @@ def pending_lookups(graph: tf.Graph | None = None) -> list:
     """The recorded training lookups of `graph` whose gradients no op applies yet."""
     graph = graph or tf.compat.v1.get_default_graph()
     applied = set(graph.get_collection(APPLIED_COLLECTION))
-    return [r for r in graph.get_collection(LOOKUP_COLLECTION)
-            if r.embeddings.name not in applied]
+    return [r for r in graph.get_collection(LOOKUP_COLLECTION) if r.embeddings.name not in applied]
 
 
 def _mark_applied(graph: tf.Graph, records) -> None:
@@ -53,8 +52,9 @@ def _mark_applied(graph: tf.Graph, records) -> None:
         graph.add_to_collection(APPLIED_COLLECTION, r.embeddings.name)
 
 
-def sparse_train_op(loss, dense_optimizer, global_step=None, var_list=None,
-                    name: str = "sparse_train_op") -> tf.Operation:
+def sparse_train_op(
+    loss, dense_optimizer, global_step=None, var_list=None, name: str = "sparse_train_op"
+) -> tf.Operation:
     """Builds one training step for dense weights and the sparse tables.
 
     Args:
@@ -78,14 +78,18 @@ def sparse_train_op(loss, dense_optimizer, global_step=None, var_list=None,
       ...     tf.compat.v1.train.get_global_step())
     """
     if not isinstance(dense_optimizer, tf.compat.v1.train.Optimizer):
-        raise TypeError("`dense_optimizer` must be a tf.compat.v1.train.Optimizer. "
-                        f"Received: dense_optimizer={dense_optimizer!r}")
+        raise TypeError(
+            "`dense_optimizer` must be a tf.compat.v1.train.Optimizer. "
+            f"Received: dense_optimizer={dense_optimizer!r}"
+        )
     graph = tf.compat.v1.get_default_graph()
     dense = list(var_list) if var_list is not None else tf.compat.v1.trainable_variables()
     records = pending_lookups(graph)
     if not dense and not records:
-        raise ValueError("sparse_train_op found nothing to train: no trainable variable and "
-                         "no training npu_rec.sparse_lookup in this graph.")
+        raise ValueError(
+            "sparse_train_op found nothing to train: no trainable variable and "
+            "no training npu_rec.sparse_lookup in this graph."
+        )
     with tf.name_scope(name):
         loss = tf.cast(loss, tf.float32)
         targets = dense + [r.embeddings for r in records]
@@ -99,14 +103,14 @@ def sparse_train_op(loss, dense_optimizer, global_step=None, var_list=None,
 
 
 def _apply(optimizer, dense, records, grads, global_step):
-    pairs = [(g, v) for g, v in zip(grads[:len(dense)], dense, strict=True) if g is not None]
+    pairs = [(g, v) for g, v in zip(grads[: len(dense)], dense, strict=True) if g is not None]
     ops = []
     if pairs:
         ops.append(optimizer.apply_gradients(pairs, global_step=global_step))
     elif global_step is not None:
         ops.append(tf.compat.v1.assign_add(global_step, 1))
     if records:
-        ops.append(apply_recorded_gradients(records, grads[len(dense):]))
+        ops.append(apply_recorded_gradients(records, grads[len(dense) :]))
     return tf.group(*ops)
 
 
@@ -114,14 +118,16 @@ def _apply_scaled(loss, optimizer, dense, records, targets, global_step):
     """Dynamic loss scaling: skip non-finite steps, halve / double the scale."""
     with tf.init_scope():
         scale = tf.compat.v1.get_variable(
-            "npu_rec_loss_scale", initializer=tf.constant(INITIAL_LOSS_SCALE), trainable=False)
+            "npu_rec_loss_scale", initializer=tf.constant(INITIAL_LOSS_SCALE), trainable=False
+        )
         good = tf.compat.v1.get_variable(
-            "npu_rec_loss_scale_good_steps", initializer=tf.constant(0, tf.int64),
-            trainable=False)
+            "npu_rec_loss_scale_good_steps", initializer=tf.constant(0, tf.int64), trainable=False
+        )
     grads = tf.gradients(loss * scale, targets)
     grads = [None if g is None else _unscale(g, scale) for g in grads]
-    _create_slots_outside_cond(optimizer, [v for v, g in zip(dense, grads, strict=False)
-                                           if g is not None])
+    _create_slots_outside_cond(
+        optimizer, [v for v, g in zip(dense, grads, strict=False) if g is not None]
+    )
     flat = [g.values if isinstance(g, tf.IndexedSlices) else g for g in grads if g is not None]
     finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in flat])
 
@@ -130,11 +136,13 @@ def _apply_scaled(loss, optimizer, dense, records, targets, global_step):
             grow = tf.equal(good + 1, GROWTH_STEPS)
             return tf.group(
                 scale.assign(tf.where(grow, scale * 2.0, scale)),
-                good.assign(tf.where(grow, tf.constant(0, tf.int64), good + 1)))
+                good.assign(tf.where(grow, tf.constant(0, tf.int64), good + 1)),
+            )
 
     def skip():
-        return tf.group(scale.assign(tf.maximum(scale / 2.0, 1.0)),
-                        good.assign(tf.constant(0, tf.int64)))
+        return tf.group(
+            scale.assign(tf.maximum(scale / 2.0, 1.0)), good.assign(tf.constant(0, tf.int64))
+        )
 
     step = tf.cond(finite, apply, skip)
     if global_step is None:
@@ -179,12 +187,17 @@ def add_missing_sparse_updates(loss, train_op) -> tf.Operation:
     records = pending_lookups(graph)
     if not records:
         return train_op
-    logging.info("npu_rec: the model_fn's train_op does not update %d sparse lookup(s); "
-                 "adding their sparse-optimizer step. npu_rec.estimator.sparse_train_op "
-                 "does both in one backward pass.", len(records))
+    logging.info(
+        "npu_rec: the model_fn's train_op does not update %d sparse lookup(s); "
+        "adding their sparse-optimizer step. npu_rec.estimator.sparse_train_op "
+        "does both in one backward pass.",
+        len(records),
+    )
     if _loss_scaling(graph):
-        logging.warning("npu_rec: float16 accelerated training without sparse_train_op "
-                        "runs without loss scaling.")
+        logging.warning(
+            "npu_rec: float16 accelerated training without sparse_train_op "
+            "runs without loss scaling."
+        )
     with tf.name_scope("npu_rec_sparse_updates"):
         grads = tf.gradients(tf.cast(loss, tf.float32), [r.embeddings for r in records])
         sparse_op = apply_recorded_gradients(records, grads)

@@ -26,14 +26,30 @@ def _is_tensor(x) -> bool:
 def _check_graph(name: str, x) -> None:
     graph = tf.compat.v1.get_default_graph()
     if getattr(x, "graph", graph) is not graph:
-        raise ValueError(f"`{name}` must be from the default graph (the one the model_fn "
-                         f"is called in). Received: {name}={x!r}")
+        raise ValueError(
+            f"`{name}` must be from the default graph (the one the model_fn "
+            f"is called in). Received: {name}={x!r}"
+        )
 
 
-class EstimatorSpec(collections.namedtuple(
-        "EstimatorSpec", ["mode", "predictions", "loss", "train_op", "eval_metric_ops",
-                          "export_outputs", "training_chief_hooks", "training_hooks",
-                          "scaffold", "evaluation_hooks", "prediction_hooks"])):
+class EstimatorSpec(
+    collections.namedtuple(
+        "EstimatorSpec",
+        [
+            "mode",
+            "predictions",
+            "loss",
+            "train_op",
+            "eval_metric_ops",
+            "export_outputs",
+            "training_chief_hooks",
+            "training_hooks",
+            "scaffold",
+            "evaluation_hooks",
+            "prediction_hooks",
+        ],
+    )
+):
     """What a `model_fn` returns: the ops and tensors of one mode.
 
     Args:
@@ -65,12 +81,24 @@ class EstimatorSpec(collections.namedtuple(
       >>> spec = EstimatorSpec(ModeKeys.TRAIN, loss=loss, train_op=train_op)
     """
 
-    def __new__(cls, mode, predictions=None, loss=None, train_op=None, eval_metric_ops=None,
-                export_outputs=None, training_chief_hooks=None, training_hooks=None,
-                scaffold=None, evaluation_hooks=None, prediction_hooks=None):
+    def __new__(
+        cls,
+        mode,
+        predictions=None,
+        loss=None,
+        train_op=None,
+        eval_metric_ops=None,
+        export_outputs=None,
+        training_chief_hooks=None,
+        training_hooks=None,
+        scaffold=None,
+        evaluation_hooks=None,
+        prediction_hooks=None,
+    ):
         if mode not in (ModeKeys.TRAIN, ModeKeys.EVAL, ModeKeys.PREDICT):
-            raise ValueError(f"`mode` must be one of ModeKeys.TRAIN/EVAL/PREDICT. "
-                             f"Received: mode={mode!r}")
+            raise ValueError(
+                f"`mode` must be one of ModeKeys.TRAIN/EVAL/PREDICT. Received: mode={mode!r}"
+            )
         if loss is None and mode in (ModeKeys.TRAIN, ModeKeys.EVAL):
             raise ValueError(f"`loss` is required in mode {mode!r}. Received: loss=None")
         if loss is not None:
@@ -84,27 +112,32 @@ class EstimatorSpec(collections.namedtuple(
             raise ValueError("`train_op` is required in mode 'train'. Received: train_op=None")
         if train_op is not None:
             if not isinstance(train_op, tf.Operation) and not _is_tensor(train_op):
-                raise TypeError("`train_op` must be an Operation or a tensor. "
-                                f"Received: train_op={train_op!r}")
+                raise TypeError(
+                    f"`train_op` must be an Operation or a tensor. Received: train_op={train_op!r}"
+                )
             _check_graph("train_op", train_op)
         if predictions is None and mode == ModeKeys.PREDICT:
-            raise ValueError("`predictions` are required in mode 'infer'. "
-                             "Received: predictions=None")
+            raise ValueError(
+                "`predictions` are required in mode 'infer'. Received: predictions=None"
+            )
         if predictions is not None:
             items = predictions.values() if isinstance(predictions, dict) else [predictions]
             for p in items:
                 if not _is_tensor(p):
-                    raise TypeError("`predictions` must be a tensor or a dict of tensors. "
-                                    f"Received: {p!r}")
+                    raise TypeError(
+                        f"`predictions` must be a tensor or a dict of tensors. Received: {p!r}"
+                    )
                 _check_graph("predictions", p)
         metrics = metric_pairs(eval_metric_ops, after=loss)
         if mode == ModeKeys.PREDICT:
             export_outputs = serving_export_outputs(export_outputs, predictions)
         hooks = {}
-        for field, value in (("training_chief_hooks", training_chief_hooks),
-                             ("training_hooks", training_hooks),
-                             ("evaluation_hooks", evaluation_hooks),
-                             ("prediction_hooks", prediction_hooks)):
+        for field, value in (
+            ("training_chief_hooks", training_chief_hooks),
+            ("training_hooks", training_hooks),
+            ("evaluation_hooks", evaluation_hooks),
+            ("prediction_hooks", prediction_hooks),
+        ):
             value = tuple(value or ())
             for h in value:
                 if not isinstance(h, tf.compat.v1.train.SessionRunHook):
@@ -112,10 +145,20 @@ class EstimatorSpec(collections.namedtuple(
             hooks[field] = value
         if scaffold is not None and not isinstance(scaffold, tf.compat.v1.train.Scaffold):
             raise TypeError(f"`scaffold` must be a Scaffold. Received: scaffold={scaffold!r}")
-        return super().__new__(cls, mode, predictions, loss, train_op, metrics,
-                               export_outputs, hooks["training_chief_hooks"],
-                               hooks["training_hooks"], scaffold, hooks["evaluation_hooks"],
-                               hooks["prediction_hooks"])
+        return super().__new__(
+            cls,
+            mode,
+            predictions,
+            loss,
+            train_op,
+            metrics,
+            export_outputs,
+            hooks["training_chief_hooks"],
+            hooks["training_hooks"],
+            scaffold,
+            hooks["evaluation_hooks"],
+            hooks["prediction_hooks"],
+        )
 
 
 class TrainSpec(collections.namedtuple("TrainSpec", ["input_fn", "max_steps", "hooks"])):
@@ -142,9 +185,12 @@ class TrainSpec(collections.namedtuple("TrainSpec", ["input_fn", "max_steps", "h
         return super().__new__(cls, input_fn, max_steps, hooks)
 
 
-class EvalSpec(collections.namedtuple(
-        "EvalSpec", ["input_fn", "steps", "name", "hooks", "exporters",
-                     "start_delay_secs", "throttle_secs"])):
+class EvalSpec(
+    collections.namedtuple(
+        "EvalSpec",
+        ["input_fn", "steps", "name", "hooks", "exporters", "start_delay_secs", "throttle_secs"],
+    )
+):
     """The evaluation half of `train_and_evaluate`.
 
     Args:
@@ -160,10 +206,26 @@ class EvalSpec(collections.namedtuple(
       ValueError: `steps` < 1.
     """
 
-    def __new__(cls, input_fn, steps=100, name=None, hooks=None, exporters=None,
-                start_delay_secs=120, throttle_secs=600):
+    def __new__(
+        cls,
+        input_fn,
+        steps=100,
+        name=None,
+        hooks=None,
+        exporters=None,
+        start_delay_secs=120,
+        throttle_secs=600,
+    ):
         if not callable(input_fn):
             raise TypeError(f"`input_fn` must be callable. Received: input_fn={input_fn!r}")
         steps = check_int("steps", steps, 1, optional=True)
-        return super().__new__(cls, input_fn, steps, name, tuple(hooks or ()), exporters,
-                                start_delay_secs, throttle_secs)
+        return super().__new__(
+            cls,
+            input_fn,
+            steps,
+            name,
+            tuple(hooks or ()),
+            exporters,
+            start_delay_secs,
+            throttle_secs,
+        )

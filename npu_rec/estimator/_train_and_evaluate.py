@@ -36,10 +36,14 @@ def train_and_evaluate(estimator, train_spec, eval_spec):
     resolved = check_train_and_evaluate(
         save_checkpoints_steps=config.save_checkpoints_steps,
         save_checkpoints_secs=config.save_checkpoints_secs,
-        max_steps=train_spec.max_steps, eval_steps=eval_spec.steps)
+        max_steps=train_spec.max_steps,
+        eval_steps=eval_spec.steps,
+    )
     if resolved.max_steps is None:
-        raise ValueError("train_and_evaluate needs TrainSpec(max_steps=...) or "
-                         "npu_rec.init(max_steps=...). Received: max_steps=None")
+        raise ValueError(
+            "train_and_evaluate needs TrainSpec(max_steps=...) or "
+            "npu_rec.init(max_steps=...). Received: max_steps=None"
+        )
     interval = resolved.train_steps or resolved.save_steps or config.checkpoint_steps
     interval = interval or resolved.max_steps
     result = None
@@ -49,9 +53,14 @@ def train_and_evaluate(estimator, train_spec, eval_spec):
         if step >= resolved.max_steps:
             break
         target = min(resolved.max_steps, (step // interval + 1) * interval)
-        _training.train(estimator, train_spec.input_fn, list(train_spec.hooks), None, target,
-                        resolved=resolved)
-        result = estimator.evaluate(eval_spec.input_fn, steps=resolved.eval_steps,
-                                    hooks=eval_spec.hooks, name=eval_spec.name)
+        _training.train(
+            estimator, train_spec.input_fn, list(train_spec.hooks), None, target, resolved=resolved
+        )
+        result = estimator.evaluate(
+            eval_spec.input_fn,
+            steps=resolved.eval_steps,
+            hooks=eval_spec.hooks,
+            name=eval_spec.name,
+        )
         logging.info("train_and_evaluate: step %d: %s", result["global_step"], result)
     return result, None

@@ -29,6 +29,8 @@ from npu_rec.training._precision import PrecisionSwitch
 from npu_rec.training._steps import check_estimator_train
 
 UNSET = object()
+
+
 def _make_switch(est, hooks, last_step, plan):
     """The `PrecisionSwitch` of this run and the user's TellMeStepOrLossHook (or None)."""
     mode = getattr(est.config, "accelerate_mode", None)
@@ -37,30 +39,39 @@ def _make_switch(est, hooks, last_step, plan):
     tells = [h for h in hooks if isinstance(h, _hooks.TellMeStepOrLossHook)]
     tell = tells[0] if tells else None
     if tell is not None and tell.trigger != mode.trigger:
-        raise ValueError(f"accelerate_train_mode={str(mode)!r} uses the {mode.trigger!r} "
-                         f"trigger but TellMeStepOrLossHook was given the {tell.trigger!r} "
-                         "values. Give it " + ("step= and total_step=." if mode.trigger ==
-                                               "step" else "loss= and final_loss="))
+        raise ValueError(
+            f"accelerate_train_mode={str(mode)!r} uses the {mode.trigger!r} "
+            f"trigger but TellMeStepOrLossHook was given the {tell.trigger!r} "
+            "values. Give it "
+            + ("step= and total_step=." if mode.trigger == "step" else "loss= and final_loss=")
+        )
     if mode.trigger == "loss":
         if tell is None:
             raise ValueError(
                 f"accelerate_train_mode={str(mode)!r} (loss trigger) needs a "
                 "TellMeStepOrLossHook(loss=..., final_loss=...) in `hooks` of train(); "
-                "Received: no TellMeStepOrLossHook.")
-        switch = PrecisionSwitch(mode, final_loss=tell.final_loss,
-                                 iterations_per_loop=est.config.iterations_per_loop)
+                "Received: no TellMeStepOrLossHook."
+            )
+        switch = PrecisionSwitch(
+            mode, final_loss=tell.final_loss, iterations_per_loop=est.config.iterations_per_loop
+        )
     else:
         total = tell.total_step if tell is not None else last_step
         if total is None:
-            raise ValueError(f"accelerate_train_mode={str(mode)!r} (step trigger) needs the "
-                             "total step count: pass max_steps or steps to train(), or a "
-                             "TellMeStepOrLossHook(step=..., total_step=...). "
-                             "Received: max_steps=None")
+            raise ValueError(
+                f"accelerate_train_mode={str(mode)!r} (step trigger) needs the "
+                "total step count: pass max_steps or steps to train(), or a "
+                "TellMeStepOrLossHook(step=..., total_step=...). "
+                "Received: max_steps=None"
+            )
         if tell is None:
-            log_once(f"npu_rec: accelerate_train_mode={str(mode)!r} without "
-                      f"TellMeStepOrLossHook: step = global step, total_step = {total}.")
-        switch = PrecisionSwitch(mode, total_step=total,
-                                 iterations_per_loop=est.config.iterations_per_loop)
+            log_once(
+                f"npu_rec: accelerate_train_mode={str(mode)!r} without "
+                f"TellMeStepOrLossHook: step = global step, total_step = {total}."
+            )
+        switch = PrecisionSwitch(
+            mode, total_step=total, iterations_per_loop=est.config.iterations_per_loop
+        )
     _hooks.load_switch_state(est.model_dir, switch, plan.committed)
     return switch, tell
 
@@ -76,7 +87,9 @@ def train(est, input_fn, hooks, steps, max_steps, resolved=None):
     if resolved is None:
         resolved = check_estimator_train(
             save_checkpoints_steps=config.save_checkpoints_steps,
-            save_checkpoints_secs=config.save_checkpoints_secs, max_steps=max_steps)
+            save_checkpoints_secs=config.save_checkpoints_secs,
+            max_steps=max_steps,
+        )
     else:
         resolved = dataclasses.replace(resolved, max_steps=max_steps)
     with TrainingDir(config.model_dir, keep=config.keep_checkpoint_max) as tdir:
@@ -101,12 +114,17 @@ def _train(est, input_fn, hooks, steps, resolved, tdir):
     while True:
         low = switch is not None and switch.is_low_precision(start)
         if low:
-            logging.info("npu_rec: steps from %d run in %s (accelerate_train_mode=%s).",
-                         start, switch.low_dtype, switch.mode)
+            logging.info(
+                "npu_rec: steps from %d run in %s (accelerate_train_mode=%s).",
+                start,
+                switch.low_dtype,
+                switch.mode,
+            )
         elif switch is not None:
             logging.info("npu_rec: steps from %d run in float32.", start)
-        switched = _run_session(est, input_fn, hooks, last_step, save_steps, switch, tell,
-                                low, plan, tdir)
+        switched = _run_session(
+            est, input_fn, hooks, last_step, save_steps, switch, tell, low, plan, tdir
+        )
         est._version_used = est._version_used or plan.from_restore_model_version
         if not switched:
             return est
@@ -127,60 +145,87 @@ def _run_session(est, input_fn, hooks, last_step, save_steps, switch, tell, low,
 
     data = _data_position.tracked(input_fn)
     if data is not None:
-        _data_position.restore(plan.position_path, plan.step if plan.dense_path else None,
-                               data[0])
+        _data_position.restore(plan.position_path, plan.step if plan.dense_path else None, data[0])
     graph, spec, features, data_hooks = est._build(input_fn, ModeKeys.TRAIN, build_hook)
     with graph.as_default():
         train_op = add_missing_sparse_updates(spec.loss, spec.train_op)
         global_step = tf.compat.v1.train.get_global_step()
-        if not any(s.op.name.endswith("loss") for s in
-                   tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.SUMMARIES)):
+        if not any(
+            s.op.name.endswith("loss")
+            for s in tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.SUMMARIES)
+        ):
             tf.compat.v1.summary.scalar("loss", spec.loss)
         summary_op = _scaffold.summary_op(spec, tf.compat.v1.summary.merge_all())
         saver, default_saver, manager = est._savers(spec)
-        policy = SavePolicy.from_config(get_config(), save_steps=save_steps or 0,
-                                        clock=lambda: _hooks.clock())
+        policy = SavePolicy.from_config(
+            get_config(), save_steps=save_steps or 0, clock=lambda: _hooks.clock()
+        )
         position_hook = None
         if data is not None:
             position_hook = _data_position.DataPositionHook(data[1], config.model_dir)
         saver_hook = _hooks.SparseCheckpointSaverHook(
-            config.model_dir, saver, manager, policy, save_secs=config.save_checkpoints_secs,
-            has_full_save=plan.version is not None, data_position=position_hook,
+            config.model_dir,
+            saver,
+            manager,
+            policy,
+            save_secs=config.save_checkpoints_secs,
+            has_full_save=plan.version is not None,
+            data_position=position_hook,
             training_dir=tdir,
-            state_fn=None if switch is None else lambda: _hooks.switch_state(switch))
+            state_fn=None if switch is None else lambda: _hooks.switch_state(switch),
+        )
         own = list(data_hooks) + ([position_hook] if position_hook is not None else [])
         if last_step is not None:
             own.append(tf.compat.v1.train.StopAtStepHook(last_step=last_step))
         own.append(tf.compat.v1.train.NanTensorHook(spec.loss))
         if config.log_step_count_steps:
-            own.append(_hooks._StepRateHook(config.log_step_count_steps,
-                                            batch_size_of(features), config.model_dir))
+            own.append(
+                _hooks._StepRateHook(
+                    config.log_step_count_steps, batch_size_of(features), config.model_dir
+                )
+            )
         tail = []
         precision_hook = None
         if switch is not None:
-            precision_hook = _hooks._PrecisionHook(switch, low, tell, est.precision_history,
-                                                   config.model_dir, config.save_summary_steps)
+            precision_hook = _hooks._PrecisionHook(
+                switch,
+                low,
+                tell,
+                est.precision_history,
+                config.model_dir,
+                config.save_summary_steps,
+            )
             tail.append(precision_hook)
         if config.save_summary_steps and summary_op is not None:
-            tail.append(tf.compat.v1.train.SummarySaverHook(
-                save_steps=config.save_summary_steps, output_dir=config.model_dir,
-                summary_op=summary_op))
+            tail.append(
+                tf.compat.v1.train.SummarySaverHook(
+                    save_steps=config.save_summary_steps,
+                    output_dir=config.model_dir,
+                    summary_op=summary_op,
+                )
+            )
         tail.append(saver_hook)
         all_hooks = own + hooks + list(spec.training_hooks) + tail
         scaffold = est._scaffold(spec, plan, saver, manager, default_saver)
         loop = getattr(config, "iterations_per_loop", 1)
         with tf.compat.v1.train.MonitoredTrainingSession(
-                checkpoint_dir=None, scaffold=scaffold, hooks=all_hooks,
-                chief_only_hooks=list(spec.training_chief_hooks),
-                save_checkpoint_secs=None, save_checkpoint_steps=None,
-                save_summaries_steps=None, save_summaries_secs=None,
-                log_step_count_steps=None, config=est._session_config(dtype)) as sess:
+            checkpoint_dir=None,
+            scaffold=scaffold,
+            hooks=all_hooks,
+            chief_only_hooks=list(spec.training_chief_hooks),
+            save_checkpoint_secs=None,
+            save_checkpoint_steps=None,
+            save_summaries_steps=None,
+            save_summaries_secs=None,
+            log_step_count_steps=None,
+            config=est._session_config(dtype),
+        ) as sess:
             while not sess.should_stop():
                 if loop == 1:
                     sess.run(train_op)
                 else:
                     sess.run_step_fn(_loop_step(train_op, global_step, loop, last_step))
-    with tf.Graph().as_default():      # FileWriterCache needs graph mode
+    with tf.Graph().as_default():  # FileWriterCache needs graph mode
         tf.compat.v1.summary.FileWriterCache.get(config.model_dir).flush()
     return precision_hook is not None and precision_hook.switch_requested
 

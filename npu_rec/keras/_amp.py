@@ -33,7 +33,7 @@ def check_level(name: str, value, allowed) -> str:
 
 
 def resolve_amp_level(level: str) -> str:
-    """"auto" -> "O2" when a GPU is visible, else "O0" (float16 is slow on CPUs)."""
+    """ "auto" -> "O2" when a GPU is visible, else "O0" (float16 is slow on CPUs)."""
     check_level("amp_level", level, AMP_LEVELS)
     if level != "auto":
         return level
@@ -49,8 +49,9 @@ def _output_layers(model) -> set[int]:
     return out
 
 
-def set_compute_dtype(model: keras.Model, compute_dtype: str, *,
-                      keep_normalization_float32: bool = True) -> None:
+def set_compute_dtype(
+    model: keras.Model, compute_dtype: str, *, keep_normalization_float32: bool = True
+) -> None:
     """Sets the dtype policy of every dense layer of `model` (in place).
 
     Args:

@@ -56,7 +56,8 @@ def stop_on_nan(model, train_function):
                 f"finite (NaN or inf). Training stopped before that step changed any weight "
                 f"or table; the model keeps the state after step {step}, and no callback "
                 f"ran after the failing step. Look for NaN/inf values or out-of-range "
-                f"labels in the batch, or lower the learning rate.") from None
+                f"labels in the batch, or lower the learning rate."
+            ) from None
 
     return function
 
@@ -80,4 +81,5 @@ def check_finite_state(model, action: str) -> None:
                 f"{action} refused: {kind} {var.path if hasattr(var, 'path') else var.name!r} "
                 f"of model {model.name!r} holds {bad} non-finite value(s) (NaN or inf); "
                 f"a checkpoint of this state would poison every run restored from it. "
-                f"Restore an earlier checkpoint instead.")
+                f"Restore an earlier checkpoint instead."
+            )

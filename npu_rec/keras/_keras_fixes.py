@@ -28,8 +28,10 @@ from npu_rec import _log as logging
 
 def multi_worker(strategy) -> bool:
     """True under a `MultiWorkerMirroredStrategy` with more than one replica."""
-    return (isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
-            and strategy.num_replicas_in_sync > 1)
+    return (
+        isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
+        and strategy.num_replicas_in_sync > 1
+    )
 
 
 def unscale_loss(loss):

@@ -27,8 +27,9 @@ from npu_rec.table._key_pipeline import PreparedIds
 
 #: `create_table` arguments a layer that creates its table accepts: every field of the
 #: table's config but its name and dim (derived, so a new table setting reaches the layer).
-_TABLE_KWARGS = tuple(f.name for f in dataclasses.fields(TableConfig)
-                      if f.name not in ("name", "dim"))
+_TABLE_KWARGS = tuple(
+    f.name for f in dataclasses.fields(TableConfig) if f.name not in ("name", "dim")
+)
 _LAYER_KWARGS = ("name", "trainable", "dtype")
 _STATE_PREFIX = "table__"
 
@@ -48,8 +49,10 @@ def _deserialize_optimizer(value):
         return value
     cls = getattr(optimizers, value["class_name"], None)
     if cls is None:
-        raise ValueError(f"Unknown npu_rec sparse optimizer {value['class_name']!r} in the "
-                         f"layer config. Received: optimizer={value!r}")
+        raise ValueError(
+            f"Unknown npu_rec sparse optimizer {value['class_name']!r} in the "
+            f"layer config. Received: optimizer={value!r}"
+        )
     return cls(**value["config"])
 
 
@@ -60,7 +63,8 @@ def _serialize_initializer(init, layer_name: str):
         return keras.initializers.serialize(init)
     raise ValueError(
         f"SparseEmbedding {layer_name!r} cannot serialise its table initializer: only None "
-        f"and keras.initializers.Initializer objects can be saved. Received: initializer={init!r}")
+        f"and keras.initializers.Initializer objects can be saved. Received: initializer={init!r}"
+    )
 
 
 def _deserialize_initializer(value):
@@ -113,36 +117,51 @@ class SparseEmbedding(keras.layers.Layer):
       >>> emb = SparseEmbedding("user", 8, optimizer=npu_rec.optimizers.Adagrad(0.05))(ids)
     """
 
-    def __init__(self, table_or_name, dim: int | None = None, *, combiner: str | None = None,
-                 **table_kwargs):
+    def __init__(
+        self, table_or_name, dim: int | None = None, *, combiner: str | None = None, **table_kwargs
+    ):
         layer_kwargs = {k: table_kwargs.pop(k) for k in _LAYER_KWARGS if k in table_kwargs}
         unknown = sorted(set(table_kwargs) - set(_TABLE_KWARGS))
         if unknown:
-            raise TypeError(f"SparseEmbedding got unknown arguments {unknown}; table arguments "
-                            f"are {list(_TABLE_KWARGS)}. Received: {unknown}")
+            raise TypeError(
+                f"SparseEmbedding got unknown arguments {unknown}; table arguments "
+                f"are {list(_TABLE_KWARGS)}. Received: {unknown}"
+            )
         if combiner not in (None, "sum", "mean", "sqrtn"):
-            raise ValueError("`combiner` must be None, 'sum', 'mean' or 'sqrtn'. "
-                             f"Received: combiner={combiner!r}")
+            raise ValueError(
+                "`combiner` must be None, 'sum', 'mean' or 'sqrtn'. "
+                f"Received: combiner={combiner!r}"
+            )
         if isinstance(table_or_name, SparseTable):
             table = table_or_name
             if table_kwargs:
-                raise ValueError("Table arguments only apply when SparseEmbedding creates the "
-                                 f"table from a name. Received: {sorted(table_kwargs)} with "
-                                 f"table={table.name!r}")
+                raise ValueError(
+                    "Table arguments only apply when SparseEmbedding creates the "
+                    f"table from a name. Received: {sorted(table_kwargs)} with "
+                    f"table={table.name!r}"
+                )
             if dim is not None and dim != table.dim:
-                raise ValueError(f"`dim` must match the table's dim {table.dim}. "
-                                 f"Received: dim={dim!r}")
+                raise ValueError(
+                    f"`dim` must match the table's dim {table.dim}. Received: dim={dim!r}"
+                )
             dim = table.dim
             table_kwargs = {k: getattr(table.config, k) for k in _TABLE_KWARGS}
             table_name = table.name
         elif isinstance(table_or_name, str) and table_or_name:
             table = None
             table_name = table_or_name
-            dim = check_int("dim", dim, 1, None, rule="an integer >= 1 when SparseEmbedding "
-                            f"creates table {table_name!r}")
+            dim = check_int(
+                "dim",
+                dim,
+                1,
+                None,
+                rule=f"an integer >= 1 when SparseEmbedding creates table {table_name!r}",
+            )
         else:
-            raise TypeError("`table_or_name` must be an npu_rec.SparseTable or a non-empty "
-                            f"table name. Received: table_or_name={table_or_name!r}")
+            raise TypeError(
+                "`table_or_name` must be an npu_rec.SparseTable or a non-empty "
+                f"table name. Received: table_or_name={table_or_name!r}"
+            )
         layer_kwargs.setdefault("name", f"{table_name}_embedding")
         layer_kwargs.setdefault("dtype", "float32")
         super().__init__(**layer_kwargs)
@@ -180,21 +199,24 @@ class SparseEmbedding(keras.layers.Layer):
             return self._serve(inputs)
         training = bool(training)
         if training and not _lookup._recorders():
-            raise shown_as_raised(TableNotTrainedError(
-                f"SparseEmbedding {self.name!r} (table {self.table_name!r}) ran with "
-                "training=True outside npu_rec.keras.RecModel's train step, so its table "
-                "would not be trained. Build the model as npu_rec.keras.RecModel(inputs, "
-                "outputs) (or RecModel(network=...)) instead of keras.Model, or record the "
-                "lookups yourself with npu_rec.record_lookups(tape)."))
+            raise shown_as_raised(
+                TableNotTrainedError(
+                    f"SparseEmbedding {self.name!r} (table {self.table_name!r}) ran with "
+                    "training=True outside npu_rec.keras.RecModel's train step, so its table "
+                    "would not be trained. Build the model as npu_rec.keras.RecModel(inputs, "
+                    "outputs) (or RecModel(network=...)) instead of keras.Model, or record the "
+                    "lookups yourself with npu_rec.record_lookups(tape)."
+                )
+            )
         inputs = self._bags(inputs)
-        out = _lookup.sparse_lookup(self.table, inputs, combiner=self.combiner,
-                                    timestamps=timestamps, is_training=training)
+        out = _lookup.sparse_lookup(
+            self.table, inputs, combiner=self.combiner, timestamps=timestamps, is_training=training
+        )
         return self._with_static_shape(out, inputs)
 
     def _bags(self, inputs):
         """With a combiner, rank-1 ids [batch] are bags of one id each: [batch, 1]."""
-        if (self.combiner is not None and isinstance(inputs, tf.Tensor)
-                and inputs.shape.rank == 1):
+        if self.combiner is not None and isinstance(inputs, tf.Tensor) and inputs.shape.rank == 1:
             return inputs[:, None]
         return inputs
 
@@ -220,9 +242,11 @@ class SparseEmbedding(keras.layers.Layer):
         return self._with_static_shape(out, inputs)
 
     def compute_output_spec(self, inputs, timestamps=None, training=None):
-        return keras.KerasTensor(self.compute_output_shape(inputs.shape), dtype="float32",
-                                 ragged=bool(getattr(inputs, "ragged", False))
-                                 and self.combiner is None)
+        return keras.KerasTensor(
+            self.compute_output_shape(inputs.shape),
+            dtype="float32",
+            ragged=bool(getattr(inputs, "ragged", False)) and self.combiner is None,
+        )
 
     def compute_output_shape(self, input_shape):
         """[..., dim] without combiner; with one the last axis is reduced: [batch, dim]."""
@@ -238,8 +262,12 @@ class SparseEmbedding(keras.layers.Layer):
         kw["initializer"] = _serialize_initializer(kw.get("initializer"), self.name)
         if kw.get("key_dtype") is not None:
             kw["key_dtype"] = tf.as_dtype(kw["key_dtype"]).name
-        config = {"table_or_name": self.table_name, "dim": self.dim,
-                  "combiner": self.combiner, **kw}
+        config = {
+            "table_or_name": self.table_name,
+            "dim": self.dim,
+            "combiner": self.combiner,
+            **kw,
+        }
         return {**base_config, **config}
 
     @classmethod
@@ -259,11 +287,16 @@ class SparseEmbedding(keras.layers.Layer):
             store[_STATE_PREFIX + key.replace("/", "__")] = np.asarray(value)
 
     def load_own_variables(self, store):
-        state = {k[len(_STATE_PREFIX):].replace("__", "/"): np.asarray(store[k])
-                 for k in store.keys() if k.startswith(_STATE_PREFIX)}
+        state = {
+            k[len(_STATE_PREFIX) :].replace("__", "/"): np.asarray(store[k])
+            for k in store.keys()
+            if k.startswith(_STATE_PREFIX)
+        }
         if not state:
-            raise ValueError(f"The saved file holds no table state for SparseEmbedding "
-                             f"{self.name!r} (table {self.table_name!r}).")
+            raise ValueError(
+                f"The saved file holds no table state for SparseEmbedding "
+                f"{self.name!r} (table {self.table_name!r})."
+            )
         self.table.write_state(state)
 
 
@@ -271,8 +304,11 @@ def _static_shape(ids) -> tuple | None:
     """The static shape of dense, ragged, sparse or prepared ids (None entries: unknown), or None."""
     if isinstance(ids, PreparedIds):
         ids = ids.ids
-    shape = ids.shape if isinstance(ids, (tf.RaggedTensor, tf.SparseTensor)) else (
-        tf.convert_to_tensor(ids).shape)
+    shape = (
+        ids.shape
+        if isinstance(ids, (tf.RaggedTensor, tf.SparseTensor))
+        else (tf.convert_to_tensor(ids).shape)
+    )
     return None if shape.rank is None else tuple(shape.as_list())
 
 

@@ -15,8 +15,16 @@ from npu_rec.keras._layers import model_tables
 from npu_rec.keras._model_state import ModelStateMixin
 from npu_rec.table import _lookup
 
-_REC_ARGS = ("network", "loss_fn", "optimizer", "metrics", "eval_network", "eval_indexes",
-             "amp_level", "boost_level")
+_REC_ARGS = (
+    "network",
+    "loss_fn",
+    "optimizer",
+    "metrics",
+    "eval_network",
+    "eval_indexes",
+    "amp_level",
+    "boost_level",
+)
 
 
 def _waits_for_the_batch(step):
@@ -32,8 +40,9 @@ def _waits_for_the_batch(step):
 
     @functools.wraps(step)
     def wrapped(self, data):
-        tensors = [t for t in tf.nest.flatten(data, expand_composites=True)
-                   if isinstance(t, tf.Tensor)]
+        tensors = [
+            t for t in tf.nest.flatten(data, expand_composites=True) if isinstance(t, tf.Tensor)
+        ]
         with tf.control_dependencies(tensors):
             return step(self, data)
 
@@ -98,22 +107,26 @@ class RecModel(ModelStateMixin, keras.Model):
         if not self._wrapper:
             extra = sorted(k for k in rec if k not in ("amp_level", "boost_level"))
             if extra:
-                raise ValueError(f"{extra} are arguments of the wrapper form and need "
-                                 f"`network`. Received: network=None, {extra}")
+                raise ValueError(
+                    f"{extra} are arguments of the wrapper form and need "
+                    f"`network`. Received: network=None, {extra}"
+                )
         if functional_init_arguments(args, kwargs):
             Trainer.__init__(self)
             Functional.__init__(self, *args, **kwargs)
         else:
             keras.Model.__init__(self, *args, **kwargs)
-        self.amp_level = _amp.check_level("amp_level", rec.get("amp_level", "O0"),
-                                          _amp.AMP_LEVELS)
-        self.boost_level = _amp.check_level("boost_level", rec.get("boost_level", "O0"),
-                                            _amp.BOOST_LEVELS)
+        self.amp_level = _amp.check_level("amp_level", rec.get("amp_level", "O0"), _amp.AMP_LEVELS)
+        self.boost_level = _amp.check_level(
+            "boost_level", rec.get("boost_level", "O0"), _amp.BOOST_LEVELS
+        )
         if self.boost_level != "O0":
-            logging.info("npu_rec: boost_level=%s has no effect on this platform.",
-                         self.boost_level)
-        self._global_step = tf.Variable(0, dtype=tf.int64, trainable=False,
-                                        name="npu_rec_global_step")
+            logging.info(
+                "npu_rec: boost_level=%s has no effect on this platform.", self.boost_level
+            )
+        self._global_step = tf.Variable(
+            0, dtype=tf.int64, trainable=False, name="npu_rec_global_step"
+        )
         #: Times the tables' state was replaced from outside training (`set_weights`
         #: with a snapshot, `load_weights`): a delta checkpoint cannot build on a
         #: save made before, so `SparseCheckpoint` saves full after one.
@@ -124,9 +137,11 @@ class RecModel(ModelStateMixin, keras.Model):
         self.loss_fn = rec.get("loss_fn")
         if self.eval_indexes is not None:
             if self.eval_network is None or len(self.eval_indexes) != 3:
-                raise ValueError("`eval_indexes` needs `eval_network` and must list 3 positions "
-                                 "(loss, prediction, label). Received: "
-                                 f"eval_indexes={self.eval_indexes!r}")
+                raise ValueError(
+                    "`eval_indexes` needs `eval_network` and must list 3 positions "
+                    "(loss, prediction, label). Received: "
+                    f"eval_indexes={self.eval_indexes!r}"
+                )
         self._loss_in_network = self._wrapper and self.loss_fn is None
         self._resolved_amp = _amp.apply_amp_level(self.network or self, self.amp_level)
         if self._wrapper and rec.get("optimizer") is not None:
@@ -171,9 +186,11 @@ class RecModel(ModelStateMixin, keras.Model):
             cannot be compiled with XLA.
         """
         if jit_compile not in (False, "auto"):
-            raise ValueError("RecModel cannot use XLA: sparse table lookups are hash-map ops "
-                             f"without XLA kernels. Use jit_compile=False. Received: "
-                             f"jit_compile={jit_compile!r}")
+            raise ValueError(
+                "RecModel cannot use XLA: sparse table lookups are hash-map ops "
+                f"without XLA kernels. Use jit_compile=False. Received: "
+                f"jit_compile={jit_compile!r}"
+            )
         super().compile(optimizer, loss, *args, jit_compile=False, **kwargs)
         if self._resolved_amp == "O2":
             self.optimizer = _amp.wrap_loss_scale(self.optimizer)
@@ -206,8 +223,7 @@ class RecModel(ModelStateMixin, keras.Model):
         try:
             self._symbolic_build(data_batch=data_batch)
         except Exception as err:  # Keras builds at the first trace instead
-            logging.debug("npu_rec: symbolic build skipped (%s); building at the first trace.",
-                          err)
+            logging.debug("npu_rec: symbolic build skipped (%s); building at the first trace.", err)
         return None
 
     # -------------------------------------------------------------- the steps
@@ -217,10 +233,12 @@ class RecModel(ModelStateMixin, keras.Model):
             loss = tf.reduce_mean(tf.cast(self.network(data, training=training), tf.float32))
             return x, y, None, sample_weight, loss
         y_pred = self(x, training=training)
-        y_pred = tf.nest.map_structure(lambda t: tf.cast(t, tf.float32)
-                                       if t.dtype.is_floating else t, y_pred)
-        loss = self.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight,
-                                 training=training)
+        y_pred = tf.nest.map_structure(
+            lambda t: tf.cast(t, tf.float32) if t.dtype.is_floating else t, y_pred
+        )
+        loss = self.compute_loss(
+            x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=training
+        )
         return x, y, y_pred, sample_weight, loss
 
     @_waits_for_the_batch
@@ -228,15 +246,18 @@ class RecModel(ModelStateMixin, keras.Model):
         with tf.GradientTape() as tape, _lookup.record_lookups(tape) as records:
             x, y, y_pred, sample_weight, loss = self._forward_loss(data, training=True)
             # Keras divides a compiled loss by the replicas (their gradients are summed).
-            _keras_private.loss_tracker(self).update_state(_keras_fixes.unscale_loss(loss),
-                                                           sample_weight=_batch_size(x))
+            _keras_private.loss_tracker(self).update_state(
+                _keras_fixes.unscale_loss(loss), sample_weight=_batch_size(x)
+            )
             scaled = self.optimizer.scale_loss(loss)
         records = [r for r in records if r.table.optimizer is not None]
         dense_vars = list(self.trainable_variables)
         grads = tape.gradient(scaled, dense_vars + [r.embeddings for r in records])
-        dense_grads, sparse_grads = grads[:len(dense_vars)], grads[len(dense_vars):]
-        sparse_grads = [None if g is None else _lookup.densify(g, tf.shape(r.rows)[0])
-                        for g, r in zip(sparse_grads, records, strict=True)]
+        dense_grads, sparse_grads = grads[: len(dense_vars)], grads[len(dense_vars) :]
+        sparse_grads = [
+            None if g is None else _lookup.densify(g, tf.shape(r.rows)[0])
+            for g, r in zip(sparse_grads, records, strict=True)
+        ]
         apply_sparse = True
         if isinstance(self.optimizer, keras.optimizers.LossScaleOptimizer):
             if not self.optimizer.built:
@@ -244,11 +265,13 @@ class RecModel(ModelStateMixin, keras.Model):
             scale = tf.convert_to_tensor(self.optimizer.dynamic_scale)
             sparse_grads = [None if g is None else g / scale for g in sparse_grads]
             apply_sparse = self.optimizer.check_finite(
-                [g for g in dense_grads + sparse_grads if g is not None])
+                [g for g in dense_grads + sparse_grads if g is not None]
+            )
             if dense_grads:  # a non-finite table gradient also skips the dense step
                 poison = tf.where(apply_sparse, 0.0, float("nan"))
-                dense_grads = [None if g is None else g + tf.cast(poison, g.dtype)
-                               for g in dense_grads]
+                dense_grads = [
+                    None if g is None else g + tf.cast(poison, g.dtype) for g in dense_grads
+                ]
         # Every update waits for the check of this batch's loss: a non-finite loss stops
         # the run before it changes a weight, a table row or a step counter (and no
         # counter moves when the iterator turns out to have no batch left).
@@ -257,7 +280,8 @@ class RecModel(ModelStateMixin, keras.Model):
         if self._loss_in_network:
             return _keras_fixes.logs_for_reduction(self._metric_results())
         return _keras_fixes.logs_for_reduction(
-            self.compute_metrics(x, y, y_pred, sample_weight=sample_weight))
+            self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+        )
 
     def _apply_updates(self, records, dense_vars, dense_grads, sparse_grads, apply_sparse):
         if dense_vars:
@@ -266,8 +290,11 @@ class RecModel(ModelStateMixin, keras.Model):
             if apply_sparse is True:
                 _lookup.apply_recorded_gradients(records, sparse_grads)
             else:
-                tf.cond(apply_sparse, lambda: _sparse_update(records, sparse_grads),
-                        lambda: tf.constant(False))
+                tf.cond(
+                    apply_sparse,
+                    lambda: _sparse_update(records, sparse_grads),
+                    lambda: tf.constant(False),
+                )
         self._global_step.assign_add(1)
 
     def make_train_function(self, force=False):
@@ -295,7 +322,9 @@ class RecModel(ModelStateMixin, keras.Model):
             y_pred, y_true = outputs
         else:
             i_loss, i_pred, i_label = self.eval_indexes
-            _keras_private.loss_tracker(self).update_state(outputs[i_loss], sample_weight=_batch_size(x))
+            _keras_private.loss_tracker(self).update_state(
+                outputs[i_loss], sample_weight=_batch_size(x)
+            )
             y_pred, y_true = outputs[i_pred], outputs[i_label]
         return self.compute_metrics(x, y_true, y_pred, sample_weight=sample_weight)
 
@@ -309,7 +338,8 @@ class RecModel(ModelStateMixin, keras.Model):
 
         callbacks = list(callbacks or [])
         if not getattr(self, "_online", False) and not any(
-                isinstance(c, StepConsistency) for c in callbacks):
+            isinstance(c, StepConsistency) for c in callbacks
+        ):
             callbacks.append(StepConsistency())
         try:
             return super().fit(*args, callbacks=callbacks, **kwargs)
@@ -322,8 +352,9 @@ class RecModel(ModelStateMixin, keras.Model):
                 if callable(getattr(c, "release", None)):
                     c.release()
 
-    def online_train(self, train_dataset, callbacks=None, dataset_sink_mode: bool = True,
-                     sink_size: int = 1):
+    def online_train(
+        self, train_dataset, callbacks=None, dataset_sink_mode: bool = True, sink_size: int = 1
+    ):
         """Trains on an unbounded dataset until a callback or `init(max_steps)` stops it.
 
         Args:
@@ -345,8 +376,7 @@ class RecModel(ModelStateMixin, keras.Model):
           ValueError: `sink_size` or `dataset_sink_mode` is invalid, or the
             model is not compiled.
         """
-        return _online.online_train(self, train_dataset, callbacks, dataset_sink_mode,
-                                    sink_size)
+        return _online.online_train(self, train_dataset, callbacks, dataset_sink_mode, sink_size)
 
     # ------------------------------------------------------------------ config
     def get_config(self):
@@ -354,9 +384,13 @@ class RecModel(ModelStateMixin, keras.Model):
         if not self._wrapper:
             return {**super().get_config(), **rec}
         ser = keras.saving.serialize_keras_object
-        return {"name": self.name, "network": ser(self.network),
-                "eval_network": None if self.eval_network is None else ser(self.eval_network),
-                "eval_indexes": self.eval_indexes, **rec}
+        return {
+            "name": self.name,
+            "network": ser(self.network),
+            "eval_network": None if self.eval_network is None else ser(self.eval_network),
+            "eval_indexes": self.eval_indexes,
+            **rec,
+        }
 
     @classmethod
     def from_config(cls, config, custom_objects=None):
@@ -365,10 +399,18 @@ class RecModel(ModelStateMixin, keras.Model):
         if "network" in config:
             de = keras.saving.deserialize_keras_object
             network = de(config["network"], custom_objects=custom_objects)
-            eval_network = (None if config.get("eval_network") is None else
-                            de(config["eval_network"], custom_objects=custom_objects))
-            return cls(network=network, eval_network=eval_network,
-                       eval_indexes=config.get("eval_indexes"), name=config.get("name"), **rec)
+            eval_network = (
+                None
+                if config.get("eval_network") is None
+                else de(config["eval_network"], custom_objects=custom_objects)
+            )
+            return cls(
+                network=network,
+                eval_network=eval_network,
+                eval_indexes=config.get("eval_indexes"),
+                name=config.get("name"),
+                **rec,
+            )
         model = super().from_config(config, custom_objects=custom_objects)
         if rec.get("amp_level", "O0") != "O0" or rec.get("boost_level", "O0") != "O0":
             model.amp_level = rec.get("amp_level", "O0")
@@ -388,8 +430,9 @@ def _functional_class(cls: type) -> type:
     subclassed instances. The subclass saves under the registered name of `cls`.
     """
     if cls not in _FUNCTIONAL_CLASSES:
-        sub = type(cls.__name__, (cls, Functional), {"__module__": cls.__module__,
-                                                     "__doc__": cls.__doc__})
+        sub = type(
+            cls.__name__, (cls, Functional), {"__module__": cls.__module__, "__doc__": cls.__doc__}
+        )
         _keras_private.register_functional_name(sub, cls)
         _FUNCTIONAL_CLASSES[cls] = sub
     return _FUNCTIONAL_CLASSES[cls]

@@ -66,7 +66,9 @@ class ModelStateMixin:
                 logging.warning(
                     "npu_rec: RecModel.set_weights got a plain list of dense weights: the "
                     "sparse tables %s keep their current state. Pass the list returned by "
-                    "model.get_weights() to restore them too.", [t.name for t in self.tables])
+                    "model.get_weights() to restore them too.",
+                    [t.name for t in self.tables],
+                )
             return
         self.table_state_loads += 1
         for table in self.tables:
@@ -75,18 +77,21 @@ class ModelStateMixin:
     def _check_table_snapshot(self, tables: dict) -> None:
         missing = sorted(t.name for t in self.tables if t.name not in tables)
         if missing:
-            raise ValueError(f"set_weights: the weights hold no snapshot of tables {missing} of "
-                             f"this model; they hold {sorted(tables)}. Pass a list returned by "
-                             f"this model's get_weights(), or a plain list to set dense weights "
-                             f"only.")
+            raise ValueError(
+                f"set_weights: the weights hold no snapshot of tables {missing} of "
+                f"this model; they hold {sorted(tables)}. Pass a list returned by "
+                f"this model's get_weights(), or a plain list to set dense weights "
+                f"only."
+            )
         for table in self.tables:
             state = tables[table.name]
-            slots = sorted(k[len("slot/"):] for k in state if k.startswith("slot/"))
+            slots = sorted(k[len("slot/") :] for k in state if k.startswith("slot/"))
             if state["values"].shape[1:] != (table.dim,) or slots != sorted(table.slot_names):
                 raise ValueError(
                     f"set_weights: the snapshot of table {table.name!r} has dim="
                     f"{state['values'].shape[1:]} and slots={slots}, but the table has dim="
-                    f"{table.dim} and slots={sorted(table.slot_names)}.")
+                    f"{table.dim} and slots={sorted(table.slot_names)}."
+                )
 
     # ------------------------------------------------------------------ saving
     def save(self, filepath, overwrite=True, zipped=None, **kwargs):

@@ -29,13 +29,17 @@ def online_train(model, train_dataset, callbacks, dataset_sink_mode, sink_size):
     from npu_rec.keras.callbacks import Evict, SparseCheckpoint
 
     if not isinstance(dataset_sink_mode, bool):
-        raise ValueError("`dataset_sink_mode` must be True or False. "
-                         f"Received: dataset_sink_mode={dataset_sink_mode!r}")
+        raise ValueError(
+            "`dataset_sink_mode` must be True or False. "
+            f"Received: dataset_sink_mode={dataset_sink_mode!r}"
+        )
     if isinstance(sink_size, bool) or not isinstance(sink_size, int) or sink_size < 1:
         raise ValueError(f"`sink_size` must be an integer >= 1. Received: sink_size={sink_size!r}")
     if getattr(model, "optimizer", None) is None:
-        raise ValueError("online_train needs a compiled model: call model.compile(optimizer=..., "
-                         "loss=...) or pass optimizer= to RecModel. Received: optimizer=None")
+        raise ValueError(
+            "online_train needs a compiled model: call model.compile(optimizer=..., "
+            "loss=...) or pass optimizer= to RecModel. Received: optimizer=None"
+        )
     if callbacks is None:
         callbacks = []
     elif isinstance(callbacks, keras.callbacks.Callback):
@@ -45,7 +49,8 @@ def online_train(model, train_dataset, callbacks, dataset_sink_mode, sink_size):
         if isinstance(cb, SparseCheckpoint):
             cb.prepare(model)
     if not any(isinstance(cb, Evict) for cb in callbacks) and any(
-            t.config.eviction_threshold >= 0 for t in model.tables):
+        t.config.eviction_threshold >= 0 for t in model.tables
+    ):
         callbacks.append(Evict())
     max_steps = get_config().max_steps
     start = model.global_step
@@ -53,8 +58,11 @@ def online_train(model, train_dataset, callbacks, dataset_sink_mode, sink_size):
     if max_steps > 0:
         remaining = max_steps - start
         if remaining <= 0:
-            logging.info("npu_rec: online_train: global step %d already reached max_steps=%d.",
-                         start, max_steps)
+            logging.info(
+                "npu_rec: online_train: global step %d already reached max_steps=%d.",
+                start,
+                max_steps,
+            )
             return keras.callbacks.History()
     per_call = sink_size if dataset_sink_mode else 1
     saved = (model.steps_per_execution, model.train_function)
@@ -62,8 +70,14 @@ def online_train(model, train_dataset, callbacks, dataset_sink_mode, sink_size):
     model.train_function = None
     model._online = True
     try:
-        return model.fit(train_dataset, epochs=1, steps_per_epoch=remaining,
-                         callbacks=callbacks, verbose=0, shuffle=False)
+        return model.fit(
+            train_dataset,
+            epochs=1,
+            steps_per_epoch=remaining,
+            callbacks=callbacks,
+            verbose=0,
+            shuffle=False,
+        )
     finally:
         for cb in callbacks:
             if isinstance(cb, SparseCheckpoint):

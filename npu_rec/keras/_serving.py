@@ -38,7 +38,8 @@ def _flat_names(model, input_signature, flat_specs) -> list[str]:
     sources = flat_specs
     if input_signature is None:
         sources = tf.nest.flatten(
-            model._inputs_struct if hasattr(model, "_inputs_struct") else model.inputs)
+            model._inputs_struct if hasattr(model, "_inputs_struct") else model.inputs
+        )
     names = [getattr(s, "name", None) or f"input_{i}" for i, s in enumerate(sources)]
     if len(set(names)) != len(names):
         names = [f"input_{i}" for i in range(len(flat_specs))]
@@ -56,9 +57,11 @@ def _signature_specs(spec, name: str) -> list[tf.TensorSpec]:
     if not isinstance(spec, tf.SparseTensorSpec):
         return [spec]
     rank = spec.shape.rank
-    return [tf.TensorSpec([None, rank], tf.int64, name=f"{name}_indices"),
-            tf.TensorSpec([None], spec.dtype, name=f"{name}_values"),
-            tf.TensorSpec([rank], tf.int64, name=f"{name}_dense_shape")]
+    return [
+        tf.TensorSpec([None, rank], tf.int64, name=f"{name}_indices"),
+        tf.TensorSpec([None], spec.dtype, name=f"{name}_values"),
+        tf.TensorSpec([rank], tf.int64, name=f"{name}_dense_shape"),
+    ]
 
 
 def _from_signature(specs, tensors: list) -> list:
@@ -66,7 +69,7 @@ def _from_signature(specs, tensors: list) -> list:
     out, i = [], 0
     for spec in specs:
         if isinstance(spec, tf.SparseTensorSpec):
-            out.append(tf.SparseTensor(*tensors[i:i + 3]))
+            out.append(tf.SparseTensor(*tensors[i : i + 3]))
             i += 3
         else:
             out.append(tensors[i])
@@ -79,11 +82,14 @@ def _input_specs(model, input_signature):
         specs = input_signature
     elif getattr(model, "inputs", None):
         specs = tf.nest.map_structure(
-            _spec_of, model._inputs_struct if hasattr(model, "_inputs_struct") else model.inputs)
+            _spec_of, model._inputs_struct if hasattr(model, "_inputs_struct") else model.inputs
+        )
     else:
-        raise ValueError("export_for_serving needs `input_signature` for a model without "
-                         "symbolic inputs (subclassed or wrapper RecModel). Received: "
-                         "input_signature=None")
+        raise ValueError(
+            "export_for_serving needs `input_signature` for a model without "
+            "symbolic inputs (subclassed or wrapper RecModel). Received: "
+            "input_signature=None"
+        )
     return specs
 
 
@@ -92,9 +98,12 @@ def _freeze(layer) -> tuple[tf.lookup.StaticHashTable, tf.Variable]:
     keys = np.asarray(state["keys"], np.int64)
     values = np.asarray(state["values"], np.float32).reshape([-1, layer.dim])
     index = tf.lookup.StaticHashTable(
-        tf.lookup.KeyValueTensorInitializer(tf.constant(keys, tf.int64),
-                                            tf.range(len(keys), dtype=tf.int64)),
-        default_value=-1, name=f"{layer.table_name}_index")
+        tf.lookup.KeyValueTensorInitializer(
+            tf.constant(keys, tf.int64), tf.range(len(keys), dtype=tf.int64)
+        ),
+        default_value=-1,
+        name=f"{layer.table_name}_index",
+    )
     return index, tf.Variable(values, trainable=False, name=f"{layer.table_name}_rows")
 
 

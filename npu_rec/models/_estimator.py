@@ -30,18 +30,28 @@ def _dense_layer(seed):
             with tf.compat.v1.variable_scope(name):
                 init = tf.compat.v1.glorot_uniform_initializer(seed=seed)
                 w = tf.compat.v1.get_variable("kernel", [x.shape[-1], units], initializer=init)
-                b = tf.compat.v1.get_variable("bias", [units],
-                                              initializer=tf.compat.v1.zeros_initializer())
+                b = tf.compat.v1.get_variable(
+                    "bias", [units], initializer=tf.compat.v1.zeros_initializer()
+                )
                 y = tf.matmul(x, w) + b
             return tf.nn.relu(y) if activation == "relu" else y
+
         return apply
+
     return layer
 
 
-def estimator_model_fn(model: str, feature_specs: Sequence, dense_names: Sequence[str] = (), *,
-                       embedding_dim: int | None = None, learning_rate: float = 1e-3,
-                       sparse_optimizer: Callable | None = None, seed: int | None = None,
-                       **arch) -> Callable:
+def estimator_model_fn(
+    model: str,
+    feature_specs: Sequence,
+    dense_names: Sequence[str] = (),
+    *,
+    embedding_dim: int | None = None,
+    learning_rate: float = 1e-3,
+    sparse_optimizer: Callable | None = None,
+    seed: int | None = None,
+    **arch,
+) -> Callable:
     """A reference model as an Estimator `model_fn` for `npu_rec.estimator.NPUEstimator`.
 
     Example:
@@ -67,17 +77,20 @@ def estimator_model_fn(model: str, feature_specs: Sequence, dense_names: Sequenc
       `probabilities` and `logits`, float32 `[batch]`; evaluation metrics:
       `auc`; `loss` is the mean log loss.
     """
-    tables = FeatureTables(tuple(feature_specs),
-                           sparse_optimizer=sparse_optimizer or default_sparse_optimizer)
+    tables = FeatureTables(
+        tuple(feature_specs), sparse_optimizer=sparse_optimizer or default_sparse_optimizer
+    )
     network = _networks.logit_fn(model)
     if embedding_dim is not None:
         arch["embedding_dim"] = embedding_dim
         if model == "dlrm" and "bottom_units" not in arch:
             arch["bottom_units"] = (64, embedding_dim)
     if model == "dlrm":
-        _networks.check_dlrm_args(arch.get("embedding_dim", 16),
-                                  arch.get("bottom_units", (64, 16)),
-                                  arch.get("interaction", "dot"))
+        _networks.check_dlrm_args(
+            arch.get("embedding_dim", 16),
+            arch.get("bottom_units", (64, 16)),
+            arch.get("interaction", "dot"),
+        )
     dense_names = list(dense_names)
 
     def model_fn(features, labels, mode, params, config):
@@ -88,8 +101,7 @@ def estimator_model_fn(model: str, feature_specs: Sequence, dense_names: Sequenc
             return npu_rec.sparse_lookup(table, keys, is_training=training)
 
         embed = grouped_embed(tables, features, lookup)
-        dense = _networks.dense_block(
-            [tf.cast(features[n], tf.float32) for n in dense_names])
+        dense = _networks.dense_block([tf.cast(features[n], tf.float32) for n in dense_names])
         logits = network(dense, tables.input_names, embed, _dense_layer(seed), **arch)
         logits = tf.reshape(logits, [-1])
         probs = tf.sigmoid(logits)
@@ -97,11 +109,17 @@ def estimator_model_fn(model: str, feature_specs: Sequence, dense_names: Sequenc
         if mode == ModeKeys.PREDICT:
             return EstimatorSpec(mode, predictions=predictions)
         labels = tf.reshape(tf.cast(labels, tf.float32), [-1])
-        loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(
-            labels=labels, logits=logits), name="loss")
+        loss = tf.reduce_mean(
+            tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits), name="loss"
+        )
         if mode == ModeKeys.EVAL:
-            return EstimatorSpec(mode, loss=loss, eval_metric_ops={
-                "auc": streaming_auc(labels, probs, num_thresholds=AUC_THRESHOLDS)})
+            return EstimatorSpec(
+                mode,
+                loss=loss,
+                eval_metric_ops={
+                    "auc": streaming_auc(labels, probs, num_thresholds=AUC_THRESHOLDS)
+                },
+            )
         for t in (loss, labels, probs):
             tf.compat.v1.add_to_collection(TRAIN_OUTPUTS, t)
         optimizer = tf.compat.v1.train.AdamOptimizer(learning_rate)

@@ -48,8 +48,10 @@ class FeatureTables:
     def __post_init__(self):
         specs = tuple(s for s in validate_feature_specs(self.specs) if not s.is_timestamp)
         if not specs:
-            raise ValueError("A reference model needs at least one categorical FeatureSpec. "
-                             f"Received: specs={list(self.specs)!r}")
+            raise ValueError(
+                "A reference model needs at least one categorical FeatureSpec. "
+                f"Received: specs={list(self.specs)!r}"
+            )
         object.__setattr__(self, "specs", specs)
 
     @property
@@ -73,9 +75,11 @@ class FeatureTables:
         settings = table_settings(self.specs)[spec.table_name]
         return {
             "optimizer": self.sparse_optimizer(),
-            "access_threshold": -1 if settings["access_threshold"] is None
+            "access_threshold": -1
+            if settings["access_threshold"] is None
             else settings["access_threshold"],
-            "eviction_threshold": -1 if settings["eviction_threshold"] is None
+            "eviction_threshold": -1
+            if settings["eviction_threshold"] is None
             else settings["eviction_threshold"],
         }
 
@@ -117,9 +121,13 @@ def grouped_embed(tables: FeatureTables, inputs: dict, lookup: Callable) -> Call
     return embed
 
 
-def specs_for(categorical_names: Sequence[str], *, table_name: str | None = None,
-              access_threshold: int | None = None,
-              eviction_threshold: int | None = None) -> list[FeatureSpec]:
+def specs_for(
+    categorical_names: Sequence[str],
+    *,
+    table_name: str | None = None,
+    access_threshold: int | None = None,
+    eviction_threshold: int | None = None,
+) -> list[FeatureSpec]:
     """`FeatureSpec`s of categorical columns with the given thresholds.
 
     Args:
@@ -128,5 +136,12 @@ def specs_for(categorical_names: Sequence[str], *, table_name: str | None = None
         feature); None: one table per column.
       access_threshold, eviction_threshold: as `FeatureSpec`.
     """
-    return [FeatureSpec(n, table_name=table_name, access_threshold=access_threshold,
-                        eviction_threshold=eviction_threshold) for n in categorical_names]
+    return [
+        FeatureSpec(
+            n,
+            table_name=table_name,
+            access_threshold=access_threshold,
+            eviction_threshold=eviction_threshold,
+        )
+        for n in categorical_names
+    ]

@@ -32,7 +32,8 @@ def hashed_embedding_fn(num_buckets: int, seed: int | None = None) -> Callable:
 
     def embed(name: str, ids, dim: int):
         layer = layers.Embedding(
-            num_buckets, dim,
+            num_buckets,
+            dim,
             embeddings_initializer=keras.initializers.RandomNormal(stddev=0.01, seed=seed),
             name=f"{name}_emb{dim}",
         )
@@ -53,15 +54,25 @@ def sparse_embedding_fn(tables: FeatureTables) -> Callable:
         spec = tables.spec_of(name)
         table = tables.table_name(spec, dim)
         if table not in made:
-            made[table] = SparseEmbedding(table, dim, name=f"{table}_embedding",
-                                          **tables.table_kwargs(spec))
+            made[table] = SparseEmbedding(
+                table, dim, name=f"{table}_embedding", **tables.table_kwargs(spec)
+            )
         return made[table](tables.keys(spec, ids))
 
     return embed
 
 
-def _build(model: str, dense_names, categorical_names, embedding_fn, *, seed, model_class,
-           embed_factory=None, **arch):
+def _build(
+    model: str,
+    dense_names,
+    categorical_names,
+    embedding_fn,
+    *,
+    seed,
+    model_class,
+    embed_factory=None,
+    **arch,
+):
     inputs = {n: keras.Input(shape=(), dtype="float32", name=n) for n in dense_names}
     inputs.update({n: keras.Input(shape=(), dtype="int64", name=n) for n in categorical_names})
     init = keras.initializers.GlorotUniform(seed=seed)
@@ -82,10 +93,16 @@ def _build(model: str, dense_names, categorical_names, embedding_fn, *, seed, mo
     return model_class(inputs=inputs, outputs=prob, name=names[model])
 
 
-def build_deepfm(dense_names: Sequence[str], categorical_names: Sequence[str],
-                 embedding_fn: Callable, *, embedding_dim: int = 8,
-                 hidden_units: Sequence[int] = (128, 64), seed: int | None = None,
-                 model_class: type = keras.Model) -> keras.Model:
+def build_deepfm(
+    dense_names: Sequence[str],
+    categorical_names: Sequence[str],
+    embedding_fn: Callable,
+    *,
+    embedding_dim: int = 8,
+    hidden_units: Sequence[int] = (128, 64),
+    seed: int | None = None,
+    model_class: type = keras.Model,
+) -> keras.Model:
     """Builds a DeepFM click model (network: `npu_rec.models.deepfm_logit`).
 
     Args:
@@ -100,29 +117,56 @@ def build_deepfm(dense_names: Sequence[str], categorical_names: Sequence[str],
     Returns:
       A model from a dict of the named inputs to the click probability, float32 `[batch, 1]`.
     """
-    return _build("deepfm", dense_names, categorical_names, embedding_fn, seed=seed,
-                  model_class=model_class, embedding_dim=embedding_dim,
-                  hidden_units=hidden_units)
+    return _build(
+        "deepfm",
+        dense_names,
+        categorical_names,
+        embedding_fn,
+        seed=seed,
+        model_class=model_class,
+        embedding_dim=embedding_dim,
+        hidden_units=hidden_units,
+    )
 
 
-def build_wide_deep(dense_names: Sequence[str], categorical_names: Sequence[str],
-                    embedding_fn: Callable, *, embedding_dim: int = 8,
-                    hidden_units: Sequence[int] = (128, 64), seed: int | None = None,
-                    model_class: type = keras.Model) -> keras.Model:
+def build_wide_deep(
+    dense_names: Sequence[str],
+    categorical_names: Sequence[str],
+    embedding_fn: Callable,
+    *,
+    embedding_dim: int = 8,
+    hidden_units: Sequence[int] = (128, 64),
+    seed: int | None = None,
+    model_class: type = keras.Model,
+) -> keras.Model:
     """Builds a Wide & Deep click model (network: `npu_rec.models.wide_deep_logit`).
 
     Args and returns as `build_deepfm`.
     """
-    return _build("wdl", dense_names, categorical_names, embedding_fn, seed=seed,
-                  model_class=model_class, embedding_dim=embedding_dim,
-                  hidden_units=hidden_units)
+    return _build(
+        "wdl",
+        dense_names,
+        categorical_names,
+        embedding_fn,
+        seed=seed,
+        model_class=model_class,
+        embedding_dim=embedding_dim,
+        hidden_units=hidden_units,
+    )
 
 
-def build_dlrm(dense_names: Sequence[str], categorical_names: Sequence[str],
-               embedding_fn: Callable, *, embedding_dim: int = 16,
-               bottom_units: Sequence[int] = (64, 16), top_units: Sequence[int] = (256, 128),
-               interaction: str = "dot", seed: int | None = None,
-               model_class: type = keras.Model) -> keras.Model:
+def build_dlrm(
+    dense_names: Sequence[str],
+    categorical_names: Sequence[str],
+    embedding_fn: Callable,
+    *,
+    embedding_dim: int = 16,
+    bottom_units: Sequence[int] = (64, 16),
+    top_units: Sequence[int] = (256, 128),
+    interaction: str = "dot",
+    seed: int | None = None,
+    model_class: type = keras.Model,
+) -> keras.Model:
     """Builds a DLRM click model (network: `npu_rec.models.dlrm_logit`).
 
     Args:
@@ -139,17 +183,33 @@ def build_dlrm(dense_names: Sequence[str], categorical_names: Sequence[str],
       ValueError: `interaction` is unknown, or `bottom_units[-1] != embedding_dim`.
     """
     _networks.check_dlrm_args(embedding_dim, bottom_units, interaction)
-    return _build("dlrm", dense_names, categorical_names, embedding_fn, seed=seed,
-                  model_class=model_class, embedding_dim=embedding_dim,
-                  bottom_units=bottom_units, top_units=top_units, interaction=interaction)
+    return _build(
+        "dlrm",
+        dense_names,
+        categorical_names,
+        embedding_fn,
+        seed=seed,
+        model_class=model_class,
+        embedding_dim=embedding_dim,
+        bottom_units=bottom_units,
+        top_units=top_units,
+        interaction=interaction,
+    )
 
 
 _BUILDERS = {"deepfm": build_deepfm, "wdl": build_wide_deep, "dlrm": build_dlrm}
 
 
-def build_rec_model(model: str, feature_specs: Sequence, dense_names: Sequence[str] = (), *,
-                    embedding_dim: int | None = None, sparse_optimizer: Callable | None = None,
-                    seed: int | None = None, **arch) -> RecModel:
+def build_rec_model(
+    model: str,
+    feature_specs: Sequence,
+    dense_names: Sequence[str] = (),
+    *,
+    embedding_dim: int | None = None,
+    sparse_optimizer: Callable | None = None,
+    seed: int | None = None,
+    **arch,
+) -> RecModel:
     """A reference model as an `npu_rec.keras.RecModel` over sparse tables.
 
     Example:
@@ -174,8 +234,9 @@ def build_rec_model(model: str, feature_specs: Sequence, dense_names: Sequence[s
     """
     if model not in _BUILDERS:
         raise ValueError(f"`model` must be one of {list(_BUILDERS)}. Received: model={model!r}")
-    tables = FeatureTables(tuple(feature_specs),
-                           sparse_optimizer=sparse_optimizer or default_sparse_optimizer)
+    tables = FeatureTables(
+        tuple(feature_specs), sparse_optimizer=sparse_optimizer or default_sparse_optimizer
+    )
     if embedding_dim is not None:
         arch["embedding_dim"] = embedding_dim
         if model == "dlrm" and "bottom_units" not in arch:
@@ -184,14 +245,24 @@ def build_rec_model(model: str, feature_specs: Sequence, dense_names: Sequence[s
 
     def lookup(table, dim, spec, keys):
         if table not in layers_by_table:
-            layers_by_table[table] = SparseEmbedding(table, dim, name=f"{table}_embedding",
-                                                     **tables.table_kwargs(spec))
+            layers_by_table[table] = SparseEmbedding(
+                table, dim, name=f"{table}_embedding", **tables.table_kwargs(spec)
+            )
         return layers_by_table[table](keys)
 
     if model == "dlrm":
-        _networks.check_dlrm_args(arch.get("embedding_dim", 16),
-                                  arch.get("bottom_units", (64, 16)),
-                                  arch.get("interaction", "dot"))
-    return _build(model, list(dense_names), tables.input_names, None, seed=seed,
-                  model_class=RecModel,
-                  embed_factory=lambda inputs: grouped_embed(tables, inputs, lookup), **arch)
+        _networks.check_dlrm_args(
+            arch.get("embedding_dim", 16),
+            arch.get("bottom_units", (64, 16)),
+            arch.get("interaction", "dot"),
+        )
+    return _build(
+        model,
+        list(dense_names),
+        tables.input_names,
+        None,
+        seed=seed,
+        model_class=RecModel,
+        embed_factory=lambda inputs: grouped_embed(tables, inputs, lookup),
+        **arch,
+    )

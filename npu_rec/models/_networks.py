@@ -47,8 +47,15 @@ def _sum_linear(weights, dense, layer, dense_name):
     return out
 
 
-def deepfm_logit(dense, names: Sequence[str], embed: Callable, layer: Callable, *,
-                 embedding_dim: int = 8, hidden_units: Sequence[int] = (128, 64)):
+def deepfm_logit(
+    dense,
+    names: Sequence[str],
+    embed: Callable,
+    layer: Callable,
+    *,
+    embedding_dim: int = 8,
+    hidden_units: Sequence[int] = (128, 64),
+):
     """DeepFM (Guo et al., 2017): first order + FM second order + a deep MLP.
 
     Args:
@@ -77,8 +84,15 @@ def deepfm_logit(dense, names: Sequence[str], embed: Callable, layer: Callable, 
     return first + second + deep
 
 
-def wide_deep_logit(dense, names: Sequence[str], embed: Callable, layer: Callable, *,
-                    embedding_dim: int = 8, hidden_units: Sequence[int] = (128, 64)):
+def wide_deep_logit(
+    dense,
+    names: Sequence[str],
+    embed: Callable,
+    layer: Callable,
+    *,
+    embedding_dim: int = 8,
+    hidden_units: Sequence[int] = (128, 64),
+):
     """Wide & Deep (Cheng et al., 2016): a linear wide part plus a deep MLP; logits add.
 
     Args and returns as `deepfm_logit`.
@@ -90,9 +104,17 @@ def wide_deep_logit(dense, names: Sequence[str], embed: Callable, layer: Callabl
     return wide + deep
 
 
-def dlrm_logit(dense, names: Sequence[str], embed: Callable, layer: Callable, *,
-               embedding_dim: int = 16, bottom_units: Sequence[int] = (64, 16),
-               top_units: Sequence[int] = (256, 128), interaction: str = "dot"):
+def dlrm_logit(
+    dense,
+    names: Sequence[str],
+    embed: Callable,
+    layer: Callable,
+    *,
+    embedding_dim: int = 16,
+    bottom_units: Sequence[int] = (64, 16),
+    top_units: Sequence[int] = (256, 128),
+    interaction: str = "dot",
+):
     """DLRM (Naumov et al., 2019): bottom MLP, feature interaction, top MLP.
 
     The bottom MLP maps the dense features to `embedding_dim`; "dot" takes the
@@ -121,8 +143,11 @@ def dlrm_logit(dense, names: Sequence[str], embed: Callable, layer: Callable, *,
         feats = ops.reshape(stacked, (-1, f * embedding_dim))
     else:
         dots = ops.matmul(stacked, ops.transpose(stacked, (0, 2, 1)))  # [batch, f, f]
-        pairs = ops.take(ops.reshape(dots, (-1, f * f)),
-                         [i * f + j for i in range(f) for j in range(i + 1, f)], axis=1)
+        pairs = ops.take(
+            ops.reshape(dots, (-1, f * f)),
+            [i * f + j for i in range(f) for j in range(i + 1, f)],
+            axis=1,
+        )
         feats = pairs if bottom is None else ops.concatenate([bottom, pairs], axis=1)
     return mlp(feats, (*top_units, 1), "top", layer, last_activation=None)
 

@@ -22,14 +22,17 @@ import tensorflow as tf
 from npu_rec._validation import ConfigTypeError, check_number
 
 
-def _check_float(name: str, value: Any, low: float, high: float | None = None,
-                 low_open: bool = False) -> float:
+def _check_float(
+    name: str, value: Any, low: float, high: float | None = None, low_open: bool = False
+) -> float:
     return check_number(name, value, low, high, lower_open=low_open, upper_open=True)
 
 
 def _is_keras_schedule(value: Any) -> bool:
-    return any(c.__name__ == "LearningRateSchedule" and c.__module__.startswith("keras")
-               for c in type(value).__mro__)
+    return any(
+        c.__name__ == "LearningRateSchedule" and c.__module__.startswith("keras")
+        for c in type(value).__mro__
+    )
 
 
 def _check_learning_rate(value: Any):
@@ -42,9 +45,11 @@ def _check_learning_rate(value: Any):
         return value
     if isinstance(value, numbers.Real) and not isinstance(value, bool):
         return _check_float("learning_rate", value, 0.0, low_open=True)
-    raise ConfigTypeError("`learning_rate` must be a number > 0.0, a "
-                     "keras.optimizers.schedules.LearningRateSchedule or a callable of the "
-                     f"step. Received: learning_rate={value!r} of type {type(value).__name__}")
+    raise ConfigTypeError(
+        "`learning_rate` must be a number > 0.0, a "
+        "keras.optimizers.schedules.LearningRateSchedule or a callable of the "
+        f"step. Received: learning_rate={value!r} of type {type(value).__name__}"
+    )
 
 
 class SparseOptimizer:
@@ -91,7 +96,8 @@ class SparseOptimizer:
             raise ValueError(
                 f"Sparse optimizer {self.name!r} cannot serialise its learning_rate: only "
                 f"numbers and keras.optimizers.schedules.LearningRateSchedule objects can be "
-                f"saved. Received: learning_rate={rate!r}")
+                f"saved. Received: learning_rate={rate!r}"
+            )
         return {"learning_rate": rate, "name": self.name}
 
     def __repr__(self) -> str:
@@ -100,9 +106,15 @@ class SparseOptimizer:
         args = ", ".join(f"{k}={v!r}" for k, v in fields.items())
         return f"{type(self).__name__}({args})"
 
-    def apply_sparse(self, values: tf.Variable, slots: dict[str, tf.Variable],
-                     rows: tf.Tensor, grads: tf.Tensor, step: tf.Tensor,
-                     current: tf.Tensor | None = None) -> tf.Operation:
+    def apply_sparse(
+        self,
+        values: tf.Variable,
+        slots: dict[str, tf.Variable],
+        rows: tf.Tensor,
+        grads: tf.Tensor,
+        step: tf.Tensor,
+        current: tf.Tensor | None = None,
+    ) -> tf.Operation:
         """Updates `values[rows]` (and the slots of those rows) from `grads`.
 
         Args:
@@ -148,24 +160,35 @@ class Adagrad(SparseOptimizer):
       >>> opt = npu_rec.optimizers.Adagrad(learning_rate=0.05)
     """
 
-    def __init__(self, learning_rate: float = 0.001, initial_accumulator_value: float = 0.1,
-                 epsilon: float = 1e-7, name: str = "Adagrad"):
+    def __init__(
+        self,
+        learning_rate: float = 0.001,
+        initial_accumulator_value: float = 0.1,
+        epsilon: float = 1e-7,
+        name: str = "Adagrad",
+    ):
         super().__init__(learning_rate, name)
         self.initial_accumulator_value = _check_float(
-            "initial_accumulator_value", initial_accumulator_value, 0.0)
+            "initial_accumulator_value", initial_accumulator_value, 0.0
+        )
         self.epsilon = _check_float("epsilon", epsilon, 0.0)
         self.slot_specs = (("accumulator", self.initial_accumulator_value),)
 
     def get_config(self):
-        return {**super().get_config(), "initial_accumulator_value":
-                self.initial_accumulator_value, "epsilon": self.epsilon}
+        return {
+            **super().get_config(),
+            "initial_accumulator_value": self.initial_accumulator_value,
+            "epsilon": self.epsilon,
+        }
 
     def apply_sparse(self, values, slots, rows, grads, step, current=None):
         acc = tf.gather(slots["accumulator"], rows) + tf.square(grads)
         step_size = self.learning_rate_at(step) * grads / (tf.sqrt(acc) + self.epsilon)
         new = self._rows_now(values, rows, current) - step_size
-        return tf.group(slots["accumulator"].scatter_update(tf.IndexedSlices(acc, rows)),
-                        values.scatter_update(tf.IndexedSlices(new, rows)))
+        return tf.group(
+            slots["accumulator"].scatter_update(tf.IndexedSlices(acc, rows)),
+            values.scatter_update(tf.IndexedSlices(new, rows)),
+        )
 
 
 class Adam(SparseOptimizer):
@@ -179,8 +202,14 @@ class Adam(SparseOptimizer):
       >>> opt = npu_rec.optimizers.Adam(learning_rate=0.001)
     """
 
-    def __init__(self, learning_rate: float = 0.001, beta_1: float = 0.9,
-                 beta_2: float = 0.999, epsilon: float = 1e-7, name: str = "LazyAdam"):
+    def __init__(
+        self,
+        learning_rate: float = 0.001,
+        beta_1: float = 0.9,
+        beta_2: float = 0.999,
+        epsilon: float = 1e-7,
+        name: str = "LazyAdam",
+    ):
         super().__init__(learning_rate, name)
         self.beta_1 = _check_float("beta_1", beta_1, 0.0, 1.0)
         self.beta_2 = _check_float("beta_2", beta_2, 0.0, 1.0)
@@ -188,8 +217,12 @@ class Adam(SparseOptimizer):
         self.slot_specs = (("m", 0.0), ("v", 0.0))
 
     def get_config(self):
-        return {**super().get_config(), "beta_1": self.beta_1, "beta_2": self.beta_2,
-                "epsilon": self.epsilon}
+        return {
+            **super().get_config(),
+            "beta_1": self.beta_1,
+            "beta_2": self.beta_2,
+            "epsilon": self.epsilon,
+        }
 
     def apply_sparse(self, values, slots, rows, grads, step, current=None):
         t = tf.cast(step, tf.float32)
@@ -198,10 +231,13 @@ class Adam(SparseOptimizer):
         m = b1 * tf.gather(slots["m"], rows) + (1.0 - b1) * grads
         v = b2 * tf.gather(slots["v"], rows) + (1.0 - b2) * tf.square(grads)
         delta = lr_t * m / (tf.sqrt(v) + self.epsilon)
-        ops = [slots["m"].scatter_update(tf.IndexedSlices(m, rows)),
-               slots["v"].scatter_update(tf.IndexedSlices(v, rows)),
-               values.scatter_update(tf.IndexedSlices(
-                   self._rows_now(values, rows, current) - delta, rows))]
+        ops = [
+            slots["m"].scatter_update(tf.IndexedSlices(m, rows)),
+            slots["v"].scatter_update(tf.IndexedSlices(v, rows)),
+            values.scatter_update(
+                tf.IndexedSlices(self._rows_now(values, rows, current) - delta, rows)
+            ),
+        ]
         return tf.group(*ops)
 
 
@@ -216,25 +252,41 @@ class Ftrl(SparseOptimizer):
       >>> opt = npu_rec.optimizers.Ftrl(learning_rate=0.05, l1=0.001)
     """
 
-    def __init__(self, learning_rate: float = 0.001, learning_rate_power: float = -0.5,
-                 initial_accumulator_value: float = 0.1, l1: float = 0.0, l2: float = 0.0,
-                 name: str = "Ftrl"):
+    def __init__(
+        self,
+        learning_rate: float = 0.001,
+        learning_rate_power: float = -0.5,
+        initial_accumulator_value: float = 0.1,
+        l1: float = 0.0,
+        l2: float = 0.0,
+        name: str = "Ftrl",
+    ):
         super().__init__(learning_rate, name)
-        if (isinstance(learning_rate_power, bool)
-                or not isinstance(learning_rate_power, (int, float)) or learning_rate_power > 0):
-            raise ValueError("`learning_rate_power` must be a number <= 0. "
-                             f"Received: learning_rate_power={learning_rate_power!r}")
+        if (
+            isinstance(learning_rate_power, bool)
+            or not isinstance(learning_rate_power, (int, float))
+            or learning_rate_power > 0
+        ):
+            raise ValueError(
+                "`learning_rate_power` must be a number <= 0. "
+                f"Received: learning_rate_power={learning_rate_power!r}"
+            )
         self.learning_rate_power = float(learning_rate_power)
         self.initial_accumulator_value = _check_float(
-            "initial_accumulator_value", initial_accumulator_value, 0.0, low_open=True)
+            "initial_accumulator_value", initial_accumulator_value, 0.0, low_open=True
+        )
         self.l1 = _check_float("l1", l1, 0.0)
         self.l2 = _check_float("l2", l2, 0.0)
         self.slot_specs = (("accumulator", self.initial_accumulator_value), ("linear", 0.0))
 
     def get_config(self):
-        return {**super().get_config(), "learning_rate_power": self.learning_rate_power,
-                "initial_accumulator_value": self.initial_accumulator_value,
-                "l1": self.l1, "l2": self.l2}
+        return {
+            **super().get_config(),
+            "learning_rate_power": self.learning_rate_power,
+            "initial_accumulator_value": self.initial_accumulator_value,
+            "l1": self.l1,
+            "l2": self.l2,
+        }
 
     def apply_sparse(self, values, slots, rows, grads, step, current=None):
         lr, p = self.learning_rate_at(step), -self.learning_rate_power
@@ -245,9 +297,11 @@ class Ftrl(SparseOptimizer):
         lin = lin + grads - (tf.pow(acc_new, p) - tf.pow(acc, p)) / lr * row
         quad = tf.pow(acc_new, p) / lr + 2.0 * self.l2
         new_row = (tf.clip_by_value(lin, -self.l1, self.l1) - lin) / quad
-        ops = [slots["accumulator"].scatter_update(tf.IndexedSlices(acc_new, rows)),
-               slots["linear"].scatter_update(tf.IndexedSlices(lin, rows)),
-               values.scatter_update(tf.IndexedSlices(new_row, rows))]
+        ops = [
+            slots["accumulator"].scatter_update(tf.IndexedSlices(acc_new, rows)),
+            slots["linear"].scatter_update(tf.IndexedSlices(lin, rows)),
+            values.scatter_update(tf.IndexedSlices(new_row, rows)),
+        ]
         return tf.group(*ops)
 
 
@@ -257,9 +311,13 @@ LazyAdam = Adam
 LazyAdamByAddress = Adam
 
 
-def create_hash_optimizer(learning_rate: float = 0.001, beta1: float = 0.9,
-                          beta2: float = 0.999, epsilon: float = 1e-8,
-                          name: str = "LazyAdam") -> Adam:
+def create_hash_optimizer(
+    learning_rate: float = 0.001,
+    beta1: float = 0.9,
+    beta2: float = 0.999,
+    epsilon: float = 1e-8,
+    name: str = "LazyAdam",
+) -> Adam:
     """Rec SDK's `lazy_adam.create_hash_optimizer`: returns a lazy `Adam`.
 
     Args:
@@ -275,9 +333,13 @@ def create_hash_optimizer(learning_rate: float = 0.001, beta1: float = 0.9,
     return Adam(learning_rate, beta_1=beta1, beta_2=beta2, epsilon=epsilon, name=name)
 
 
-def create_hash_optimizer_by_address(learning_rate: float = 0.001, beta1: float = 0.9,
-                                     beta2: float = 0.999, epsilon: float = 1e-8,
-                                     name: str = "LazyAdamByAddress") -> Adam:
+def create_hash_optimizer_by_address(
+    learning_rate: float = 0.001,
+    beta1: float = 0.9,
+    beta2: float = 0.999,
+    epsilon: float = 1e-8,
+    name: str = "LazyAdamByAddress",
+) -> Adam:
     """Rec SDK's `create_hash_optimizer_by_address` (dynamic expansion): a lazy `Adam`.
 
     npu_rec tables use the same optimizers with and without dynamic expansion;

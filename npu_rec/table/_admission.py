@@ -27,7 +27,8 @@ class PendingCounts:
     def __init__(self, max_keys: int):
         self.max_keys = max_keys
         self.map = tf.lookup.experimental.MutableHashTable(
-            tf.int64, tf.int64, default_value=tf.constant([0, 0], tf.int64), name="pending")
+            tf.int64, tf.int64, default_value=tf.constant([0, 0], tf.int64), name="pending"
+        )
 
     def lookup(self, keys: tf.Tensor) -> tf.Tensor:
         """int64 [n, 2]: (count, last_seen) of `keys` (zeros for unknown keys)."""
@@ -50,7 +51,7 @@ class PendingCounts:
         by_key = tf.argsort(keys, stable=True)
         recency = tf.gather(state[:, 1], by_key)
         order = tf.gather(by_key, tf.argsort(recency, direction="DESCENDING", stable=True))
-        drop = tf.gather(keys, order[self.max_keys // 2:])
+        drop = tf.gather(keys, order[self.max_keys // 2 :])
         return self.map.remove(drop)
 
     def drop_idle(self, now: tf.Tensor, threshold: int) -> tf.Operation:

@@ -99,10 +99,12 @@ class SparseTable(abc.ABC):
     def __repr__(self) -> str:
         c = self.config
         shards = f", num_shards={self.num_shards}" if self.num_shards > 1 else ""
-        return (f"SparseTable(name={c.name!r}, dim={c.dim}, optimizer={c.optimizer!r}, "
-                f"access_threshold={c.access_threshold}, "
-                f"eviction_threshold={c.eviction_threshold}, "
-                f"dynamic_expansion={c.dynamic_expansion}{shards})")
+        return (
+            f"SparseTable(name={c.name!r}, dim={c.dim}, optimizer={c.optimizer!r}, "
+            f"access_threshold={c.access_threshold}, "
+            f"eviction_threshold={c.eviction_threshold}, "
+            f"dynamic_expansion={c.dynamic_expansion}{shards})"
+        )
 
     @property
     def admits_at_once(self) -> bool:
@@ -115,9 +117,15 @@ class SparseTable(abc.ABC):
 
     # --------------------------------------------------------------- protocol
     @abc.abstractmethod
-    def lookup_unique(self, keys: tf.Tensor, counts: tf.Tensor | None,
-                      times: tf.Tensor | None, training: bool, from_feature: bool = False,
-                      batch_time: tf.Tensor | None = None):
+    def lookup_unique(
+        self,
+        keys: tf.Tensor,
+        counts: tf.Tensor | None,
+        times: tf.Tensor | None,
+        training: bool,
+        from_feature: bool = False,
+        batch_time: tf.Tensor | None = None,
+    ):
         """(rows int64 [u], embeddings float32 [u, dim]) of unique keys (see `_sparse`)."""
 
     @abc.abstractmethod
@@ -125,13 +133,19 @@ class SparseTable(abc.ABC):
         """int64 [u] rows of unique `keys` (-1 = no row); reads the hash map only."""
 
     @abc.abstractmethod
-    def apply_rows(self, rows: tf.Tensor, grads: tf.Tensor, all_rows: bool = False,
-                   current: tf.Tensor | None = None) -> tf.Operation:
+    def apply_rows(
+        self,
+        rows: tf.Tensor,
+        grads: tf.Tensor,
+        all_rows: bool = False,
+        current: tf.Tensor | None = None,
+    ) -> tf.Operation:
         """Applies summed gradients float32 [u, dim] of unique rows (rows < 0 skipped)."""
 
     @abc.abstractmethod
-    def read_state(self, min_period: int = 0, session=None,
-                   check: bool = True) -> dict[str, np.ndarray]:
+    def read_state(
+        self, min_period: int = 0, session=None, check: bool = True
+    ) -> dict[str, np.ndarray]:
         """All state as NumPy, sorted by key (layout: `npu_rec.table._state`)."""
 
     @abc.abstractmethod
@@ -160,10 +174,12 @@ class SparseTable(abc.ABC):
 
     def _graph_ops_common(self, now_name: str) -> dict[str, Any]:
         """Graph mode: the ops of `size`, `evict` and the clamp warning."""
-        now = tf.compat.v1.placeholder_with_default(tf.constant(NO_NOW, tf.int64), [],
-                                                    now_name)
-        return {"size": self.build_size(), "evict": (now, self.build_evict(now)),
-                "clamped": self.clamped_report()}
+        now = tf.compat.v1.placeholder_with_default(tf.constant(NO_NOW, tf.int64), [], now_name)
+        return {
+            "size": self.build_size(),
+            "evict": (now, self.build_evict(now)),
+            "clamped": self.clamped_report(),
+        }
 
     def _default_now(self) -> tf.Tensor:
         """The table's clock: newest timestamp seen, or the wall clock without a feature."""
@@ -176,7 +192,8 @@ class SparseTable(abc.ABC):
             raise ValueError(
                 f"Sparse table {self.name!r} lives in a tf.compat.v1 graph: pass `session=` "
                 "(e.g. run_context.session in a SessionRunHook) or use a default session. "
-                "Received: session=None")
+                "Received: session=None"
+            )
         return sess
 
     # ------------------------------------------------------------ keys, grads
@@ -190,16 +207,23 @@ class SparseTable(abc.ABC):
             return keys
         low, high = tf.int32.min, tf.int32.max
         bad = tf.boolean_mask(keys, (keys < low) | (keys > high))
-        rule = (f"Sparse table {self.name!r} has key_dtype=int32, so ids must lie in "
-                f"[{low}, {high}]; create it with key_dtype=tf.int64 for wider ids.")
+        rule = (
+            f"Sparse table {self.name!r} has key_dtype=int32, so ids must lie in "
+            f"[{low}, {high}]; create it with key_dtype=tf.int64 for wider ids."
+        )
         if tf.executing_eagerly():
             if tf.size(bad) > 0:
                 raise tf.errors.InvalidArgumentError(
-                    None, None, f"{rule} Received out-of-range ids (first 3): "
-                    f"{bad.numpy()[:3].tolist()}")
+                    None,
+                    None,
+                    f"{rule} Received out-of-range ids (first 3): {bad.numpy()[:3].tolist()}",
+                )
             return keys
-        check = tf.debugging.Assert(tf.equal(tf.size(bad), 0), [
-            f"{rule} Received out-of-range ids (first 3):", bad[:3]], summarize=3)
+        check = tf.debugging.Assert(
+            tf.equal(tf.size(bad), 0),
+            [f"{rule} Received out-of-range ids (first 3):", bad[:3]],
+            summarize=3,
+        )
         with tf.control_dependencies([check]):
             return tf.identity(keys)
 
@@ -208,7 +232,8 @@ class SparseTable(abc.ABC):
             raise ValueError(
                 f"Sparse table {self.name!r} has no optimizer, so it cannot apply gradients. "
                 "Pass `optimizer=npu_rec.optimizers.<SGD|Adagrad|Adam|Ftrl>(...)` to "
-                "npu_rec.create_table. Received: optimizer=None")
+                "npu_rec.create_table. Received: optimizer=None"
+            )
 
     @tf.autograph.experimental.do_not_convert
     def apply_gradients(self, ids, grads) -> tf.Operation | None:
@@ -291,7 +316,8 @@ class SparseTable(abc.ABC):
             # Compiled once: a whole-table scan runs multi-threaded, and the
             # metadata read is released before the scatters (no copy-on-write).
             self._eager_evict = tf.function(
-                self.build_evict, input_signature=[tf.TensorSpec([], tf.int64)])
+                self.build_evict, input_signature=[tf.TensorSpec([], tf.int64)]
+            )
             # One trace per table by design: without this, TF warns of "excessive
             # retracing" of `build_evict` once a model's tables are evicted.
             self._eager_evict._omit_frequent_tracing_warning = True
@@ -309,8 +335,13 @@ class SparseTable(abc.ABC):
             logging.warning(
                 "npu_rec: sparse table %r replaced %d training timestamps (%d so far) lying "
                 "more than %d s ahead of the wall clock, e.g. %d, by its clock: timestamps "
-                "must be int seconds (not milliseconds).", self.name,
-                count - self._clamped_reported, count, MAX_SECONDS_AHEAD, newest)
+                "must be int seconds (not milliseconds).",
+                self.name,
+                count - self._clamped_reported,
+                count,
+                MAX_SECONDS_AHEAD,
+                newest,
+            )
             self._clamped_reported = int(count)
 
     # ------------------------------------------------------------------ state
@@ -325,9 +356,13 @@ class SparseTable(abc.ABC):
           (slot name -> float32 [n, dim]), `counts` int64 [n], `last_seen` int64 [n].
         """
         st = self.read_state(0, session, check=False)
-        return {"keys": st["keys"].astype(self.key_dtype.as_numpy_dtype),
-                "values": st["values"], "counts": st["counts"], "last_seen": st["last_seen"],
-                "slots": {n: st[f"slot/{n}"] for n in self.slot_names}}
+        return {
+            "keys": st["keys"].astype(self.key_dtype.as_numpy_dtype),
+            "values": st["values"],
+            "counts": st["counts"],
+            "last_seen": st["last_seen"],
+            "slots": {n: st[f"slot/{n}"] for n in self.slot_names},
+        }
 
     def save(self, path: str, session=None) -> None:
         """Writes a full snapshot of this table to the file `path` (atomic, checksummed).
@@ -341,8 +376,11 @@ class SparseTable(abc.ABC):
         from npu_rec.checkpoint import _file_format  # checkpoint is above
 
         st = self.read_state(0, session)
-        _file_format.write_file(path, _file_format.table_arrays(self.name, st),
-                                {"tables": {self.name: self.describe()}, "kind": "full"})
+        _file_format.write_file(
+            path,
+            _file_format.table_arrays(self.name, st),
+            {"tables": {self.name: self.describe()}, "kind": "full"},
+        )
 
     def restore(self, path: str, session=None) -> None:
         """Replaces this table's state by the snapshot in `path` (written by `save`).
@@ -361,13 +399,16 @@ class SparseTable(abc.ABC):
         """Raises ValueError unless checkpoint `meta` has this table with the same layout."""
         desc = meta.get("tables", {}).get(self.name)
         if desc is None:
-            raise ValueError(f"Checkpoint file {path!r} has no table named {self.name!r}; "
-                             f"it holds {sorted(meta.get('tables', {}))}.")
+            raise ValueError(
+                f"Checkpoint file {path!r} has no table named {self.name!r}; "
+                f"it holds {sorted(meta.get('tables', {}))}."
+            )
         if desc["dim"] != self.dim or list(desc["slots"]) != self.slot_names:
             raise ValueError(
                 f"Checkpoint file {path!r} holds table {self.name!r} with dim={desc['dim']} "
                 f"and slots={desc['slots']}, but the table has dim={self.dim} and "
-                f"slots={self.slot_names} (is the optimizer the same?).")
+                f"slots={self.slot_names} (is the optimizer the same?)."
+            )
 
 
 def rows_with_values(rows, grads, current, all_rows: bool):
@@ -375,5 +416,8 @@ def rows_with_values(rows, grads, current, all_rows: bool):
     if all_rows:
         return rows, grads, current
     valid = tf.where(rows >= 0)[:, 0]
-    return (tf.gather(rows, valid), tf.gather(grads, valid),
-            None if current is None else tf.gather(current, valid))
+    return (
+        tf.gather(rows, valid),
+        tf.gather(grads, valid),
+        None if current is None else tf.gather(current, valid),
+    )

@@ -43,20 +43,23 @@ def build_check(table) -> dict[str, tf.Tensor]:
     in_range = (rows >= 0) & (rows < cap)
     safe = tf.where(in_range, rows, tf.zeros_like(rows))
     keys = index.unmix(mixed)
-    maps_back = (in_range & tf.gather(live, safe)
-                 & tf.equal(tf.gather(s.row_keys.read_value(), safe), keys))
+    maps_back = (
+        in_range & tf.gather(live, safe) & tf.equal(tf.gather(s.row_keys.read_value(), safe), keys)
+    )
     found = tf.equal(index.lookup_mixed(mixed), rows)
     num_free = s.num_free.read_value()
     free = s.free.read_value()[:num_free]
-    out = {"live_rows": tf.math.count_nonzero(live),
-           "size": s.live_count(),
-           "index_size": index.size(),
-           "index_held": tf.size(rows, out_type=tf.int64),
-           "unmapped": tf.math.count_nonzero(~maps_back),
-           "unmapped_key": _first(keys, ~maps_back),
-           "not_found": tf.math.count_nonzero(~found),
-           "not_found_key": _first(keys, ~found),
-           "free_live": tf.math.count_nonzero(tf.gather(counts, free) > 0)}
+    out = {
+        "live_rows": tf.math.count_nonzero(live),
+        "size": s.live_count(),
+        "index_size": index.size(),
+        "index_held": tf.size(rows, out_type=tf.int64),
+        "unmapped": tf.math.count_nonzero(~maps_back),
+        "unmapped_key": _first(keys, ~maps_back),
+        "not_found": tf.math.count_nonzero(~found),
+        "not_found_key": _first(keys, ~found),
+        "free_live": tf.math.count_nonzero(tf.gather(counts, free) > 0),
+    }
     for name, var in [("values", s.values), *[(f"slot/{n}", v) for n, v in s.slots.items()]]:
         bad = tf.reduce_any(~tf.math.is_finite(var.read_value()), axis=1) & live
         out[f"nonfinite/{name}"] = tf.math.count_nonzero(bad)
@@ -81,7 +84,8 @@ def _raise_inconsistent(table_name: str, problems: list[str]):
     raise TableInvariantError(
         f"Sparse table {table_name!r} is inconsistent, so its state is not saved (the "
         f"previous checkpoint is kept): {'; '.join(problems)}. This is a bug in npu_rec; "
-        "please report it.")
+        "please report it."
+    )
 
 
 def verify_unique_keys(table_name: str, keys: np.ndarray) -> None:
@@ -104,27 +108,38 @@ def verify(table_name: str, check: dict[str, Any], keys: np.ndarray) -> None:
     if not c["live_rows"] == c["size"] == c["index_size"] == c["index_held"]:
         problems.append(
             f"live rows ({c['live_rows']}) == size() ({c['size']}) == keys in the index "
-            f"({c['index_size']} counted, {c['index_held']} held) does not hold")
+            f"({c['index_size']} counted, {c['index_held']} held) does not hold"
+        )
     if c["free_live"]:
         problems.append(f"{c['free_live']} rows on the free list are live")
     if c["not_found"]:
-        problems.append(f"{c['not_found']} indexed keys are held twice or cannot be found "
-                        f"again (e.g. key {c['not_found_key']})")
+        problems.append(
+            f"{c['not_found']} indexed keys are held twice or cannot be found "
+            f"again (e.g. key {c['not_found_key']})"
+        )
     if c["unmapped"]:
-        problems.append(f"{c['unmapped']} indexed keys point to a row that is free or holds "
-                        f"another key (e.g. key {c['unmapped_key']})")
+        problems.append(
+            f"{c['unmapped']} indexed keys point to a row that is free or holds "
+            f"another key (e.g. key {c['unmapped_key']})"
+        )
     twice = _repeated_key(keys)
     if twice is not None:
         problems.append(f"key {twice} has two live rows")
     if problems:
         _raise_inconsistent(table_name, problems)
-    nonfinite = [(name[len("nonfinite/"):], n) for name, n in c.items()
-                 if name.startswith("nonfinite/") and n]
+    nonfinite = [
+        (name[len("nonfinite/") :], n)
+        for name, n in c.items()
+        if name.startswith("nonfinite/") and n
+    ]
     if nonfinite:
-        where = ", ".join(f"{n} live rows of `{name}` (e.g. key "
-                          f"{c['nonfinite_key/' + name]})" for name, n in nonfinite)
+        where = ", ".join(
+            f"{n} live rows of `{name}` (e.g. key {c['nonfinite_key/' + name]})"
+            for name, n in nonfinite
+        )
         raise TableInvariantError(
             f"Sparse table {table_name!r} holds NaN or Inf in {where}, so its state is not "
             "saved (the previous checkpoint is kept): every live row's values and slots "
             "must be finite. Training diverged: lower the learning rate, clip gradients, "
-            "or look for non-finite input values.")
+            "or look for non-finite input values."
+        )

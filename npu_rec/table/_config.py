@@ -72,17 +72,20 @@ class TableConfig:
         """The table of rules of `create_table`'s arguments (errors: `npu_rec._validation`)."""
         name_rule = "`name` must be a non-empty string without '/'. "
         if not isinstance(self.name, str):
-            raise ConfigTypeError(f"{name_rule}Received: name={self.name!r} of type "
-                                  f"{type(self.name).__name__}")
+            raise ConfigTypeError(
+                f"{name_rule}Received: name={self.name!r} of type {type(self.name).__name__}"
+            )
         if not self.name or "/" in self.name:
             raise ConfigError(f"{name_rule}Received: name={self.name!r}")
-        ints = (("dim", 1, "an integer >= 1"),
-                ("capacity", 1, "an integer >= 1 (or None)"),
-                ("access_threshold", -1, "an integer >= -1 (-1 = off)"),
-                ("eviction_threshold", -1, "an integer >= -1 (-1 = off)"),
-                ("max_pending_keys", 2, "an integer >= 2"),
-                ("num_shards", 1, "an integer >= 1"))
-        for field, low, rule in ints:          # NumPy integers are stored as int
+        ints = (
+            ("dim", 1, "an integer >= 1"),
+            ("capacity", 1, "an integer >= 1 (or None)"),
+            ("access_threshold", -1, "an integer >= -1 (-1 = off)"),
+            ("eviction_threshold", -1, "an integer >= -1 (-1 = off)"),
+            ("max_pending_keys", 2, "an integer >= 2"),
+            ("num_shards", 1, "an integer >= 1"),
+        )
+        for field, low, rule in ints:  # NumPy integers are stored as int
             value = check_int(field, getattr(self, field), low, None, rule=rule)
             object.__setattr__(self, field, value)
         try:

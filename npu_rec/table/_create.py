@@ -21,11 +21,20 @@ from npu_rec.table._sharded import ShardedTable
 from npu_rec.table._sparse import SingleShardTable
 
 
-def create_table(name: str, dim: int, *, key_dtype=tf.int64, initializer=None, optimizer=None,
-                 capacity: int | None = None, access_threshold: int = -1,
-                 eviction_threshold: int = -1, dynamic_expansion: bool | None = None,
-                 max_pending_keys: int = DEFAULT_MAX_PENDING_KEYS,
-                 num_shards: int = 1) -> SparseTable:
+def create_table(
+    name: str,
+    dim: int,
+    *,
+    key_dtype=tf.int64,
+    initializer=None,
+    optimizer=None,
+    capacity: int | None = None,
+    access_threshold: int = -1,
+    eviction_threshold: int = -1,
+    dynamic_expansion: bool | None = None,
+    max_pending_keys: int = DEFAULT_MAX_PENDING_KEYS,
+    num_shards: int = 1,
+) -> SparseTable:
     """Creates a sparse embedding table keyed by raw ids.
 
     Args:
@@ -73,16 +82,25 @@ def create_table(name: str, dim: int, *, key_dtype=tf.int64, initializer=None, o
         try:
             initializer = keras.initializers.get(initializer)
         except ValueError as err:
-            raise ValueError("`initializer` must name a Keras initializer. "
-                             f"Received: initializer={initializer!r}") from err
+            raise ValueError(
+                "`initializer` must name a Keras initializer. "
+                f"Received: initializer={initializer!r}"
+            ) from err
     if capacity is None:
         capacity = DEFAULT_DYNAMIC_CAPACITY if dynamic_expansion else DEFAULT_FIXED_CAPACITY
-    config = TableConfig(name=name, dim=dim, key_dtype=key_dtype, initializer=initializer,
-                         optimizer=optimizer, capacity=capacity,
-                         access_threshold=access_threshold,
-                         eviction_threshold=eviction_threshold,
-                         dynamic_expansion=dynamic_expansion, max_pending_keys=max_pending_keys,
-                         num_shards=num_shards)
+    config = TableConfig(
+        name=name,
+        dim=dim,
+        key_dtype=key_dtype,
+        initializer=initializer,
+        optimizer=optimizer,
+        capacity=capacity,
+        access_threshold=access_threshold,
+        eviction_threshold=eviction_threshold,
+        dynamic_expansion=dynamic_expansion,
+        max_pending_keys=max_pending_keys,
+        num_shards=num_shards,
+    )
     from npu_rec.distribute._strategy import table_for_strategy  # noqa: PLC0415
 
     table = table_for_strategy(config)  # sharded across workers under a multi-worker strategy

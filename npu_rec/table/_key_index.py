@@ -33,7 +33,7 @@ EMPTY_KEY = -(2**63)
 DELETED_KEY = -(2**63) + 1
 #: The kernel grows (doubles) its bucket array beyond this load.
 MAX_LOAD = 0.8
-_MUL = 0x9E3779B97F4A7C15        # odd, so invertible mod 2**64
+_MUL = 0x9E3779B97F4A7C15  # odd, so invertible mod 2**64
 _MUL_INV = pow(_MUL, -1, 2**64)
 
 
@@ -90,14 +90,22 @@ class KeyIndex:
     def __init__(self, capacity: int, name: str = "index"):
         self.initial_buckets = buckets_for(capacity)
         self.map = tf.lookup.experimental.DenseHashTable(
-            tf.int64, tf.int64, default_value=-1, empty_key=EMPTY_KEY,
-            deleted_key=DELETED_KEY, initial_num_buckets=self.initial_buckets, name=name)
+            tf.int64,
+            tf.int64,
+            default_value=-1,
+            empty_key=EMPTY_KEY,
+            deleted_key=DELETED_KEY,
+            initial_num_buckets=self.initial_buckets,
+            name=name,
+        )
         # Keys removed since the last reset: an upper bound on the tombstones.
-        self.removed = tf.Variable(tf.constant(0, tf.int64), trainable=False,
-                                   name=f"{name}_removed")
+        self.removed = tf.Variable(
+            tf.constant(0, tf.int64), trainable=False, name=f"{name}_removed"
+        )
         # Rows of the two raw ids whose mixed values the kernel reserves (-1 = absent).
-        self.reserved_rows = tf.Variable(tf.constant([-1, -1], tf.int64), trainable=False,
-                                         name=f"{name}_reserved_rows")
+        self.reserved_rows = tf.Variable(
+            tf.constant([-1, -1], tf.int64), trainable=False, name=f"{name}_reserved_rows"
+        )
 
     def lookup(self, keys: tf.Tensor) -> tf.Tensor:
         """int64 [n] rows of raw `keys` (-1 = absent)."""
@@ -121,8 +129,12 @@ class KeyIndex:
         keep = tf.logical_not(reserved)
         return tf.group(
             self.map.insert(tf.boolean_mask(mixed, keep), tf.boolean_mask(rows, keep)),
-            self.reserved_rows.scatter_update(tf.IndexedSlices(
-                tf.boolean_mask(rows, reserved), tf.boolean_mask(mixed, reserved) - EMPTY_KEY)))
+            self.reserved_rows.scatter_update(
+                tf.IndexedSlices(
+                    tf.boolean_mask(rows, reserved), tf.boolean_mask(mixed, reserved) - EMPTY_KEY
+                )
+            ),
+        )
 
     @staticmethod
     def unmix(mixed: tf.Tensor) -> tf.Tensor:
@@ -139,10 +151,12 @@ class KeyIndex:
         mixed = _mix(keys)
         reserved = _is_reserved(mixed)
         slots = tf.boolean_mask(mixed, reserved) - EMPTY_KEY
-        clear = self.reserved_rows.scatter_update(tf.IndexedSlices(
-            tf.fill(tf.shape(slots), tf.constant(-1, tf.int64)), slots))
-        return tf.group(self.map.remove(tf.boolean_mask(mixed, tf.logical_not(reserved))),
-                        clear, count)
+        clear = self.reserved_rows.scatter_update(
+            tf.IndexedSlices(tf.fill(tf.shape(slots), tf.constant(-1, tf.int64)), slots)
+        )
+        return tf.group(
+            self.map.remove(tf.boolean_mask(mixed, tf.logical_not(reserved))), clear, count
+        )
 
     def maybe_rebuild(self) -> tf.Tensor:
         """Rebuilds when tombstones could fill the array; returns whether it did.
@@ -155,8 +169,9 @@ class KeyIndex:
         the held keys are re-inserted into a fresh array.
         """
         live = self.map.size()
-        floor = tf.maximum(tf.constant(self.initial_buckets, tf.float64),
-                           tf.cast(live, tf.float64) / MAX_LOAD)
+        floor = tf.maximum(
+            tf.constant(self.initial_buckets, tf.float64), tf.cast(live, tf.float64) / MAX_LOAD
+        )
         crowded = tf.cast(live + self.removed.read_value(), tf.float64) > 0.9 * floor
 
         def rebuild():
@@ -180,11 +195,16 @@ class KeyIndex:
         mixed, rows = tf.reshape(mixed, [-1]), tf.reshape(rows, [-1])
         held = tf.logical_not(_is_reserved(mixed))
         special = self.reserved_rows.read_value()
-        return (tf.concat([tf.boolean_mask(mixed, held),
-                           tf.boolean_mask(tf.constant([EMPTY_KEY, DELETED_KEY], tf.int64),
-                                           special >= 0)], 0),
-                tf.concat([tf.boolean_mask(rows, held), tf.boolean_mask(special, special >= 0)],
-                          0))
+        return (
+            tf.concat(
+                [
+                    tf.boolean_mask(mixed, held),
+                    tf.boolean_mask(tf.constant([EMPTY_KEY, DELETED_KEY], tf.int64), special >= 0),
+                ],
+                0,
+            ),
+            tf.concat([tf.boolean_mask(rows, held), tf.boolean_mask(special, special >= 0)], 0),
+        )
 
     def export(self) -> tuple[tf.Tensor, tf.Tensor]:
         """(raw keys int64 [k], rows int64 [k]) of every held key, in bucket order."""
@@ -208,24 +228,26 @@ class KeyIndex:
         the second rebuild). The import waits for `mixed` and `rows`, which
         may be computed from the current arrays (`rebuild`).
         """
+
         # An empty array of the initial size; the insert grows it (one rebucketing of
         # the still-empty array) to the smallest power of two holding the keys.
         # The kernel takes [buckets, 1] arrays; graph-mode shape inference expects
         # rank 1, so the static shape is hidden (as when TF restores this table).
         def fresh(value):
             filled = tf.fill([self.initial_buckets, 1], tf.constant(value, tf.int64))
-            return tf.compat.v1.placeholder_with_default(tf.raw_ops.DeepCopy(x=filled),
-                                                         shape=None)
+            return tf.compat.v1.placeholder_with_default(tf.raw_ops.DeepCopy(x=filled), shape=None)
 
         with tf.control_dependencies([mixed, rows]):
-            empty = tf.raw_ops.LookupTableImportV2(table_handle=self.map.resource_handle,
-                                                   keys=fresh(EMPTY_KEY), values=fresh(-1))
+            empty = tf.raw_ops.LookupTableImportV2(
+                table_handle=self.map.resource_handle, keys=fresh(EMPTY_KEY), values=fresh(-1)
+            )
         with tf.control_dependencies([empty]):
-            cleared = self.reserved_rows.assign(tf.constant([-1, -1], tf.int64),
-                                                read_value=False)
+            cleared = self.reserved_rows.assign(tf.constant([-1, -1], tf.int64), read_value=False)
         with tf.control_dependencies([cleared]):
-            return tf.group(self._insert_mixed(mixed, rows),
-                            self.removed.assign(tf.constant(0, tf.int64), read_value=False))
+            return tf.group(
+                self._insert_mixed(mixed, rows),
+                self.removed.assign(tf.constant(0, tf.int64), read_value=False),
+            )
 
     def rebuild(self) -> tf.Operation:
         """Re-inserts the held keys into a fresh array (drops tombstones)."""

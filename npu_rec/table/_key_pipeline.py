@@ -78,8 +78,12 @@ def prepare_ids(ids) -> PreparedIds:
     return PreparedIds(ids, unique, index, counts)
 
 
-def prepare_keys(dataset: tf.data.Dataset, features: Sequence[str], *,
-                 num_parallel_calls: int | None = tf.data.AUTOTUNE) -> tf.data.Dataset:
+def prepare_keys(
+    dataset: tf.data.Dataset,
+    features: Sequence[str],
+    *,
+    num_parallel_calls: int | None = tf.data.AUTOTUNE,
+) -> tf.data.Dataset:
     """Maps `prepare_ids` over the named id features of a dataset's batches.
 
     Apply it after batching and before `prefetch`, so the unique of batch
@@ -103,12 +107,15 @@ def prepare_keys(dataset: tf.data.Dataset, features: Sequence[str], *,
 
     def prepare(feats: dict) -> dict:
         if not isinstance(feats, dict):
-            raise ValueError("prepare_keys needs dataset elements that are a dict of features "
-                             f"or a tuple starting with one. Received: {type(feats).__name__}")
+            raise ValueError(
+                "prepare_keys needs dataset elements that are a dict of features "
+                f"or a tuple starting with one. Received: {type(feats).__name__}"
+            )
         missing = [n for n in names if n not in feats]
         if missing:
-            raise ValueError(f"prepare_keys: features {missing} are not in the dataset; it has "
-                             f"{sorted(feats)}.")
+            raise ValueError(
+                f"prepare_keys: features {missing} are not in the dataset; it has {sorted(feats)}."
+            )
         return {k: prepare_ids(v) if k in names else v for k, v in feats.items()}
 
     def fn(*element):

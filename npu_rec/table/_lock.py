@@ -36,8 +36,7 @@ def make_lock(graph_mode: bool, name: str) -> tf.CriticalSection | None:
 
 
 def _in_v1_graph() -> bool:
-    return (not tf.executing_eagerly()
-            and not tf.compat.v1.get_default_graph().building_function)
+    return not tf.executing_eagerly() and not tf.compat.v1.get_default_graph().building_function
 
 
 def serialised(training_arg: int | None = None):
@@ -54,12 +53,14 @@ def serialised(training_arg: int | None = None):
             lock = getattr(self, "_lock", None)
             training = True
             if training_arg is not None:
-                training = kwargs.get("training", args[training_arg]
-                                      if len(args) > training_arg else True)
+                training = kwargs.get(
+                    "training", args[training_arg] if len(args) > training_arg else True
+                )
             if lock is None or not training or not _in_v1_graph():
                 return method(self, *args, **kwargs)
-            return lock.execute(lambda: method(self, *args, **kwargs),
-                                exclusive_resource_access=False)
+            return lock.execute(
+                lambda: method(self, *args, **kwargs), exclusive_resource_access=False
+            )
 
         return run
 

@@ -105,8 +105,10 @@ def apply_recorded_gradients(records, grads) -> tf.Operation | None:
     """
     records, grads = list(records), list(grads)
     if len(records) != len(grads):
-        raise ValueError("`grads` must have one entry per record. Received: "
-                         f"len(records)={len(records)}, len(grads)={len(grads)}")
+        raise ValueError(
+            "`grads` must have one entry per record. Received: "
+            f"len(records)={len(records)}, len(grads)={len(grads)}"
+        )
     by_table: dict[int, tuple[SparseTable, list, list]] = {}
     for rec, grad in zip(records, grads, strict=True):
         if grad is None:
@@ -122,13 +124,15 @@ def apply_recorded_gradients(records, grads) -> tf.Operation | None:
         # Rows of training lookups are all >= 0 when the table admits at once.
         if len(rows) == 1:
             # The lookup's embeddings are the rows' values: no second read.
-            ops.append(table.apply_rows(rows[0], gs[0], all_rows=table.admits_at_once,
-                                         current=embs[0]))
+            ops.append(
+                table.apply_rows(rows[0], gs[0], all_rows=table.admits_at_once, current=embs[0])
+            )
             continue
         gs = [densify(g, tf.shape(r, out_type=tf.int64)[0]) for r, g in zip(rows, gs, strict=True)]
         uniq, idx = tf.unique(tf.concat(rows, 0), out_idx=tf.int64)
-        summed = tf.math.unsorted_segment_sum(tf.concat(gs, 0), idx,
-                                              tf.size(uniq, out_type=tf.int64))
+        summed = tf.math.unsorted_segment_sum(
+            tf.concat(gs, 0), idx, tf.size(uniq, out_type=tf.int64)
+        )
         ops.append(table.apply_rows(uniq, summed, all_rows=table.admits_at_once))
     return None if tf.executing_eagerly() else tf.group(*ops)
 
@@ -157,8 +161,7 @@ def densify(grad, num_rows) -> tf.Tensor:
     num_rows = tf.cast(num_rows, tf.int64)
 
     def by_scatter():
-        shape = tf.concat([tf.reshape(num_rows, [1]),
-                           tf.shape(values, out_type=tf.int64)[1:]], 0)
+        shape = tf.concat([tf.reshape(num_rows, [1]), tf.shape(values, out_type=tf.int64)[1:]], 0)
         return tf.scatter_nd(indices[:, None], values, shape)
 
     def by_segments():
@@ -206,8 +209,15 @@ def _combine(emb: tf.Tensor, segments: tf.Tensor, nsegments, combiner: str) -> t
 
 
 @tf.autograph.experimental.do_not_convert
-def sparse_lookup(table: SparseTable, ids, *, combiner: str | None = None, timestamps=None,
-                  is_training: bool = True, name: str | None = None):
+def sparse_lookup(
+    table: SparseTable,
+    ids,
+    *,
+    combiner: str | None = None,
+    timestamps=None,
+    is_training: bool = True,
+    name: str | None = None,
+):
     """Looks up rows of `table` for raw ids (admitting and counting when training).
 
     Args:
@@ -249,8 +259,9 @@ def sparse_lookup(table: SparseTable, ids, *, combiner: str | None = None, times
     if prepared is not None:
         ids = prepared.ids
     if isinstance(ids, tf.SparseTensor) and combiner is None:
-        raise ValueError("SparseTensor ids need a `combiner` ('sum', 'mean' or 'sqrtn'). "
-                         "Received: combiner=None")
+        raise ValueError(
+            "SparseTensor ids need a `combiner` ('sum', 'mean' or 'sqrtn'). Received: combiner=None"
+        )
     with tf.name_scope(name or f"sparse_lookup_{table.name}"):
         if prepared is not None:
             uniq, idx, counts = prepared.unique, prepared.index, prepared.counts
@@ -263,19 +274,27 @@ def sparse_lookup(table: SparseTable, ids, *, combiner: str | None = None, times
             uniq = table.checked_keys(uniq)
             nuniq = tf.size(uniq, out_type=tf.int64)
             batch_time = None
-            if timestamps is None or (not isinstance(timestamps, (tf.RaggedTensor,
-                                                                  tf.SparseTensor))
-                                      and tf.convert_to_tensor(timestamps).shape.rank == 0):
+            if timestamps is None or (
+                not isinstance(timestamps, (tf.RaggedTensor, tf.SparseTensor))
+                and tf.convert_to_tensor(timestamps).shape.rank == 0
+            ):
                 # One time for the whole batch.
-                batch_time = (tf.cast(tf.timestamp(), tf.int64) if timestamps is None
-                              else tf.cast(tf.convert_to_tensor(timestamps), tf.int64))
+                batch_time = (
+                    tf.cast(tf.timestamp(), tf.int64)
+                    if timestamps is None
+                    else tf.cast(tf.convert_to_tensor(timestamps), tf.int64)
+                )
                 times = tf.fill(tf.reshape(nuniq, [1]), batch_time)
             else:
-                times = tf.math.unsorted_segment_max(
-                    _times(timestamps, ids), idx, nuniq)
-            rows, emb_u = table.lookup_unique(uniq, tf.cast(counts, tf.int64), times, True,
-                                               from_feature=timestamps is not None,
-                                               batch_time=batch_time)
+                times = tf.math.unsorted_segment_max(_times(timestamps, ids), idx, nuniq)
+            rows, emb_u = table.lookup_unique(
+                uniq,
+                tf.cast(counts, tf.int64),
+                times,
+                True,
+                from_feature=timestamps is not None,
+                batch_time=batch_time,
+            )
             _record(LookupRecord(table, uniq, rows, emb_u))
         else:
             if prepared is None:

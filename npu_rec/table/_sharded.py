@@ -75,11 +75,19 @@ class ShardedTable(SparseTable):
         super().__init__(config)
         n = config.num_shards
         shard_cfg = dataclasses.replace(
-            config, num_shards=1, capacity=-(-config.capacity // n),
-            max_pending_keys=max(2, -(-config.max_pending_keys // n)))
+            config,
+            num_shards=1,
+            capacity=-(-config.capacity // n),
+            max_pending_keys=max(2, -(-config.max_pending_keys // n)),
+        )
         self._shards = [
-            SingleShardTable(dataclasses.replace(shard_cfg, name=f"{config.name}_shard{s}"),
-                             register=False, seed_name=config.name) for s in range(n)]
+            SingleShardTable(
+                dataclasses.replace(shard_cfg, name=f"{config.name}_shard{s}"),
+                register=False,
+                seed_name=config.name,
+            )
+            for s in range(n)
+        ]
         if self._graph_mode:
             with tf.init_scope():
                 self._graph_ops = self._graph_ops_common(f"{config.name}_evict_now")
@@ -103,43 +111,53 @@ class ShardedTable(SparseTable):
     def _partition(self, keys: tf.Tensor, *values):
         sid = shard_of(keys, self.num_shards)
         pos = tf.dynamic_partition(tf.range(tf.size(sid)), sid, self.num_shards)
-        parts = [tf.dynamic_partition(v, sid, self.num_shards) if v is not None
-                 else [None] * self.num_shards for v in (keys, *values)]
+        parts = [
+            tf.dynamic_partition(v, sid, self.num_shards)
+            if v is not None
+            else [None] * self.num_shards
+            for v in (keys, *values)
+        ]
         return pos, parts
 
     def _global_rows(self, local: tf.Tensor, shard: int) -> tf.Tensor:
         return tf.where(local >= 0, local * self.num_shards + shard, tf.constant(-1, tf.int64))
 
     @tf.autograph.experimental.do_not_convert
-    def lookup_unique(self, keys, counts, times, training, from_feature=False,
-                      batch_time=None):
+    def lookup_unique(self, keys, counts, times, training, from_feature=False, batch_time=None):
         pos, (pk, pc, pt) = self._partition(keys, counts, times)
         rows, embs = [], []
         for s, shard in enumerate(self._shards):
-            r, e = shard.lookup_unique(pk[s], pc[s], pt[s], training, from_feature,
-                                       batch_time)
+            r, e = shard.lookup_unique(pk[s], pc[s], pt[s], training, from_feature, batch_time)
             rows.append(self._global_rows(r, s))
             embs.append(e)
         return tf.dynamic_stitch(pos, rows), tf.dynamic_stitch(pos, embs)
 
     def find_rows(self, keys):
         pos, (pk,) = self._partition(keys)
-        return tf.dynamic_stitch(pos, [self._global_rows(shard.find_rows(pk[s]), s)
-                                       for s, shard in enumerate(self._shards)])
+        return tf.dynamic_stitch(
+            pos,
+            [self._global_rows(shard.find_rows(pk[s]), s) for s, shard in enumerate(self._shards)],
+        )
 
     @tf.autograph.experimental.do_not_convert
     def apply_rows(self, rows, grads, all_rows=False, current=None):
         self._require_optimizer()
-        rows, grads, current = rows_with_values(rows, tf.cast(grads, tf.float32), current,
-                                                 all_rows)
+        rows, grads, current = rows_with_values(rows, tf.cast(grads, tf.float32), current, all_rows)
         sid = tf.cast(rows % self.num_shards, tf.int32)
         local = tf.dynamic_partition(rows // self.num_shards, sid, self.num_shards)
         part = tf.dynamic_partition(grads, sid, self.num_shards)
-        now = ([None] * self.num_shards if current is None
-               else tf.dynamic_partition(current, sid, self.num_shards))
+        now = (
+            [None] * self.num_shards
+            if current is None
+            else tf.dynamic_partition(current, sid, self.num_shards)
+        )
         # Every shard steps (possibly with no rows), so their optimizer steps stay equal.
-        return tf.group(*[shard.apply_rows(local[s], part[s], all_rows=True, current=now[s])
-                          for s, shard in enumerate(self._shards)])
+        return tf.group(
+            *[
+                shard.apply_rows(local[s], part[s], all_rows=True, current=now[s])
+                for s, shard in enumerate(self._shards)
+            ]
+        )
 
     # -------------------------------------------------------- maintenance
     def build_size(self) -> tf.Tensor:
@@ -151,8 +169,10 @@ class ShardedTable(SparseTable):
 
     def clock(self) -> tuple[tf.Tensor, tf.Tensor]:
         clocks = [s.clock() for s in self._shards]
-        return (tf.reduce_max(tf.stack([seen for seen, _ in clocks])),
-                tf.reduce_any(tf.stack([ts for _, ts in clocks])))
+        return (
+            tf.reduce_max(tf.stack([seen for seen, _ in clocks])),
+            tf.reduce_any(tf.stack([ts for _, ts in clocks])),
+        )
 
     def build_evict(self, now: tf.Tensor) -> tf.Tensor:
         if not self.config.eviction:
@@ -161,8 +181,9 @@ class ShardedTable(SparseTable):
         return tf.add_n([s.build_evict(now) for s in self._shards])
 
     # -------------------------------------------------------------- state
-    def read_state(self, min_period: int = 0, session=None,
-                   check: bool = True) -> dict[str, np.ndarray]:
+    def read_state(
+        self, min_period: int = 0, session=None, check: bool = True
+    ) -> dict[str, np.ndarray]:
         parts = [s.read_state(min_period, session, check) for s in self._shards]
         st: dict[str, Any] = {}
         row_fields = [*_ROW_FIELDS, *[f"slot/{n}" for n in self.slot_names]]
@@ -173,7 +194,7 @@ class ShardedTable(SparseTable):
         st["max_seen"] = np.max([p["max_seen"] for p in parts])
         st["ts_feature"] = np.any([p["ts_feature"] for p in parts])
         st["opt_step"] = parts[0]["opt_step"]
-        if check:                   # a key in two shards (each shard checked itself)
+        if check:  # a key in two shards (each shard checked itself)
             _table_check.verify_unique_keys(self.name, st["keys"])
         return st
 

@@ -48,21 +48,26 @@ class SingleShardTable(TableStateMixin, SparseTable):
         slot_specs = self.optimizer.slot_specs if self.optimizer is not None else ()
         with tf.init_scope():
             with tf.name_scope(f"npu_rec_table_{config.name}"):
-                self._storage = RowStorage(config.name, config.dim, slot_specs,
-                                           config.capacity, config.dynamic_expansion)
+                self._storage = RowStorage(
+                    config.name, config.dim, slot_specs, config.capacity, config.dynamic_expansion
+                )
                 self._index = KeyIndex(config.capacity, name="index")
                 self._pending = PendingCounts(config.max_pending_keys)
                 self._deleted = tf.lookup.experimental.MutableHashTable(
-                    tf.int64, tf.int64, default_value=0, name="deleted")
-                self._max_seen = tf.Variable(tf.constant(0, tf.int64), trainable=False,
-                                             name="max_seen")
+                    tf.int64, tf.int64, default_value=0, name="deleted"
+                )
+                self._max_seen = tf.Variable(
+                    tf.constant(0, tf.int64), trainable=False, name="max_seen"
+                )
                 self._ts_feature = tf.Variable(False, trainable=False, name="ts_feature")
-                self._opt_step = tf.Variable(tf.constant(0, tf.int64), trainable=False,
-                                             name="opt_step")
+                self._opt_step = tf.Variable(
+                    tf.constant(0, tf.int64), trainable=False, name="opt_step"
+                )
                 self._lock = _lock.make_lock(self._graph_mode, "lock")
                 # Timestamps clamped so far (see `_clamp_times`), and the newest of them.
-                self._clamped = tf.Variable(tf.zeros([2], tf.int64), trainable=False,
-                                            name="clamped_timestamps")
+                self._clamped = tf.Variable(
+                    tf.zeros([2], tf.int64), trainable=False, name="clamped_timestamps"
+                )
                 if self._graph_mode:
                     self._graph_ops = self._build_graph_ops()
 
@@ -90,9 +95,17 @@ class SingleShardTable(TableStateMixin, SparseTable):
 
     def variables(self) -> list[tf.Variable]:
         s = self._storage
-        return [*s.per_row_variables(), s.next_row, s.num_free, self._max_seen,
-                self._ts_feature, self._opt_step, self._index.removed,
-                self._index.reserved_rows, self._clamped]
+        return [
+            *s.per_row_variables(),
+            s.next_row,
+            s.num_free,
+            self._max_seen,
+            self._ts_feature,
+            self._opt_step,
+            self._index.removed,
+            self._index.reserved_rows,
+            self._clamped,
+        ]
 
     # ----------------------------------------------------------------- lookups
     def _initial_values(self, keys: tf.Tensor) -> tf.Tensor:
@@ -109,13 +122,20 @@ class SingleShardTable(TableStateMixin, SparseTable):
                 "such as glorot/he/lecun need a static shape. Use a fixed-distribution "
                 "initializer (RandomUniform, RandomNormal, TruncatedNormal, Constant), a "
                 "callable (shape, dtype) -> tensor, or None (keyed uniform). "
-                f"Received: initializer={init!r}") from err
+                f"Received: initializer={init!r}"
+            ) from err
 
     @tf.autograph.experimental.do_not_convert
     @_lock.serialised(training_arg=3)
-    def lookup_unique(self, keys: tf.Tensor, counts: tf.Tensor | None,
-                      times: tf.Tensor | None, training: bool, from_feature: bool = False,
-                      batch_time: tf.Tensor | None = None):
+    def lookup_unique(
+        self,
+        keys: tf.Tensor,
+        counts: tf.Tensor | None,
+        times: tf.Tensor | None,
+        training: bool,
+        from_feature: bool = False,
+        batch_time: tf.Tensor | None = None,
+    ):
         """Rows and embeddings of unique keys; admits and counts when training.
 
         Args:
@@ -142,14 +162,21 @@ class SingleShardTable(TableStateMixin, SparseTable):
         miss_keys = tf.gather(keys, miss_pos)
         miss_counts = tf.gather(counts, miss_pos)
         pending_ops = []
-        if c.access_threshold > 1:     # 0 and 1 admit every key at its first sighting
+        if c.access_threshold > 1:  # 0 and 1 admit every key at its first sighting
             prior = self._pending.lookup(miss_keys)
             total = prior[:, 0] + miss_counts
             admit = total >= c.access_threshold
             wait = tf.logical_not(admit)
-            wait_state = tf.stack([tf.boolean_mask(total, wait), tf.maximum(
-                tf.boolean_mask(prior[:, 1], wait),
-                tf.boolean_mask(tf.gather(times, miss_pos), wait))], 1)
+            wait_state = tf.stack(
+                [
+                    tf.boolean_mask(total, wait),
+                    tf.maximum(
+                        tf.boolean_mask(prior[:, 1], wait),
+                        tf.boolean_mask(tf.gather(times, miss_pos), wait),
+                    ),
+                ],
+                1,
+            )
             adm_pos = tf.boolean_mask(miss_pos, admit)
             adm_keys = tf.boolean_mask(miss_keys, admit)
             adm_prior = tf.boolean_mask(prior[:, 0], admit)
@@ -184,17 +211,21 @@ class SingleShardTable(TableStateMixin, SparseTable):
         else:
             u = tf.shape(keys, out_type=tf.int64)[0]
             extra = tf.scatter_nd(adm_pos[:, None], adm_prior, tf.reshape(u, [1]))
-            if _kernel_ops.enabled():   # the kernel skips rows < 0 itself
+            if _kernel_ops.enabled():  # the kernel skips rows < 0 itself
                 live_rows, add, live_times = rows, counts + extra, times
             else:
                 live_pos = tf.where(rows >= 0)[:, 0]
                 live_rows = tf.gather(rows, live_pos)
                 add = tf.gather(counts + extra, live_pos)
                 live_times = tf.gather(times, live_pos)
-        newest = (tf.reduce_max(tf.concat([times, [0]], 0)) if batch_time is None
-                  else tf.maximum(batch_time, 0))
-        seen = self._max_seen.assign(tf.maximum(self._max_seen.read_value(), newest),
-                                     read_value=False)
+        newest = (
+            tf.reduce_max(tf.concat([times, [0]], 0))
+            if batch_time is None
+            else tf.maximum(batch_time, 0)
+        )
+        seen = self._max_seen.assign(
+            tf.maximum(self._max_seen.read_value(), newest), read_value=False
+        )
         effects = [new_rows, seen, *pending_ops, *clamp_ops]
         if from_feature:
             effects.append(self._ts_feature.assign(True, read_value=False))
@@ -212,10 +243,14 @@ class SingleShardTable(TableStateMixin, SparseTable):
             old_seen = tf.gather(s.last_seen, live_rows)
         # Unique rows: the count grows by the sightings, last-seen takes the max. (Gather
         # and assign: TF's CPU scatter-add/max kernels are ~4x slower than assign.)
-        effects.append(tf.group(
-            s.counts.scatter_update(tf.IndexedSlices(old_counts + add, live_rows)),
-            s.last_seen.scatter_update(tf.IndexedSlices(tf.maximum(old_seen, live_times),
-                                                        live_rows))))
+        effects.append(
+            tf.group(
+                s.counts.scatter_update(tf.IndexedSlices(old_counts + add, live_rows)),
+                s.last_seen.scatter_update(
+                    tf.IndexedSlices(tf.maximum(old_seen, live_times), live_rows)
+                ),
+            )
+        )
         # Whatever consumes the rows (the embeddings, the sparse optimizer step) runs
         # after admission and bookkeeping, even when its gradient does not depend on
         # the row values: in a v1 graph, fetching the embeddings runs every effect.
@@ -241,8 +276,11 @@ class SingleShardTable(TableStateMixin, SparseTable):
         newest = tf.reduce_max(tf.concat([tf.boolean_mask(times, late), [0]], 0))
         old = self._clamped.read_value()
         count = self._clamped.assign(
-            tf.stack([old[0] + tf.math.count_nonzero(late, dtype=tf.int64),
-                      tf.maximum(old[1], newest)]), read_value=False)
+            tf.stack(
+                [old[0] + tf.math.count_nonzero(late, dtype=tf.int64), tf.maximum(old[1], newest)]
+            ),
+            read_value=False,
+        )
         times = tf.where(late, clock, times)
         if batch_time is not None:
             batch_time = tf.where(batch_time > limit, clock, batch_time)
@@ -264,8 +302,13 @@ class SingleShardTable(TableStateMixin, SparseTable):
 
     # --------------------------------------------------------------- gradients
     @tf.autograph.experimental.do_not_convert
-    def apply_rows(self, rows: tf.Tensor, grads: tf.Tensor, all_rows: bool = False,
-                   current: tf.Tensor | None = None) -> tf.Operation:
+    def apply_rows(
+        self,
+        rows: tf.Tensor,
+        grads: tf.Tensor,
+        all_rows: bool = False,
+        current: tf.Tensor | None = None,
+    ) -> tf.Operation:
         """Applies summed gradients of unique rows (rows < 0 are skipped).
 
         Args:
@@ -284,12 +327,11 @@ class SingleShardTable(TableStateMixin, SparseTable):
             # Sums per-id gradients (IndexedSlices) and updates in one kernel; skips rows < 0.
             return _kernel_ops.sparse_apply(self.optimizer, s, rows, grads, step)
         if isinstance(grads, tf.IndexedSlices):
-            grads = tf.math.unsorted_segment_sum(grads.values, grads.indices,
-                                                 tf.shape(rows, out_type=tf.int64)[0])
-        rows, grads, current = rows_with_values(rows, tf.cast(grads, tf.float32), current,
-                                                all_rows)
-        update = self.optimizer.apply_sparse(s.values, s.slots, rows, grads, step,
-                                             current=current)
+            grads = tf.math.unsorted_segment_sum(
+                grads.values, grads.indices, tf.shape(rows, out_type=tf.int64)[0]
+            )
+        rows, grads, current = rows_with_values(rows, tf.cast(grads, tf.float32), current, all_rows)
+        update = self.optimizer.apply_sparse(s.values, s.slots, rows, grads, step, current=current)
         # In a v1 graph the step count would not run when the rate does not read it.
         with tf.control_dependencies([step]):
             return tf.group(update)
@@ -310,9 +352,12 @@ class SingleShardTable(TableStateMixin, SparseTable):
         now = tf.where(tf.equal(now, NO_NOW), self._default_now(), now)
         rows = s.idle_rows(now, c.eviction_threshold)
         keys = tf.gather(s.row_keys, rows)
-        ops = [self._index.remove(keys), s.release(rows),
-               self._deleted.insert(keys, tf.ones_like(keys)),
-               self._pending.drop_idle(now, c.eviction_threshold)]
+        ops = [
+            self._index.remove(keys),
+            s.release(rows),
+            self._deleted.insert(keys, tf.ones_like(keys)),
+            self._pending.drop_idle(now, c.eviction_threshold),
+        ]
         with tf.control_dependencies(ops):
             compact = self._index.maybe_rebuild()
         with tf.control_dependencies([compact]):

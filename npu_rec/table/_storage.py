@@ -49,8 +49,9 @@ class RowStorage:
             return tf.Variable(value, trainable=False, name=name, shape=tf.TensorShape(shape))
 
         self.values = var("values", tf.zeros([capacity, dim]), [lead, dim])
-        self.slots = {n: var(f"slot_{n}", tf.zeros([capacity, dim]), [lead, dim])
-                      for n, _ in slot_specs}
+        self.slots = {
+            n: var(f"slot_{n}", tf.zeros([capacity, dim]), [lead, dim]) for n, _ in slot_specs
+        }
         self.counts = var("counts", tf.zeros([capacity], tf.int64), [lead])
         self.saved_counts = var("saved_counts", tf.zeros([capacity], tf.int64), [lead])
         self.last_seen = var("last_seen", tf.zeros([capacity], tf.int64), [lead])
@@ -61,8 +62,15 @@ class RowStorage:
 
     def per_row_variables(self) -> list[tf.Variable]:
         """Every variable whose first dimension is the capacity."""
-        return [self.values, *self.slots.values(), self.counts, self.saved_counts,
-                self.last_seen, self.row_keys, self.free]
+        return [
+            self.values,
+            *self.slots.values(),
+            self.counts,
+            self.saved_counts,
+            self.last_seen,
+            self.row_keys,
+            self.free,
+        ]
 
     def capacity(self) -> tf.Tensor:
         """int64 scalar: rows currently allocated.
@@ -77,18 +85,21 @@ class RowStorage:
         return self.next_row.read_value() - self.num_free.read_value()
 
     def _full_message(self, needed: str) -> str:
-        return (f"Sparse table '{self.table_name}' is full: its capacity is "
-                f"{self.initial_capacity} rows and this batch needs {needed}. Raise "
-                "`capacity` in npu_rec.create_table, or turn on dynamic expansion "
-                "(npu_rec.init(use_dynamic_expansion=True) or "
-                "create_table(..., dynamic_expansion=True)).")
+        return (
+            f"Sparse table '{self.table_name}' is full: its capacity is "
+            f"{self.initial_capacity} rows and this batch needs {needed}. Raise "
+            "`capacity` in npu_rec.create_table, or turn on dynamic expansion "
+            "(npu_rec.init(use_dynamic_expansion=True) or "
+            "create_table(..., dynamic_expansion=True))."
+        )
 
     def _check_capacity(self, needed: tf.Tensor, cap: tf.Tensor) -> tf.Tensor:
         """`cap` once `needed <= cap` holds; the error is the message alone (no x/y dump)."""
         if tf.executing_eagerly():
             if int(needed) > int(cap):
-                raise tf.errors.InvalidArgumentError(None, None,
-                                                     self._full_message(str(int(needed))))
+                raise tf.errors.InvalidArgumentError(
+                    None, None, self._full_message(str(int(needed)))
+                )
             return cap
         check = tf.debugging.Assert(needed <= cap, [self._full_message("more")])
         with tf.control_dependencies([check]):
@@ -106,8 +117,12 @@ class RowStorage:
             for v in self.per_row_variables():
                 shape = tf.raw_ops.VariableShape(input=v.handle, out_type=tf.int64)
                 pad_shape = tf.concat([[new_cap - cap], shape[1:]], 0)
-                ops.append(v.assign(tf.concat([v.read_value(), tf.zeros(pad_shape, v.dtype)], 0),
-                                    read_value=False))
+                ops.append(
+                    v.assign(
+                        tf.concat([v.read_value(), tf.zeros(pad_shape, v.dtype)], 0),
+                        read_value=False,
+                    )
+                )
             with tf.control_dependencies(ops):
                 return tf.identity(new_cap)
 
@@ -132,18 +147,24 @@ class RowStorage:
             from_free = tf.gather(self.free, tf.range(num_free - take, num_free))
             rows = tf.concat([from_free, tf.range(next_row, needed)], 0)
         with tf.control_dependencies([rows]):
-            update = tf.group(self.num_free.assign(num_free - take, read_value=False),
-                              self.next_row.assign(needed, read_value=False))
+            update = tf.group(
+                self.num_free.assign(num_free - take, read_value=False),
+                self.next_row.assign(needed, read_value=False),
+            )
         return rows, update
 
     def init_rows(self, rows: tf.Tensor, keys: tf.Tensor, values: tf.Tensor) -> tf.Operation:
         """Writes fresh `values` [n, dim], initial slots, `keys` and zero metadata into `rows`."""
         n = tf.size(rows)
         zeros = tf.zeros(tf.reshape(n, [1]), tf.int64)
-        ops = [self.values.scatter_update(tf.IndexedSlices(values, rows)),
-               self.row_keys.scatter_update(tf.IndexedSlices(keys, rows)),
-               *[v.scatter_update(tf.IndexedSlices(zeros, rows))
-                 for v in (self.counts, self.saved_counts, self.last_seen)]]
+        ops = [
+            self.values.scatter_update(tf.IndexedSlices(values, rows)),
+            self.row_keys.scatter_update(tf.IndexedSlices(keys, rows)),
+            *[
+                v.scatter_update(tf.IndexedSlices(zeros, rows))
+                for v in (self.counts, self.saved_counts, self.last_seen)
+            ],
+        ]
         for name, var in self.slots.items():
             fill = tf.fill(tf.stack([n, self.dim]), tf.constant(self.slot_init[name], tf.float32))
             ops.append(var.scatter_update(tf.IndexedSlices(fill, rows)))
@@ -156,8 +177,9 @@ class RowStorage:
         push = self.free.scatter_update(tf.IndexedSlices(rows, tf.range(num_free, num_free + n)))
         zeros = tf.zeros(tf.reshape(n, [1]), tf.int64)
         wipe = self.counts.scatter_update(tf.IndexedSlices(zeros, rows))
-        mark = self.last_seen.scatter_update(tf.IndexedSlices(
-            tf.fill(tf.reshape(n, [1]), tf.constant(FREE_ROW, tf.int64)), rows))
+        mark = self.last_seen.scatter_update(
+            tf.IndexedSlices(tf.fill(tf.reshape(n, [1]), tf.constant(FREE_ROW, tf.int64)), rows)
+        )
         with tf.control_dependencies([push, wipe, mark]):
             return self.num_free.assign(num_free + n, read_value=False)
 
@@ -170,7 +192,7 @@ class RowStorage:
     def idle_rows(self, now: tf.Tensor, threshold: int) -> tf.Tensor:
         """int64 [k]: live rows last seen more than `threshold` seconds before `now`."""
         # Rows at or past `next_row` were never handed out; freed rows hold FREE_ROW.
-        seen = self.last_seen.read_value()[:self.next_row.read_value()]
+        seen = self.last_seen.read_value()[: self.next_row.read_value()]
         idle = tf.not_equal(seen, FREE_ROW) & (now - seen > threshold)
         return tf.where(idle)[:, 0]
 
@@ -191,9 +213,14 @@ class RowStorage:
         else:
             cap = tf.constant(self.initial_capacity, tf.int64)
             check = tf.debugging.assert_less_equal(
-                n, cap, message=(f"Cannot restore sparse table '{self.table_name}': the "
-                                 f"checkpoint holds more keys than its capacity "
-                                 f"({self.initial_capacity}). Raise `capacity`."))
+                n,
+                cap,
+                message=(
+                    f"Cannot restore sparse table '{self.table_name}': the "
+                    f"checkpoint holds more keys than its capacity "
+                    f"({self.initial_capacity}). Raise `capacity`."
+                ),
+            )
             with tf.control_dependencies([check] if check is not None else []):
                 cap = tf.identity(cap)
 
@@ -201,13 +228,15 @@ class RowStorage:
             shape = tf.concat([[cap - n], tf.shape(x, out_type=tf.int64)[1:]], 0)
             return tf.concat([x, tf.zeros(shape, x.dtype)], 0)
 
-        ops = [self.values.assign(pad(values), read_value=False),
-               self.counts.assign(pad(counts), read_value=False),
-               self.saved_counts.assign(pad(counts), read_value=False),
-               self.last_seen.assign(pad(last_seen), read_value=False),
-               self.row_keys.assign(pad(keys), read_value=False),
-               self.free.assign(tf.zeros(tf.reshape(cap, [1]), tf.int64), read_value=False),
-               self.next_row.assign(n, read_value=False),
-               self.num_free.assign(tf.constant(0, tf.int64), read_value=False)]
+        ops = [
+            self.values.assign(pad(values), read_value=False),
+            self.counts.assign(pad(counts), read_value=False),
+            self.saved_counts.assign(pad(counts), read_value=False),
+            self.last_seen.assign(pad(last_seen), read_value=False),
+            self.row_keys.assign(pad(keys), read_value=False),
+            self.free.assign(tf.zeros(tf.reshape(cap, [1]), tf.int64), read_value=False),
+            self.next_row.assign(n, read_value=False),
+            self.num_free.assign(tf.constant(0, tf.int64), read_value=False),
+        ]
         ops += [var.assign(pad(slots[name]), read_value=False) for name, var in self.slots.items()]
         return tf.group(*ops)

@@ -37,8 +37,11 @@ def load_position(path: str) -> dict[str, Any]:
 def restore_source(source, state: dict | None, step: int) -> bool:
     """Puts `source` at `state` (saved with checkpoint `step`); False (logged) if None."""
     if state is None:
-        logging.warning("npu_rec: checkpoint %d has no saved data position; the input "
-                        "source continues where it is.", step)
+        logging.warning(
+            "npu_rec: checkpoint %d has no saved data position; the input "
+            "source continues where it is.",
+            step,
+        )
         return False
     source.restore_from_checkpoint(state)
     logging.info("npu_rec: input source restored to the position of step %d.", step)

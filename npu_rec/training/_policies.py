@@ -32,8 +32,9 @@ DELTA: SaveKind = "delta"
 
 
 def _check_seconds(name: str, value: float | None) -> float | None:
-    return check_number(name, value, 0, lower_open=True, optional=True,
-                        rule="None or a number of seconds > 0")
+    return check_number(
+        name, value, 0, lower_open=True, optional=True, rule="None or a number of seconds > 0"
+    )
 
 
 def _crossed(step: int, last: int, every: int) -> bool:
@@ -63,21 +64,28 @@ class SavePolicy:
       ConfigError: An interval is not positive, or `incremental` lacks one.
     """
 
-    def __init__(self, *, save_steps: int | None = None, incremental: bool = False,
-                 full_interval_secs: float | None = None,
-                 delta_interval_secs: float | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        *,
+        save_steps: int | None = None,
+        incremental: bool = False,
+        full_interval_secs: float | None = None,
+        delta_interval_secs: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         save_steps = check_int("save_steps", save_steps, -1, optional=True)
         self.save_steps = save_steps if save_steps and save_steps > 0 else None
         self.incremental = bool(incremental)
         self.full_interval_secs = _check_seconds("full_interval_secs", full_interval_secs)
         self.delta_interval_secs = _check_seconds("delta_interval_secs", delta_interval_secs)
-        if self.incremental and (self.full_interval_secs is None
-                                 or self.delta_interval_secs is None):
+        if self.incremental and (
+            self.full_interval_secs is None or self.delta_interval_secs is None
+        ):
             raise ConfigError(
                 "An incremental SavePolicy needs both `full_interval_secs` and "
                 f"`delta_interval_secs`. Received: full_interval_secs={full_interval_secs}, "
-                f"delta_interval_secs={delta_interval_secs}")
+                f"delta_interval_secs={delta_interval_secs}"
+            )
         self._clock = clock
         self._started = False
         self._last_full_step = 0
@@ -86,8 +94,13 @@ class SavePolicy:
         self._has_full = False
 
     @classmethod
-    def from_config(cls, config: RecConfig, *, save_steps: int | None = None,
-                    clock: Callable[[], float] = time.monotonic) -> SavePolicy:
+    def from_config(
+        cls,
+        config: RecConfig,
+        *,
+        save_steps: int | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> SavePolicy:
         """Builds the policy of an `init` config.
 
         Args:
@@ -96,16 +109,20 @@ class SavePolicy:
             `config.save_steps` when omitted.
           clock: See the class.
         """
-        return cls(save_steps=config.save_steps if save_steps is None else save_steps,
-                   incremental=config.is_incremental_checkpoint,
-                   full_interval_secs=config.save_checkpoint_due_time,
-                   delta_interval_secs=config.save_delta_checkpoints_secs, clock=clock)
+        return cls(
+            save_steps=config.save_steps if save_steps is None else save_steps,
+            incremental=config.is_incremental_checkpoint,
+            full_interval_secs=config.save_checkpoint_due_time,
+            delta_interval_secs=config.save_delta_checkpoints_secs,
+            clock=clock,
+        )
 
     def _now(self, now: float | None) -> float:
         return self._clock() if now is None else float(now)
 
-    def start(self, step: int = 0, now: float | None = None, *,
-              has_full_save: bool = False) -> None:
+    def start(
+        self, step: int = 0, now: float | None = None, *, has_full_save: bool = False
+    ) -> None:
         """Starts (or restarts) the cadences at `step` and `now`.
 
         Call it when training starts, with the global step (restored or 0).
@@ -136,8 +153,7 @@ class SavePolicy:
         now = self._now(now)
         if not self._started:
             self.start(0, now)
-        if self.save_steps is not None and _crossed(step, self._last_full_step,
-                                                    self.save_steps):
+        if self.save_steps is not None and _crossed(step, self._last_full_step, self.save_steps):
             return FULL
         if not self.incremental:
             return None
@@ -192,8 +208,13 @@ class EvictPolicy:
       ConfigError: An interval is not positive.
     """
 
-    def __init__(self, time_interval: float | None = None, step_interval: int | None = None,
-                 *, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        time_interval: float | None = None,
+        step_interval: int | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.time_interval = _check_seconds("time_interval", time_interval)
         self.step_interval = check_int("step_interval", step_interval, 1, optional=True)
         self._clock = clock
@@ -215,8 +236,7 @@ class EvictPolicy:
         now = self._clock() if now is None else float(now)
         if not self._started:
             self.start(0, now)
-        if self.step_interval is not None and _crossed(step, self._last_step,
-                                                       self.step_interval):
+        if self.step_interval is not None and _crossed(step, self._last_step, self.step_interval):
             return True
         return self.time_interval is not None and now - self._last_time >= self.time_interval
 

@@ -106,7 +106,9 @@ def parse_accelerate_train_mode(value: str) -> AccelerateMode:
     return AccelerateMode(kind=kind, dtype=_TYPES[kind], trigger=trigger, ratio=ratio)
 
 
-def check_precision_compatibility(mode: AccelerateMode, precision_mode=None, precision_mode_v2=None):
+def check_precision_compatibility(
+    mode: AccelerateMode, precision_mode=None, precision_mode_v2=None
+):
     """Raises `ValueError` when accelerated training conflicts with a precision mode.
 
     npu_bridge allows it only with `precision_mode` in (allow_fp32_to_fp16,
@@ -152,8 +154,10 @@ class PrecisionSwitch:
         if isinstance(mode, str):
             mode = parse_accelerate_train_mode(mode)
         self.mode = mode
-        if isinstance(iterations_per_loop, bool) or not isinstance(iterations_per_loop, int) or (
-            iterations_per_loop < 1
+        if (
+            isinstance(iterations_per_loop, bool)
+            or not isinstance(iterations_per_loop, int)
+            or (iterations_per_loop < 1)
         ):
             raise ValueError(
                 "`iterations_per_loop` must be an integer >= 1. "
@@ -166,8 +170,10 @@ class PrecisionSwitch:
                     f"`total_step`, an integer >= 1. Received: total_step={total_step!r}"
                 )
         else:
-            if isinstance(final_loss, bool) or not isinstance(final_loss, (int, float)) or not (
-                final_loss > 0
+            if (
+                isinstance(final_loss, bool)
+                or not isinstance(final_loss, (int, float))
+                or not (final_loss > 0)
             ):
                 raise ValueError(
                     f"The loss trigger of accelerate_train_mode={str(mode)!r} needs "

@@ -43,8 +43,9 @@ class ResolvedSteps:
     save_steps: int | None = None
 
 
-def _resolve(name: str, init_value: int, loop_label: str | None,
-             loop_value: int | None) -> int | None:
+def _resolve(
+    name: str, init_value: int, loop_label: str | None, loop_value: int | None
+) -> int | None:
     """Reconciles init's `name=init_value` with the loop's value.
 
     Args:
@@ -55,13 +56,16 @@ def _resolve(name: str, init_value: int, loop_label: str | None,
     """
     if init_value == -1:
         if loop_value is not None:
-            log_once(f"npu_rec.init({name}=-1) takes the value of {loop_label}: "
-                      f"{name}={loop_value}")
+            log_once(
+                f"npu_rec.init({name}=-1) takes the value of {loop_label}: {name}={loop_value}"
+            )
         return loop_value
     if loop_value is None:
         if loop_label is not None:
-            log_once(f"{loop_label.replace('=None', '')} is unset, so the training loop uses "
-                      f"npu_rec.init({name}={init_value})")
+            log_once(
+                f"{loop_label.replace('=None', '')} is unset, so the training loop uses "
+                f"npu_rec.init({name}={init_value})"
+            )
         return init_value
     if init_value != loop_value:
         raise ConfigError(
@@ -76,11 +80,14 @@ def _loop_value(name: str, value: int | None) -> int | None:
     return check_int(name, value, 0, optional=True)
 
 
-def check_estimator_train(*, save_checkpoints_steps: int | None = None,
-                          save_checkpoints_secs: int | float | None = None,
-                          max_steps: int | None = None,
-                          max_steps_source: str = "NPUEstimator.train",
-                          config: RecConfig | None = None) -> ResolvedSteps:
+def check_estimator_train(
+    *,
+    save_checkpoints_steps: int | None = None,
+    save_checkpoints_secs: int | float | None = None,
+    max_steps: int | None = None,
+    max_steps_source: str = "NPUEstimator.train",
+    config: RecConfig | None = None,
+) -> ResolvedSteps:
     """Checks `init` against an Estimator `train()` (or `TrainSpec`).
 
     Pass only what the user set explicitly: None for a run-config cadence
@@ -105,8 +112,11 @@ def check_estimator_train(*, save_checkpoints_steps: int | None = None,
     config = config or get_config()
     save_checkpoints_steps = _loop_value("save_checkpoints_steps", save_checkpoints_steps)
     max_steps = _loop_value("max_steps", max_steps)
-    if (config.save_steps >= 1 and save_checkpoints_steps is None
-            and save_checkpoints_secs is not None):
+    if (
+        config.save_steps >= 1
+        and save_checkpoints_steps is None
+        and save_checkpoints_secs is not None
+    ):
         raise ConfigError(
             f"`npu_rec.init(save_steps={config.save_steps})` asks for a checkpoint every "
             f"{config.save_steps} steps but `NPURunConfig(save_checkpoints_secs="
@@ -114,21 +124,31 @@ def check_estimator_train(*, save_checkpoints_steps: int | None = None,
             f"NPURunConfig(save_checkpoints_steps={config.save_steps}) instead, or "
             "leave save_steps at -1."
         )
-    save = _resolve("save_steps", config.save_steps,
-                    f"`NPURunConfig(save_checkpoints_steps={save_checkpoints_steps})`",
-                    save_checkpoints_steps)
-    total = _resolve("max_steps", config.max_steps,
-                     f"`{max_steps_source}(max_steps={max_steps})`", max_steps)
-    return ResolvedSteps(max_steps=total, save_steps=save,
-                         train_steps=_unset(config.train_steps),
-                         eval_steps=_unset(config.eval_steps))
+    save = _resolve(
+        "save_steps",
+        config.save_steps,
+        f"`NPURunConfig(save_checkpoints_steps={save_checkpoints_steps})`",
+        save_checkpoints_steps,
+    )
+    total = _resolve(
+        "max_steps", config.max_steps, f"`{max_steps_source}(max_steps={max_steps})`", max_steps
+    )
+    return ResolvedSteps(
+        max_steps=total,
+        save_steps=save,
+        train_steps=_unset(config.train_steps),
+        eval_steps=_unset(config.eval_steps),
+    )
 
 
-def check_train_and_evaluate(*, save_checkpoints_steps: int | None = None,
-                             save_checkpoints_secs: int | float | None = None,
-                             max_steps: int | None = None,
-                             eval_steps: int | None = None,
-                             config: RecConfig | None = None) -> ResolvedSteps:
+def check_train_and_evaluate(
+    *,
+    save_checkpoints_steps: int | None = None,
+    save_checkpoints_secs: int | float | None = None,
+    max_steps: int | None = None,
+    eval_steps: int | None = None,
+    config: RecConfig | None = None,
+) -> ResolvedSteps:
     """Checks `init` against `train_and_evaluate(estimator, TrainSpec, EvalSpec)`.
 
     On top of `check_estimator_train`: evaluation runs after each checkpoint,
@@ -153,17 +173,23 @@ def check_train_and_evaluate(*, save_checkpoints_steps: int | None = None,
     eval_steps = _loop_value("eval_steps", eval_steps)
     resolved = check_estimator_train(
         save_checkpoints_steps=save_checkpoints_steps,
-        save_checkpoints_secs=save_checkpoints_secs, max_steps=max_steps,
-        max_steps_source="TrainSpec", config=config)
+        save_checkpoints_secs=save_checkpoints_secs,
+        max_steps=max_steps,
+        max_steps_source="TrainSpec",
+        config=config,
+    )
     save, train = resolved.save_steps, config.train_steps
     if train == -1:
         if save is not None:
-            log_once(f"npu_rec.init(train_steps=-1) takes the checkpoint cadence: "
-                      f"train_steps={save}")
+            log_once(
+                f"npu_rec.init(train_steps=-1) takes the checkpoint cadence: train_steps={save}"
+            )
         train = save
     elif save is None and save_checkpoints_secs is None:
-        log_once(f"npu_rec.init(train_steps={train}) also sets the checkpoint cadence: "
-                  f"save_steps={train}")
+        log_once(
+            f"npu_rec.init(train_steps={train}) also sets the checkpoint cadence: "
+            f"save_steps={train}"
+        )
         save = train
     elif train != save:
         raise ConfigError(
@@ -174,16 +200,20 @@ def check_train_and_evaluate(*, save_checkpoints_steps: int | None = None,
             f"save_checkpoints_secs={save_checkpoints_secs})). "
             f"Received: train_steps={train}, save_steps={save}"
         )
-    evals = _resolve("eval_steps", config.eval_steps, f"`EvalSpec(steps={eval_steps})`",
-                     eval_steps)
-    return ResolvedSteps(max_steps=resolved.max_steps, train_steps=train,
-                         eval_steps=evals, save_steps=save)
+    evals = _resolve("eval_steps", config.eval_steps, f"`EvalSpec(steps={eval_steps})`", eval_steps)
+    return ResolvedSteps(
+        max_steps=resolved.max_steps, train_steps=train, eval_steps=evals, save_steps=save
+    )
 
 
-def check_keras_fit(*, epochs: int, steps_per_epoch: int | None = None,
-                    save_freq: int | str | None = None,
-                    callback_label: str = "SparseCheckpoint",
-                    config: RecConfig | None = None) -> ResolvedSteps:
+def check_keras_fit(
+    *,
+    epochs: int,
+    steps_per_epoch: int | None = None,
+    save_freq: int | str | None = None,
+    callback_label: str = "SparseCheckpoint",
+    config: RecConfig | None = None,
+) -> ResolvedSteps:
     """Checks `init` against `RecModel.fit` and its checkpoint callback.
 
     Args:
@@ -210,9 +240,11 @@ def check_keras_fit(*, epochs: int, steps_per_epoch: int | None = None,
     epochs = check_int("epochs", epochs, 0)
     steps_per_epoch = _loop_value("steps_per_epoch", steps_per_epoch)
     total = None if steps_per_epoch is None else epochs * steps_per_epoch
-    label = ("`fit(steps_per_epoch)`" if total is None else
-             f"`fit(epochs={epochs}, steps_per_epoch={steps_per_epoch})`, i.e. "
-             f"max_steps={total}")
+    label = (
+        "`fit(steps_per_epoch)`"
+        if total is None
+        else f"`fit(epochs={epochs}, steps_per_epoch={steps_per_epoch})`, i.e. max_steps={total}"
+    )
     resolved_max = _resolve("max_steps", config.max_steps, label, total)
 
     if save_freq == "epoch":
@@ -228,22 +260,29 @@ def check_keras_fit(*, epochs: int, steps_per_epoch: int | None = None,
             cadence = None
         else:
             cadence = steps_per_epoch
-        cadence_label = (f"`{callback_label}(save_freq='epoch')`, i.e. every "
-                         f"{cadence} steps")
+        cadence_label = f"`{callback_label}(save_freq='epoch')`, i.e. every {cadence} steps"
     elif save_freq is None:
         cadence, cadence_label = None, f"`{callback_label}(save_freq)`"
     else:
         cadence = check_int("save_freq", save_freq, 1)
         cadence_label = f"`{callback_label}(save_freq={cadence})`"
     save = _resolve("save_steps", config.save_steps, cadence_label, cadence)
-    return ResolvedSteps(max_steps=resolved_max, save_steps=save,
-                         train_steps=_unset(config.train_steps),
-                         eval_steps=_unset(config.eval_steps))
+    return ResolvedSteps(
+        max_steps=resolved_max,
+        save_steps=save,
+        train_steps=_unset(config.train_steps),
+        eval_steps=_unset(config.eval_steps),
+    )
 
 
-def check_session_steps(*, max_steps: int | None = None, train_steps: int | None = None,
-                        eval_steps: int | None = None, save_steps: int | None = None,
-                        config: RecConfig | None = None) -> ResolvedSteps:
+def check_session_steps(
+    *,
+    max_steps: int | None = None,
+    train_steps: int | None = None,
+    eval_steps: int | None = None,
+    save_steps: int | None = None,
+    config: RecConfig | None = None,
+) -> ResolvedSteps:
     """Checks the step counts of a `tf.compat.v1.Session` loop against `init`.
 
     Call it before the loop with the counts the loop will run; leave out
@@ -270,8 +309,12 @@ def check_session_steps(*, max_steps: int | None = None, train_steps: int | None
       ConfigError: A count is negative, or differs from the one given to `init`.
     """
     config = config or get_config()
-    values = {"max_steps": max_steps, "train_steps": train_steps,
-              "eval_steps": eval_steps, "save_steps": save_steps}
+    values = {
+        "max_steps": max_steps,
+        "train_steps": train_steps,
+        "eval_steps": eval_steps,
+        "save_steps": save_steps,
+    }
     resolved = {}
     for name, value in values.items():
         value = _loop_value(name, value)

@@ -47,8 +47,7 @@ def test_static_dataset_has_fixed_shapes_and_structural_padding(tmp_path):
 
 def test_static_multi_valued_batches_hold_the_same_ids_as_dynamic_ones(tmp_path):
     dynamic = list(as_dataset(make_source("csv", tmp_path), 10, use_dynamic=True))
-    static = list(as_dataset(make_source("csv", tmp_path), 10, use_dynamic=False,
-                             pad_length=4))
+    static = list(as_dataset(make_source("csv", tmp_path), 10, use_dynamic=False, pad_length=4))
     assert len(static) == len(dynamic) - 1  # the short last batch is dropped
     for (s, _), (d, _) in zip(static, dynamic, strict=False):
         assert tf.RaggedTensor.from_sparse(s["tags"]).to_list() == d["tags"].to_list()
@@ -123,9 +122,7 @@ def test_source_smaller_than_a_batch_dynamic_yields_short_batches(tmp_path):
 
 
 @pytest.mark.parametrize("num_sweeps", [1, 50])
-def test_source_smaller_than_a_batch_static_fails_at_once_naming_rows_and_fix(
-    tmp_path, num_sweeps
-):
+def test_source_smaller_than_a_batch_static_fails_at_once_naming_rows_and_fix(tmp_path, num_sweeps):
     source = make_source("csv", tmp_path, n=7)
     ds = as_dataset(source, 10, use_dynamic=False, num_sweeps=num_sweeps)
     with pytest.raises(
@@ -150,7 +147,6 @@ def test_source_smaller_than_a_batch_static_checks_whole_sweeps_only(tmp_path):
 
 def test_worker_without_rows_fails_at_once(tmp_path):
     source = make_source("csv", tmp_path, n=3)
-    ds = as_dataset(source, 4, number_of_workers=7, worker_rank=5, use_dynamic=True,
-                    num_sweeps=50)
+    ds = as_dataset(source, 4, number_of_workers=7, worker_rank=5, use_dynamic=True, num_sweeps=50)
     with pytest.raises(tf.errors.InvalidArgumentError, match="worker 5 of 7 0 rows"):
         list(ds)

@@ -21,8 +21,11 @@ def _saved_after(kind, tmp_path, batches=2, batch=10):
 
 
 def _data_file(kind, tmp_path):
-    return {"csv": tmp_path / "part-0.csv", "parquet": tmp_path / "data.parquet",
-            "tfrecord": tmp_path / "data.tfrecord"}[kind]
+    return {
+        "csv": tmp_path / "part-0.csv",
+        "parquet": tmp_path / "data.parquet",
+        "tfrecord": tmp_path / "data.tfrecord",
+    }[kind]
 
 
 def test_unchanged_files_resume_without_a_warning(kind, tmp_path, caplog):
@@ -81,12 +84,23 @@ def test_gzip_csv_is_read_like_the_plain_file_and_resumes(tmp_path):
         plain = (tmp_path / name).read_bytes()
         (tmp_path / name).unlink()
         (tmp_path / (name + ".gz")).write_bytes(gzip.compress(plain))
-    source = CsvSource(str(tmp_path / "part-*.csv.gz"), label="label", dense=("rid", "x"),
-                       categorical=("c",), multi_valued=("tags",), block_bytes=64)
+    source = CsvSource(
+        str(tmp_path / "part-*.csv.gz"),
+        label="label",
+        dense=("rid", "x"),
+        categorical=("c",),
+        multi_valued=("tags",),
+        block_bytes=64,
+    )
     first = rids(source.next_minibatch(30))
     state = json.loads(json.dumps(source.get_checkpoint_state()))
-    again = CsvSource(str(tmp_path / "part-*.csv.gz"), label="label", dense=("rid", "x"),
-                      categorical=("c",), multi_valued=("tags",))
+    again = CsvSource(
+        str(tmp_path / "part-*.csv.gz"),
+        label="label",
+        dense=("rid", "x"),
+        categorical=("c",),
+        multi_valued=("tags",),
+    )
     again.restore_from_checkpoint(state)
     assert first + rids(again.next_minibatch(N_ROWS)) == list(range(N_ROWS))
 
@@ -94,16 +108,23 @@ def test_gzip_csv_is_read_like_the_plain_file_and_resumes(tmp_path):
 def test_parquet_uint64_ids_above_2_63_are_read_bit_for_bit(tmp_path):
     path = str(tmp_path / "x.parquet")
     ids = [1, 2**63 + 5, 2**64 - 2, None]
-    table = pa.table({"y": [1.0, 0.0, 1.0, 0.0], "uid": pa.array(ids, pa.uint64()),
-                      "tags": pa.array([[2**63], [], [7, 2**64 - 3], None],
-                                       pa.list_(pa.uint64()))})
+    table = pa.table(
+        {
+            "y": [1.0, 0.0, 1.0, 0.0],
+            "uid": pa.array(ids, pa.uint64()),
+            "tags": pa.array([[2**63], [], [7, 2**64 - 3], None], pa.list_(pa.uint64())),
+        }
+    )
     pq.write_table(table, path)
     rows = read_all(ParquetSource(path, label="y", categorical=["uid"], multi_valued=["tags"]))
     want = np.array([1, 2**63 + 5, 2**64 - 2, 0], np.uint64).view(np.int64)
     assert rows["uid"].tolist() == want.tolist()  # distinct ids stay distinct; null -> 0
     assert rows["tags"].to_list() == [
-        np.array([2**63], np.uint64).view(np.int64).tolist(), [],
-        np.array([7, 2**64 - 3], np.uint64).view(np.int64).tolist(), []]
+        np.array([2**63], np.uint64).view(np.int64).tolist(),
+        [],
+        np.array([7, 2**64 - 3], np.uint64).view(np.int64).tolist(),
+        [],
+    ]
 
 
 def test_truncated_gzip_csv_names_the_file_and_keeps_the_rows_before(tmp_path):
@@ -111,8 +132,11 @@ def test_truncated_gzip_csv_names_the_file_and_keeps_the_rows_before(tmp_path):
     packed = gzip.compress(lines.encode())
     path = tmp_path / "x.csv.gz"
     path.write_bytes(packed[: len(packed) // 2])
-    with pytest.raises(MalformedRecordError, match=r"x\.csv\.gz, line \d+: corrupted or "
-                                                   r"truncated gzip data"):
+    with pytest.raises(
+        MalformedRecordError,
+        match=r"x\.csv\.gz, line \d+: corrupted or "
+        r"truncated gzip data",
+    ):
         read_all(CsvSource(str(path), label="label", dense=["a"], block_bytes=256))
     source = CsvSource(str(path), label="label", dense=["a"], block_bytes=256, on_error="skip")
     values = read_all(source)["a"].astype(int).tolist()

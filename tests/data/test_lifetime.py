@@ -48,7 +48,11 @@ def test_sources_abandoned_mid_read_are_collected_without_a_hang(tmp_path):
     env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
     result = subprocess.run(
         [sys.executable, "-c", _ABANDON.format(limit=limit), str(tmp_path)],
-        capture_output=True, text=True, timeout=limit + 30, cwd=ROOT, env=env,
+        capture_output=True,
+        text=True,
+        timeout=limit + 30,
+        cwd=ROOT,
+        env=env,
     )
     output = result.stdout + result.stderr[-6000:]
     assert result.returncode == 0 and "done tfrecord" in result.stdout, output

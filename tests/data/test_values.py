@@ -29,12 +29,16 @@ def _csv(tmp_path, label="1", x="2.5", name="x.csv"):
 @pytest.mark.parametrize("text", NON_FINITE_TEXT)
 def test_csv_non_finite_dense_value_names_file_line_column_and_value(text, tmp_path):
     path = _csv(tmp_path, x=text)
-    with pytest.raises(MalformedRecordError, match=r"x\.csv, line 3: non-finite value .* in "
-                                                   r"column 'x'") as info:
+    with pytest.raises(
+        MalformedRecordError,
+        match=r"x\.csv, line 3: non-finite value .* in "
+        r"column 'x'",
+    ) as info:
         read_all(CsvSource(path, label="label", dense=["x"], categorical=["c"]))
     assert info.value.row == 3
-    source = CsvSource(path, label="label", dense=["x"], categorical=["c"], on_error="skip",
-                       log_dense=True)
+    source = CsvSource(
+        path, label="label", dense=["x"], categorical=["c"], on_error="skip", log_dense=True
+    )
     rows = read_all(source)
     assert rows["x"].tolist() == pytest.approx(np.log1p([1.0, 3.0]).tolist())
     assert source.error_report()["count"] == 1
@@ -42,8 +46,9 @@ def test_csv_non_finite_dense_value_names_file_line_column_and_value(text, tmp_p
 
 def test_csv_empty_markers_stay_empty(tmp_path):
     for i, text in enumerate(["NaN", "nan", "NA", ""]):
-        rows = read_all(CsvSource(_csv(tmp_path, x=text, name=f"{i}.csv"), label="label",
-                                  dense=["x"]))
+        rows = read_all(
+            CsvSource(_csv(tmp_path, x=text, name=f"{i}.csv"), label="label", dense=["x"])
+        )
         assert rows["x"].tolist() == [1.0, DENSE_FILL, 3.0]
 
 
@@ -61,8 +66,11 @@ def test_label_domain_defaults_binary_for_click_logs_and_free_for_ratings(tmp_pa
     fields = ["2", "5"] + [""] * 12 + ["abc"] + [""] * 25
     path = tmp_path / "day_0"
     path.write_text("\t".join(fields) + "\n")
-    with pytest.raises(MalformedRecordError, match=r"day_0, line 1: label 'label' = 2.0 is not "
-                                                   r"one of \[0.0, 1.0\]"):
+    with pytest.raises(
+        MalformedRecordError,
+        match=r"day_0, line 1: label 'label' = 2.0 is not "
+        r"one of \[0.0, 1.0\]",
+    ):
         read_all(CsvSource.criteo(str(path)))
     assert sample_source("criteo_sample").label_domain == (0.0, 1.0)
     assert sample_source("avazu_sample").label_domain == (0.0, 1.0)
@@ -93,11 +101,14 @@ def _tfrecord(tmp_path, x, label):
 
 
 @pytest.mark.parametrize("write, unit", [(_parquet, "row"), (_tfrecord, "record")])
-@pytest.mark.parametrize("x, label, reason", [
-    (float("nan"), 1.0, "non-finite value nan in column 'x'"),
-    (float("inf"), 1.0, "non-finite value inf in column 'x'"),
-    (2.0, 2.0, r"label 'label' = 2.0 is not one of \[0.0, 1.0\]"),
-])
+@pytest.mark.parametrize(
+    "x, label, reason",
+    [
+        (float("nan"), 1.0, "non-finite value nan in column 'x'"),
+        (float("inf"), 1.0, "non-finite value inf in column 'x'"),
+        (2.0, 2.0, r"label 'label' = 2.0 is not one of \[0.0, 1.0\]"),
+    ],
+)
 def test_parquet_and_tfrecord_apply_the_same_rules(write, unit, x, label, reason, tmp_path):
     path = write(tmp_path, x, label)
     make = ParquetSource if unit == "row" else TFRecordSource

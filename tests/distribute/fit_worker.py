@@ -38,24 +38,27 @@ def data(seed: int = 7):
     items = (rng.zipf(1.2, (n, 3)).astype(np.int64) % 20000) * 7919
     dense = rng.normal(size=(n, 4)).astype(np.float32)
     label = ((user % 3 == 0) ^ (items[:, 0] % 2 == 0)).astype(np.float32)[:, None]
-    ds = tf.data.Dataset.from_tensor_slices(({"user": user, "items": items, "feats": dense},
-                                             label)).batch(BATCH)
+    ds = tf.data.Dataset.from_tensor_slices(
+        ({"user": user, "items": items, "feats": dense}, label)
+    ).batch(BATCH)
     options = tf.data.Options()
-    options.experimental_distribute.auto_shard_policy = (
-        tf.data.experimental.AutoShardPolicy.DATA)
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
     return ds.with_options(options).repeat()
 
 
 def build(opt_name: str):
-    make = {"sgd": lambda: npu_rec.optimizers.SGD(0.05),
-            "adagrad": lambda: npu_rec.optimizers.Adagrad(0.05)}[opt_name]
+    make = {
+        "sgd": lambda: npu_rec.optimizers.SGD(0.05),
+        "adagrad": lambda: npu_rec.optimizers.Adagrad(0.05),
+    }[opt_name]
     keras.utils.set_random_seed(1)
     user = keras.Input(shape=(), dtype="int64", name="user")
     items = keras.Input(shape=(3,), dtype="int64", name="items")
     dense = keras.Input(shape=(4,), dtype="float32", name="feats")
     u = SparseEmbedding(f"user_{opt_name}", 8, optimizer=make())(user)
-    i = SparseEmbedding(f"item_{opt_name}", 8, combiner="sum", optimizer=make(),
-                        access_threshold=2)(items)
+    i = SparseEmbedding(
+        f"item_{opt_name}", 8, combiner="sum", optimizer=make(), access_threshold=2
+    )(items)
     x = keras.layers.Concatenate()([u, i, dense])
     x = keras.layers.Dense(16, activation="relu")(x)
     out = keras.layers.Dense(1, activation="sigmoid")(x)
@@ -83,15 +86,14 @@ def main(out_dir: str) -> None:
                 result[f"{opt_name}/{table.name}/slot_{slot}"] = value
         # Checkpoints: the SGD tables of this run, and a re-shard of the one-process save.
         if opt_name == "sgd":
-            npu_rec.distribute.save_tables(os.path.join(out_dir, "ckpt_multi" if MULTI
-                                                        else "ckpt_single"), model.tables,
-                                           STEPS)
+            npu_rec.distribute.save_tables(
+                os.path.join(out_dir, "ckpt_multi" if MULTI else "ckpt_single"), model.tables, STEPS
+            )
     if MULTI:
         npu_rec.shutdown()  # forget the tables, to re-create them under the same names
         with STRATEGY.scope():
             model = build("sgd")
-        step = npu_rec.distribute.restore_tables(os.path.join(out_dir, "ckpt_single"),
-                                                 model.tables)
+        step = npu_rec.distribute.restore_tables(os.path.join(out_dir, "ckpt_single"), model.tables)
         assert step == STEPS, step
         for table in model.tables:
             for field in ("keys", "values", "counts"):

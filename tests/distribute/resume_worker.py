@@ -53,8 +53,19 @@ def main(out_dir: str, die_at: int) -> None:
     position = ReadingPosition()
 
     def dataset(context):  # this worker's share, read by this worker only
-        return as_dataset(source, BATCH, number_of_workers=2, worker_rank=RANK,
-                          use_dynamic=False, num_sweeps=None, position=position).map(_features).repeat()
+        return (
+            as_dataset(
+                source,
+                BATCH,
+                number_of_workers=2,
+                worker_rank=RANK,
+                use_dynamic=False,
+                num_sweeps=None,
+                position=position,
+            )
+            .map(_features)
+            .repeat()
+        )
 
     dist = STRATEGY.distribute_datasets_from_function(dataset)
     keras.utils.set_random_seed(1)
@@ -68,8 +79,9 @@ def main(out_dir: str, die_at: int) -> None:
         model = RecModel({"C1": c1, "C2": c2, "I1": i1}, out)
         model.compile(optimizer=keras.optimizers.Adam(0.01), loss="binary_crossentropy")
     directory = os.path.join(out_dir, f"worker-{RANK}-of-2")
-    ckpt = kcb.SparseCheckpoint(directory, save_freq=SAVE, data_source=source,
-                                reading_position=position)
+    ckpt = kcb.SparseCheckpoint(
+        directory, save_freq=SAVE, data_source=source, reading_position=position
+    )
     try:
         model.online_train(dist, callbacks=[ckpt, _Die(die_at)], dataset_sink_mode=False)
     except npu_rec.distribute.WorkerLostError as err:
@@ -82,9 +94,17 @@ def main(out_dir: str, die_at: int) -> None:
     with open(os.path.join(directory, saved[-1])) as f:
         state = json.load(f)
     with open(os.path.join(out_dir, f"final-{RANK}.json"), "w") as f:
-        json.dump({"global_step": model.global_step, "restored_step": ckpt.restored_step,
-                   "saved_state": state, "reference_state": reference.get_checkpoint_state(),
-                   "keys": int(model.tables[0].size())}, f, default=str)
+        json.dump(
+            {
+                "global_step": model.global_step,
+                "restored_step": ckpt.restored_step,
+                "saved_state": state,
+                "reference_state": reference.get_checkpoint_state(),
+                "keys": int(model.tables[0].size()),
+            },
+            f,
+            default=str,
+        )
     print(f"done {RANK} at step {model.global_step} (restored {ckpt.restored_step})", flush=True)
 
 

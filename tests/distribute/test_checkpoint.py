@@ -14,15 +14,17 @@ from npu_rec.table._sharded import shard_of_numpy
 
 
 def _trained(name="t", ids=None, seed=0):
-    table = npu_rec.create_table(name, 4, optimizer=npu_rec.optimizers.Adagrad(0.1),
-                                 access_threshold=2)
+    table = npu_rec.create_table(
+        name, 4, optimizer=npu_rec.optimizers.Adagrad(0.1), access_threshold=2
+    )
     rng = np.random.default_rng(seed)
     for _ in range(5):
         batch = tf.constant(rng.integers(0, 60, 40) if ids is None else ids, tf.int64)
         with tf.GradientTape() as tape, npu_rec.record_lookups(tape) as records:
             loss = tf.reduce_sum(npu_rec.sparse_lookup(table, batch) ** 2)
         npu_rec.apply_recorded_gradients(
-            records, tape.gradient(loss, [r.embeddings for r in records]))
+            records, tape.gradient(loss, [r.embeddings for r in records])
+        )
     return table
 
 
@@ -46,8 +48,9 @@ def _write_workers(directory, table, workers, step=7):
     """Writes `table`'s state as a `workers`-worker checkpoint at `step`."""
     for w, part in enumerate(_split(table.read_state(0), workers)):
         stand_in = _StandIn(table, part)
-        TableCheckpointManager(os.path.join(directory, f"worker-{w}-of-{workers}"),
-                               [stand_in]).save(step)
+        TableCheckpointManager(
+            os.path.join(directory, f"worker-{w}-of-{workers}"), [stand_in]
+        ).save(step)
 
 
 class _StandIn:
@@ -81,8 +84,9 @@ def test_a_checkpoint_of_n_workers_restores_in_one_process(tmp_path, workers, nu
     want = table.export()
     _write_workers(str(tmp_path), table, workers)
     _table_registry.clear()
-    fresh = npu_rec.create_table("t", 4, optimizer=npu_rec.optimizers.Adagrad(0.1),
-                                 access_threshold=2, num_shards=num_shards)
+    fresh = npu_rec.create_table(
+        "t", 4, optimizer=npu_rec.optimizers.Adagrad(0.1), access_threshold=2, num_shards=num_shards
+    )
     assert restore_tables(str(tmp_path), [fresh]) == 7
     got = fresh.export()
     for field in ("keys", "values", "counts", "last_seen"):
@@ -94,8 +98,11 @@ def test_a_missing_worker_directory_is_named(tmp_path):
     table = _trained()
     _write_workers(str(tmp_path), table, 3)
     os.rename(tmp_path / "worker-1-of-3", tmp_path / "moved")
-    with pytest.raises(FileNotFoundError, match=r"written by 3 workers but holds the files "
-                                                r"of workers \[0, 2\] only"):
+    with pytest.raises(
+        FileNotFoundError,
+        match=r"written by 3 workers but holds the files "
+        r"of workers \[0, 2\] only",
+    ):
         restore_tables(str(tmp_path), [table])
 
 

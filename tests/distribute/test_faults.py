@@ -17,10 +17,16 @@ def cluster(monkeypatch):
     live.listen()
     dead_port = launch.free_ports(1)[0]
     me = launch.free_ports(1)[0]
-    cluster = {"worker": [f"127.0.0.1:{me}", f"127.0.0.1:{live.getsockname()[1]}",
-                          f"127.0.0.1:{dead_port}"]}
-    monkeypatch.setenv("TF_CONFIG", json.dumps(
-        {"cluster": cluster, "task": {"type": "worker", "index": 0}}))
+    cluster = {
+        "worker": [
+            f"127.0.0.1:{me}",
+            f"127.0.0.1:{live.getsockname()[1]}",
+            f"127.0.0.1:{dead_port}",
+        ]
+    }
+    monkeypatch.setenv(
+        "TF_CONFIG", json.dumps({"cluster": cluster, "task": {"type": "worker", "index": 0}})
+    )
     yield cluster
     live.close()
 
@@ -31,7 +37,8 @@ def test_lost_tasks_are_those_whose_address_refuses_connections(cluster):
 
 def test_a_collective_failure_becomes_an_error_naming_the_lost_task(cluster):
     err = distribute.explain_peer_error(
-        tf.errors.UnavailableError(None, None, "Collective ops is aborted by: recvmsg"))
+        tf.errors.UnavailableError(None, None, "Collective ops is aborted by: recvmsg")
+    )
     assert isinstance(err, distribute.WorkerLostError)
     assert f"lost worker task(s) worker:2 ({cluster['worker'][2]})" in str(err)
     assert "re-run the same command" in str(err)

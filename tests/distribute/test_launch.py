@@ -14,11 +14,14 @@ from npu_rec import launch
 
 def _script(tmp_path, body: str) -> list[str]:
     path = tmp_path / "task.py"
-    path.write_text(textwrap.dedent("""\
+    path.write_text(
+        textwrap.dedent("""\
         import json, os, sys, time
         cfg = json.loads(os.environ["TF_CONFIG"])
         job, index = cfg["task"]["type"], cfg["task"]["index"]
-        """) + textwrap.dedent(body))
+        """)
+        + textwrap.dedent(body)
+    )
     return [sys.executable, str(path)]
 
 
@@ -27,9 +30,12 @@ def _lines(out: io.BytesIO) -> list[str]:
 
 
 def test_each_task_gets_its_tf_config_and_prefixed_output(tmp_path):
-    cmd = _script(tmp_path, """\
+    cmd = _script(
+        tmp_path,
+        """\
         print(json.dumps(cfg), flush=True)
-        """)
+        """,
+    )
     out = io.BytesIO()
     assert launch.run(cmd, workers=2, ps=1, chief=True, out=out, timeout_secs=60) == 0
     configs = {}
@@ -45,10 +51,13 @@ def test_each_task_gets_its_tf_config_and_prefixed_output(tmp_path):
 
 
 def test_ps_tasks_are_stopped_once_the_workers_finish(tmp_path):
-    cmd = _script(tmp_path, """\
+    cmd = _script(
+        tmp_path,
+        """\
         if job == "ps":
             time.sleep(600)
-        """)
+        """,
+    )
     start = time.monotonic()
     assert launch.run(cmd, workers=2, ps=1, out=io.BytesIO(), timeout_secs=60) == 0
     assert time.monotonic() - start < 30
@@ -56,12 +65,15 @@ def test_ps_tasks_are_stopped_once_the_workers_finish(tmp_path):
 
 def test_a_failing_task_stops_the_others_and_gives_its_exit_code(tmp_path):
     marker = tmp_path / "survivor_finished"
-    cmd = _script(tmp_path, f"""\
+    cmd = _script(
+        tmp_path,
+        f"""\
         if index == 1:
             sys.exit(7)
         time.sleep(60)
         open({str(marker)!r}, "w").close()
-        """)
+        """,
+    )
     out = io.BytesIO()
     start = time.monotonic()
     assert launch.run(cmd, workers=3, out=out, timeout_secs=120) == 7
@@ -71,23 +83,29 @@ def test_a_failing_task_stops_the_others_and_gives_its_exit_code(tmp_path):
 
 
 def test_a_task_killed_by_a_signal_gives_128_plus_the_signal(tmp_path):
-    cmd = _script(tmp_path, """\
+    cmd = _script(
+        tmp_path,
+        """\
         import signal
         if index == 0:
             os.kill(os.getpid(), signal.SIGKILL)
         time.sleep(60)
-        """)
+        """,
+    )
     assert launch.run(cmd, workers=2, out=io.BytesIO(), timeout_secs=60) == 128 + 9
 
 
 def test_grace_lets_the_others_report_before_they_are_stopped(tmp_path):
-    cmd = _script(tmp_path, """\
+    cmd = _script(
+        tmp_path,
+        """\
         if index == 0:
             sys.exit(3)
         time.sleep(1)
         print("peer worker:0 lost", flush=True)
         sys.exit(5)
-        """)
+        """,
+    )
     out = io.BytesIO()
     assert launch.run(cmd, workers=2, out=out, grace_secs=30, timeout_secs=60) == 3
     assert "[worker:1] peer worker:0 lost" in _lines(out)
@@ -95,13 +113,16 @@ def test_grace_lets_the_others_report_before_they_are_stopped(tmp_path):
 
 def test_the_time_limit_stops_every_process_group(tmp_path):
     child = tmp_path / "child_pid"
-    cmd = _script(tmp_path, f"""\
+    cmd = _script(
+        tmp_path,
+        f"""\
         import subprocess
         if index == 0:
             p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
             open({str(child)!r}, "w").write(str(p.pid))
         time.sleep(600)
-        """)
+        """,
+    )
     out = io.BytesIO()
     start = time.monotonic()
     assert launch.run(cmd, workers=2, out=out, timeout_secs=3) == launch.TIMEOUT_EXIT
@@ -123,25 +144,44 @@ def _alive(pid: int) -> bool:
         return False
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"workers": 0}, r"`workers` must be an integer >= 1. Received: workers=0"),
-    ({"workers": True}, r"`workers` must be an integer >= 1. Received: workers=True"),
-    ({"workers": 1, "ps": -1}, r"`ps` must be an integer >= 0. Received: ps=-1"),
-    ({"workers": 1, "timeout_secs": 0}, r"`timeout_secs` must be > 0"),
-    ({"workers": 1, "grace_secs": -1}, r"`grace_secs` must be >= 0"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"workers": 0}, r"`workers` must be an integer >= 1. Received: workers=0"),
+        ({"workers": True}, r"`workers` must be an integer >= 1. Received: workers=True"),
+        ({"workers": 1, "ps": -1}, r"`ps` must be an integer >= 0. Received: ps=-1"),
+        ({"workers": 1, "timeout_secs": 0}, r"`timeout_secs` must be > 0"),
+        ({"workers": 1, "grace_secs": -1}, r"`grace_secs` must be >= 0"),
+    ],
+)
 def test_bad_arguments_are_named(kwargs, message):
     with pytest.raises(ValueError, match=message):
         launch.run([sys.executable, "-c", "pass"], **kwargs)
 
 
 def test_command_line_returns_the_failing_exit_code(tmp_path):
-    cmd = _script(tmp_path, """\
+    cmd = _script(
+        tmp_path,
+        """\
         print("rank", index, "args", sys.argv[1:], flush=True)
         sys.exit(4 if index == 1 else 0)
-        """)
+        """,
+    )
     proc = subprocess.run(
-        [sys.executable, "-m", "npu_rec.launch", "--workers", "2", "--timeout_secs", "60",
-         cmd[1], "--flag=1"], capture_output=True, timeout=120, start_new_session=True)
+        [
+            sys.executable,
+            "-m",
+            "npu_rec.launch",
+            "--workers",
+            "2",
+            "--timeout_secs",
+            "60",
+            cmd[1],
+            "--flag=1",
+        ],
+        capture_output=True,
+        timeout=120,
+        start_new_session=True,
+    )
     assert proc.returncode == 4
     assert "[worker:0] rank 0 args ['--flag=1']" in proc.stdout.decode()

@@ -26,8 +26,13 @@ def _env():
 
 
 def _run(args, timeout):
-    proc = subprocess.run([sys.executable, *args], env=_env(), capture_output=True,
-                          timeout=timeout, start_new_session=True)
+    proc = subprocess.run(
+        [sys.executable, *args],
+        env=_env(),
+        capture_output=True,
+        timeout=timeout,
+        start_new_session=True,
+    )
     assert proc.returncode == 0, proc.stdout.decode()[-3000:] + proc.stderr.decode()[-3000:]
 
 
@@ -36,8 +41,9 @@ def runs(tmp_path_factory):
     out = tmp_path_factory.mktemp("fit")
     _run([_WORKER, str(out)], timeout=200)
     log = io.BytesIO()
-    code = launch.run([sys.executable, _WORKER, str(out)], workers=2, timeout_secs=240,
-                      out=log, env=_env())
+    code = launch.run(
+        [sys.executable, _WORKER, str(out)], workers=2, timeout_secs=240, out=log, env=_env()
+    )
     assert code == 0, log.getvalue().decode()[-6000:]
     return _Runs(np.load(out / "single.npz"), [np.load(out / f"{r}.npz") for r in (0, 1)], out)
 
@@ -103,10 +109,18 @@ def test_two_worker_checkpoint_restores_in_one_process(runs, tmp_path, num_shard
     from npu_rec.distribute import restore_tables
 
     single, _ = runs
-    tables = [npu_rec.create_table("user_sgd", 8, optimizer=npu_rec.optimizers.SGD(0.05),
-                                   num_shards=num_shards),
-              npu_rec.create_table("item_sgd", 8, optimizer=npu_rec.optimizers.SGD(0.05),
-                                   access_threshold=2, num_shards=num_shards)]
+    tables = [
+        npu_rec.create_table(
+            "user_sgd", 8, optimizer=npu_rec.optimizers.SGD(0.05), num_shards=num_shards
+        ),
+        npu_rec.create_table(
+            "item_sgd",
+            8,
+            optimizer=npu_rec.optimizers.SGD(0.05),
+            access_threshold=2,
+            num_shards=num_shards,
+        ),
+    ]
     assert restore_tables(str(runs.directory / "ckpt_multi"), tables) == 50
     for table in tables:
         want, got = _export(single, table.name), table.export()

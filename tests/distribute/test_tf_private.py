@@ -13,10 +13,12 @@ def test_variables_made_outside_the_strategy_are_plain_inside_its_scope():
             plain = tf.Variable(tf.zeros([3]), trainable=False)
             grows = tf.Variable(tf.zeros([2, 4]), shape=tf.TensorShape([None, 4]))
     assert type(mirrored).__name__ == "MirroredVariable", (
-        f"TensorFlow {tf.__version__}: the strategy no longer mirrors; check this test")
+        f"TensorFlow {tf.__version__}: the strategy no longer mirrors; check this test"
+    )
     assert type(plain).__name__ == "ResourceVariable", (
         f"TensorFlow {tf.__version__} changed the default variable creator: fix "
-        "_tf_private.outside_strategy")
+        "_tf_private.outside_strategy"
+    )
     assert grows.shape.as_list() == [None, 4]
     plain.assign_add(tf.ones([3]))
     assert plain.numpy().tolist() == [1.0, 1.0, 1.0]

@@ -23,15 +23,21 @@ def _launch(directory, die_at: int, grace_secs: float = 0.0):
     env = {**os.environ, "PYTHONPATH": _ROOT, "TF_CPP_MIN_LOG_LEVEL": "2"}
     env.pop("TF_CONFIG", None)
     out = io.BytesIO()
-    code = launch.run([sys.executable, _WORKER, str(directory), str(die_at)], workers=2,
-                      timeout_secs=200, grace_secs=grace_secs, out=out, env=env)
+    code = launch.run(
+        [sys.executable, _WORKER, str(directory), str(die_at)],
+        workers=2,
+        timeout_secs=200,
+        grace_secs=grace_secs,
+        out=out,
+        env=env,
+    )
     return code, out.getvalue().decode()
 
 
 @pytest.mark.timeout(600)
 def test_a_lost_worker_stops_the_other_which_names_it_and_a_rerun_resumes(tmp_path):
     code, log = _launch(tmp_path, die_at=25, grace_secs=90)
-    assert code == 9, log[-6000:]                       # worker 1's os._exit(9)
+    assert code == 9, log[-6000:]  # worker 1's os._exit(9)
     died = float(re.search(r"\[worker:1\] DIE (\S+)", log).group(1))
     lost = re.search(r"\[worker:0\] LOST (\S+) (.*)", log)
     assert lost, log[-6000:]
@@ -44,7 +50,7 @@ def test_a_lost_worker_stops_the_other_which_names_it_and_a_rerun_resumes(tmp_pa
     for rank in (0, 1):
         with open(tmp_path / f"final-{rank}.json") as f:
             final = json.load(f)
-        assert final["restored_step"] == 20              # the last save before the loss
+        assert final["restored_step"] == 20  # the last save before the loss
         assert final["global_step"] == 60
         # Every worker's reading position is where an uninterrupted reader of its share
         # is after 60 batches: no sample lost or repeated.

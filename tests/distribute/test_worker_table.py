@@ -12,8 +12,7 @@ from npu_rec.table._sharded import shard_of_numpy
 
 
 def _worker_table(rank, workers=2, name="w"):
-    config = TableConfig(name=name, dim=4, optimizer=npu_rec.optimizers.SGD(0.1),
-                         capacity=1024)
+    config = TableConfig(name=name, dim=4, optimizer=npu_rec.optimizers.SGD(0.1), capacity=1024)
     return WorkerShardedTable(config, Exchange(workers, rank))
 
 
@@ -35,8 +34,11 @@ def test_restoring_keeps_only_the_keys_this_worker_owns(tmp_path):
 
 def test_a_lookup_outside_a_replica_step_of_its_workers_is_refused():
     table = _worker_table(rank=0)
-    with pytest.raises(NotInReplicaStepError, match=r"Sparse table 'w' is sharded across 2 "
-                                                    r"workers, so it can only be looked up"):
+    with pytest.raises(
+        NotInReplicaStepError,
+        match=r"Sparse table 'w' is sharded across 2 "
+        r"workers, so it can only be looked up",
+    ):
         npu_rec.sparse_lookup(table, tf.constant([1, 2], tf.int64))
 
 

@@ -20,15 +20,21 @@ def deepfm_model_fn(features, labels, mode, params):
     dim = params.get("dim", 4)
     is_training = mode == ModeKeys.TRAIN
     table = npu_rec.create_table(
-        "cat", dim, optimizer=npu_rec.optimizers.Adagrad(params.get("sparse_lr", 0.05)),
-        access_threshold=params.get("access_threshold", -1))
+        "cat",
+        dim,
+        optimizer=npu_rec.optimizers.Adagrad(params.get("sparse_lr", 0.05)),
+        access_threshold=params.get("access_threshold", -1),
+    )
     linear = npu_rec.create_table(
-        "cat_linear", 1, optimizer=npu_rec.optimizers.Adagrad(params.get("sparse_lr", 0.05)),
-        access_threshold=params.get("access_threshold", -1))
-    ids = features["cat"]                                       # int64 [b, 26]
-    emb = npu_rec.sparse_lookup(table, ids, is_training=is_training)       # [b, 26, d]
-    lin = npu_rec.sparse_lookup(linear, ids, is_training=is_training)      # [b, 26, 1]
-    dense = features["dense"]                                   # float32 [b, 13]
+        "cat_linear",
+        1,
+        optimizer=npu_rec.optimizers.Adagrad(params.get("sparse_lr", 0.05)),
+        access_threshold=params.get("access_threshold", -1),
+    )
+    ids = features["cat"]  # int64 [b, 26]
+    emb = npu_rec.sparse_lookup(table, ids, is_training=is_training)  # [b, 26, d]
+    lin = npu_rec.sparse_lookup(linear, ids, is_training=is_training)  # [b, 26, 1]
+    dense = features["dense"]  # float32 [b, 13]
     # FM second-order term.
     sum_sq = tf.square(tf.reduce_sum(emb, 1))
     sq_sum = tf.reduce_sum(tf.square(emb), 1)
@@ -43,22 +49,29 @@ def deepfm_model_fn(features, labels, mode, params):
     w_out = tf.compat.v1.get_variable("w_out", [x.shape[1], 1], initializer=init)
     w_dense = tf.compat.v1.get_variable("w_dense", [NUM_DENSE, 1], initializer=init)
     bias = tf.compat.v1.get_variable("bias", [1], initializer=tf.zeros_initializer())
-    logits = tf.matmul(x, w_out) + tf.matmul(dense, w_dense) + fm + \
-        tf.reduce_sum(lin, 1) + bias
+    logits = tf.matmul(x, w_out) + tf.matmul(dense, w_dense) + fm + tf.reduce_sum(lin, 1) + bias
     logits = tf.reshape(logits, [-1])
     probs = tf.sigmoid(logits)
     predictions = {"probabilities": probs, "logits": logits}
     if mode == ModeKeys.PREDICT:
         export_outputs = None
-        if params.get("export_outputs"):        # as public DeepFM estimators write it
-            export_outputs = {tf.saved_model.DEFAULT_SERVING_SIGNATURE_DEF_KEY:
-                              export.PredictOutput(predictions)}
+        if params.get("export_outputs"):  # as public DeepFM estimators write it
+            export_outputs = {
+                tf.saved_model.DEFAULT_SERVING_SIGNATURE_DEF_KEY: export.PredictOutput(predictions)
+            }
         return EstimatorSpec(mode, predictions=predictions, export_outputs=export_outputs)
-    loss = tf.reduce_mean(tf.compat.v1.nn.sigmoid_cross_entropy_with_logits(
-        labels=tf.cast(labels, tf.float32), logits=logits), name="loss")
+    loss = tf.reduce_mean(
+        tf.compat.v1.nn.sigmoid_cross_entropy_with_logits(
+            labels=tf.cast(labels, tf.float32), logits=logits
+        ),
+        name="loss",
+    )
     if mode == ModeKeys.EVAL:
-        return EstimatorSpec(mode, loss=loss, eval_metric_ops={
-            "auc": tf.compat.v1.metrics.auc(labels, probs, num_thresholds=2000)})
+        return EstimatorSpec(
+            mode,
+            loss=loss,
+            eval_metric_ops={"auc": tf.compat.v1.metrics.auc(labels, probs, num_thresholds=2000)},
+        )
     optimizer = tf.compat.v1.train.AdamOptimizer(params.get("lr", 0.01))
     global_step = tf.compat.v1.train.get_global_step()
     if params.get("use_minimize"):
@@ -81,6 +94,7 @@ def make_input_fn(features, labels, batch_size=64, epochs=1, shuffle=False):
         if shuffle:
             ds = ds.shuffle(1024, seed=1)
         return ds.repeat(epochs).batch(batch_size, drop_remainder=True)
+
     return input_fn
 
 

@@ -15,9 +15,18 @@ PARAMS = {"dim": 4, "hidden": (16,), "lr": 0.01}
 
 def _estimator(tmp_path, mode=None, **config):
     exp = None if mode is None else E.ExperimentalConfig(accelerate_train_mode=mode)
-    return E.NPUEstimator(models.deepfm_model_fn, params=PARAMS, config=E.NPURunConfig(
-        model_dir=str(tmp_path), random_seed=1, experimental_config=exp,
-        save_summary_steps=1, log_step_count_steps=None, **config))
+    return E.NPUEstimator(
+        models.deepfm_model_fn,
+        params=PARAMS,
+        config=E.NPURunConfig(
+            model_dir=str(tmp_path),
+            random_seed=1,
+            experimental_config=exp,
+            save_summary_steps=1,
+            log_step_count_steps=None,
+            **config,
+        ),
+    )
 
 
 def _input_fn():
@@ -54,8 +63,7 @@ def test_step_trigger_runs_half_in_low_precision_then_float32(tmp_path, kind, dt
     est = _estimator(tmp_path, f"{kind}|step|0.5")
     hook = E.TellMeStepOrLossHook(step="global_step:0", total_step=40)
     est.train(_input_fn(), hooks=[hook], max_steps=40)
-    assert hook.history == [(s, dtype) for s in range(20)] + \
-        [(s, "float32") for s in range(20, 40)]
+    assert hook.history == [(s, dtype) for s in range(20)] + [(s, "float32") for s in range(20, 40)]
     assert est.precision_history == hook.history
     # The TensorBoard scalar npu_rec/low_precision holds the same per-step record.
     assert _precision_scalars(tmp_path) == {s: (1.0 if s < 20 else 0.0) for s in range(40)}
@@ -82,25 +90,35 @@ def test_step_trigger_without_hook_uses_global_step_and_max_steps(tmp_path):
 def test_switch_loses_no_weight_slot_or_row(tmp_path, kind):
     """The float32 phase starts from exactly the state the low phase ended with."""
     est = _estimator(tmp_path, f"{kind}|step|0.5")
-    est.train(_input_fn(), max_steps=10)   # switch at step 5: checkpoint 5 is the hand-over
+    est.train(_input_fn(), max_steps=10)  # switch at step 5: checkpoint 5 is the hand-over
     ckpt5 = str(tmp_path / "model.ckpt-5")
     names = [n for n, _ in tf.train.list_variables(ckpt5)]
-    assert any("Adam" in n for n in names)          # optimizer slots are in the hand-over
+    assert any("Adam" in n for n in names)  # optimizer slots are in the hand-over
     assert sorted(glob.glob(str(tmp_path / "tables" / "*.nrc")))[0].endswith("000005.full.nrc")
     est_f32 = _estimator(tmp_path / "f32")
     # Resuming at 5 in float32 from the hand-over checkpoint gives the same step 10.
     import shutil
-    shutil.copytree(tmp_path, tmp_path / "f32", dirs_exist_ok=True,
-                    ignore=lambda d, names: [n for n in names if "-10" in n or "000010" in n
-                                             or n == "f32" or n == "npu_rec_precision.json"])
+
+    shutil.copytree(
+        tmp_path,
+        tmp_path / "f32",
+        dirs_exist_ok=True,
+        ignore=lambda d, names: [
+            n
+            for n in names
+            if "-10" in n or "000010" in n or n == "f32" or n == "npu_rec_precision.json"
+        ],
+    )
     (tmp_path / "f32" / "checkpoint").write_text(
-        'model_checkpoint_path: "model.ckpt-5"\nall_model_checkpoint_paths: "model.ckpt-5"\n')
+        'model_checkpoint_path: "model.ckpt-5"\nall_model_checkpoint_paths: "model.ckpt-5"\n'
+    )
     est_f32.train(_input_fn(), max_steps=10)
     for name in names:
-        if "loss_scale" in name:        # float16 phase only: float32 graphs have no scale
+        if "loss_scale" in name:  # float16 phase only: float32 graphs have no scale
             continue
-        np.testing.assert_allclose(est_f32.get_variable_value(name),
-                                   est.get_variable_value(name), atol=1e-6)
+        np.testing.assert_allclose(
+            est_f32.get_variable_value(name), est.get_variable_value(name), atol=1e-6
+        )
 
 
 @pytest.mark.parametrize("kind, dtype", [("fast", "float16"), ("fast1", "bfloat16")])
@@ -138,5 +156,6 @@ def test_step_trigger_without_total_is_an_error(tmp_path):
 def test_hook_of_the_other_trigger_is_an_error(tmp_path):
     est = _estimator(tmp_path, "fast1|step|0.5")
     with pytest.raises(ValueError, match="uses the 'step' trigger"):
-        est.train(_input_fn(), hooks=[E.TellMeStepOrLossHook(loss="loss:0", final_loss=1.0)],
-                  max_steps=5)
+        est.train(
+            _input_fn(), hooks=[E.TellMeStepOrLossHook(loss="loss:0", final_loss=1.0)], max_steps=5
+        )

@@ -31,8 +31,9 @@ def _streamed(batches, num_thresholds=200, weighted=False):
         labels = tf.compat.v1.placeholder(tf.float32, [None])
         preds = tf.compat.v1.placeholder(tf.float32, [None])
         weights = tf.compat.v1.placeholder(tf.float32, [None]) if weighted else None
-        value, update = E.streaming_auc(labels, preds, weights=weights,
-                                        num_thresholds=num_thresholds)
+        value, update = E.streaming_auc(
+            labels, preds, weights=weights, num_thresholds=num_thresholds
+        )
         with tf.compat.v1.Session() as sess:
             sess.run(tf.compat.v1.local_variables_initializer())
             assert sess.run(value) == 0.0
@@ -45,14 +46,22 @@ def _streamed(batches, num_thresholds=200, weighted=False):
 
 
 @settings(max_examples=25, deadline=None)
-@given(seed=st.integers(0, 2**31 - 1), sizes=st.lists(st.integers(1, 60), min_size=1,
-                                                      max_size=4),
-       num_thresholds=st.sampled_from([2, 3, 17, 200]))
+@given(
+    seed=st.integers(0, 2**31 - 1),
+    sizes=st.lists(st.integers(1, 60), min_size=1, max_size=4),
+    num_thresholds=st.sampled_from([2, 3, 17, 200]),
+)
 def test_streamed_batches_match_the_numpy_reference_on_all_rows(seed, sizes, num_thresholds):
     rng = np.random.default_rng(seed)
-    batches = [(rng.integers(0, 2, n).astype(np.float32),
-                rng.choice([0.0, 1.0, 0.5, rng.random()], n) if n % 3 == 0
-                else rng.random(n).astype(np.float32)) for n in sizes]
+    batches = [
+        (
+            rng.integers(0, 2, n).astype(np.float32),
+            rng.choice([0.0, 1.0, 0.5, rng.random()], n)
+            if n % 3 == 0
+            else rng.random(n).astype(np.float32),
+        )
+        for n in sizes
+    ]
     labels = np.concatenate([b[0] for b in batches])
     preds = np.concatenate([b[1] for b in batches])
     want = _reference(labels, preds, num_thresholds)
@@ -82,8 +91,11 @@ def test_close_to_the_exact_rank_auc_and_equal_to_keras_auc(rng):
 @pytest.mark.parametrize("bad", [1, 0, 2.5, True])
 def test_num_thresholds_is_validated(bad):
     with tf.Graph().as_default():
-        with pytest.raises(ValueError, match=rf"`num_thresholds` must be an integer >= 2\. "
-                                             rf"Received: num_thresholds={bad!r}"):
+        with pytest.raises(
+            ValueError,
+            match=rf"`num_thresholds` must be an integer >= 2\. "
+            rf"Received: num_thresholds={bad!r}",
+        ):
             E.streaming_auc(tf.constant([1.0]), tf.constant([0.5]), num_thresholds=bad)
 
 

@@ -13,9 +13,16 @@ PARAMS = {"dim": 4, "hidden": (8,)}
 
 
 def _est(model_dir):
-    return E.NPUEstimator(models.deepfm_model_fn, params=PARAMS, config=E.NPURunConfig(
-        model_dir=str(model_dir), random_seed=1, log_step_count_steps=None,
-        save_summary_steps=None))
+    return E.NPUEstimator(
+        models.deepfm_model_fn,
+        params=PARAMS,
+        config=E.NPURunConfig(
+            model_dir=str(model_dir),
+            random_seed=1,
+            log_step_count_steps=None,
+            save_summary_steps=None,
+        ),
+    )
 
 
 def test_checkpoint_of_another_model_dir_restores_its_tables(tmp_path):

@@ -19,13 +19,17 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 def _est(model_dir, params=None, **config):
     config.setdefault("log_step_count_steps", None)
-    return E.NPUEstimator(models.deepfm_model_fn, params=params or {},
-                          config=E.NPURunConfig(model_dir=str(model_dir), random_seed=1, **config))
+    return E.NPUEstimator(
+        models.deepfm_model_fn,
+        params=params or {},
+        config=E.NPURunConfig(model_dir=str(model_dir), random_seed=1, **config),
+    )
 
 
 def _serving_fn():
     return E.build_raw_serving_input_receiver_fn(
-        {"cat": tf.TensorSpec([None, 26], tf.int64), "dense": tf.TensorSpec([None, 13])})
+        {"cat": tf.TensorSpec([None, 26], tf.int64), "dense": tf.TensorSpec([None, 13])}
+    )
 
 
 def test_deepfm_synthetic_train_evaluate_predict_export(tmp_path):
@@ -39,7 +43,7 @@ def test_deepfm_synthetic_train_evaluate_predict_export(tmp_path):
     assert len(preds) == 64 and set(preds[0]) == {"probabilities", "logits"}
     export = est.export_saved_model(str(tmp_path / "export"), _serving_fn())
     assert isinstance(export, bytes)
-    unknown = np.full([2, 26], 123456789, np.int64)        # never seen: embeddings read zeros
+    unknown = np.full([2, 26], 123456789, np.int64)  # never seen: embeddings read zeros
     code = textwrap.dedent(f"""
         import sys, numpy as np, tensorflow as tf
         f = tf.saved_model.load({export.decode()!r}).signatures["serving_default"]
@@ -49,8 +53,7 @@ def test_deepfm_synthetic_train_evaluate_predict_export(tmp_path):
         assert "npu_rec" not in sys.modules
     """)
     np.save(tmp_path / "cat.npy", np.concatenate([features["cat"][:8], unknown]))
-    np.save(tmp_path / "d.npy", np.concatenate([features["dense"][:8],
-                                                features["dense"][:2]]))
+    np.save(tmp_path / "d.npy", np.concatenate([features["dense"][:8], features["dense"][:2]]))
     subprocess.run([sys.executable, "-c", code], check=True, cwd="/")
     served = np.load(tmp_path / "out.npy")
     np.testing.assert_allclose(served[:8], [p["probabilities"] for p in preds[:8]], atol=1e-6)
@@ -74,8 +77,9 @@ def test_deepfm_criteo_sample_with_optimizer_minimize(tmp_path):
     after = _table_rows(tmp_path, 30)
     assert before.shape == after.shape and not np.allclose(before, after)
     assert np.isfinite(est.evaluate(models.make_input_fn(features, labels, 32))["loss"])
-    assert len(list(est.predict(models.make_input_fn(features, labels, 32)))) == \
-        len(labels) // 32 * 32
+    assert (
+        len(list(est.predict(models.make_input_fn(features, labels, 32)))) == len(labels) // 32 * 32
+    )
     assert est.export_saved_model(str(tmp_path / "export"), _serving_fn())
 
 
@@ -83,7 +87,8 @@ def _table_rows(model_dir, step):
     from npu_rec.checkpoint import _file_format
 
     arrays, _ = _file_format.read_file(
-        os.path.join(model_dir, "tables", f"ckpt-{step:012d}.full.nrc"))
+        os.path.join(model_dir, "tables", f"ckpt-{step:012d}.full.nrc")
+    )
     table = _file_format.table_state("cat", arrays)
     return table["values"][np.argsort(table["keys"])]
 
@@ -108,8 +113,11 @@ def _run(model_dir, max_steps):
 
 def _train_here(model_dir, max_steps):
     npu_rec.shutdown()
-    est = E.NPUEstimator(models.deepfm_model_fn, params={}, config=E.NPURunConfig(
-        model_dir=str(model_dir), random_seed=1, log_step_count_steps=None))
+    est = E.NPUEstimator(
+        models.deepfm_model_fn,
+        params={},
+        config=E.NPURunConfig(model_dir=str(model_dir), random_seed=1, log_step_count_steps=None),
+    )
     est.train(models.synthetic_input_fn(0, 6400, epochs=4), max_steps=max_steps)
     npu_rec.shutdown()
 
@@ -127,19 +135,34 @@ def test_interrupt_and_resume_matches_one_run(tmp_path):
     ckpt_b = tf.train.latest_checkpoint(str(tmp_path / "twice"))
     assert ckpt_a.endswith("-200") and ckpt_b.endswith("-200")
     for name, _ in tf.train.list_variables(ckpt_a):
-        np.testing.assert_allclose(tf.train.load_variable(ckpt_b, name),
-                                   tf.train.load_variable(ckpt_a, name), atol=1e-6, err_msg=name)
-    np.testing.assert_allclose(_table_rows(tmp_path / "twice", 200),
-                               _table_rows(tmp_path / "once", 200), atol=1e-6)
+        np.testing.assert_allclose(
+            tf.train.load_variable(ckpt_b, name),
+            tf.train.load_variable(ckpt_a, name),
+            atol=1e-6,
+            err_msg=name,
+        )
+    np.testing.assert_allclose(
+        _table_rows(tmp_path / "twice", 200), _table_rows(tmp_path / "once", 200), atol=1e-6
+    )
 
 
 def test_issue4_seed_example_checkpoints_at_100_and_200(tmp_path):
-    npu_rec.init(max_steps=200, train_steps=100, eval_steps=10, save_steps=100,
-                 use_dynamic=True, use_dynamic_expansion=False, bind_cpu=False)
+    npu_rec.init(
+        max_steps=200,
+        train_steps=100,
+        eval_steps=10,
+        save_steps=100,
+        use_dynamic=True,
+        use_dynamic_expansion=False,
+        bind_cpu=False,
+    )
     est = _est(tmp_path, save_checkpoints_steps=100)
     est.train(models.synthetic_input_fn(0, 3200, epochs=4), max_steps=200)
-    steps = sorted(int(f.split("-")[1].split(".")[0]) for f in os.listdir(tmp_path)
-                   if f.startswith("model.ckpt-") and f.endswith(".index"))
+    steps = sorted(
+        int(f.split("-")[1].split(".")[0])
+        for f in os.listdir(tmp_path)
+        if f.startswith("model.ckpt-") and f.endswith(".index")
+    )
     assert steps == [100, 200]
     tables = sorted(os.listdir(tmp_path / "tables"))
     assert tables == ["ckpt-000000000100.full.nrc", "ckpt-000000000200.full.nrc"]
@@ -150,7 +173,9 @@ def test_init_save_steps_drives_the_cadence(tmp_path):
     est = _est(tmp_path)
     est.train(models.synthetic_input_fn(0, 3200, epochs=2), max_steps=60)
     assert [v for v in sorted(os.listdir(tmp_path / "tables"))] == [
-        "ckpt-000000000030.full.nrc", "ckpt-000000000060.full.nrc"]
+        "ckpt-000000000030.full.nrc",
+        "ckpt-000000000060.full.nrc",
+    ]
 
 
 def test_init_and_run_config_disagree(tmp_path):
@@ -166,12 +191,16 @@ def test_incremental_full_and_delta_then_restore_version(tmp_path, monkeypatch):
     now = [0.0]
 
     def fake_clock():
-        now[0] += 1.0           # every clock reading is one second later
+        now[0] += 1.0  # every clock reading is one second later
         return now[0]
 
     monkeypatch.setattr(_hooks, "clock", fake_clock)
-    npu_rec.init(is_incremental_checkpoint=True, save_checkpoint_due_time=40,
-                 save_delta_checkpoints_secs=10, bind_cpu=False)
+    npu_rec.init(
+        is_incremental_checkpoint=True,
+        save_checkpoint_due_time=40,
+        save_delta_checkpoints_secs=10,
+        bind_cpu=False,
+    )
     est = _est(tmp_path, save_checkpoints_steps=1000)
     est.train(models.synthetic_input_fn(0, 3200), max_steps=40)
     kinds = [f.split(".")[1] for f in sorted(os.listdir(tmp_path / "tables"))]
@@ -188,14 +217,16 @@ def test_incremental_full_and_delta_then_restore_version(tmp_path, monkeypatch):
         def after_create_session(self, session, coord):
             graph = session.graph
             seen["step"] = session.run(tf.compat.v1.train.get_global_step())
-            seen["w_out"] = session.run(graph.get_tensor_by_name("w_out:0").op.outputs[0]
-                                        if False else _var(graph, "w_out"))
+            seen["w_out"] = session.run(
+                graph.get_tensor_by_name("w_out:0").op.outputs[0] if False else _var(graph, "w_out")
+            )
             table = npu_rec.table._registry.get("cat")
             st = table.export(session=session)
             seen["rows"] = st["values"][np.argsort(st["keys"])]
 
     _est(tmp_path, save_checkpoints_steps=1000).train(
-        models.synthetic_input_fn(0, 3200), hooks=[Capture()], steps=1)
+        models.synthetic_input_fn(0, 3200), hooks=[Capture()], steps=1
+    )
     assert seen["step"] == n
     np.testing.assert_array_equal(seen["w_out"], dense)
     np.testing.assert_array_equal(seen["rows"], expected)
@@ -238,14 +269,17 @@ def test_steps_and_max_steps_rules(tmp_path):
     est.train(models.synthetic_input_fn(0, 640), steps=3)
     est.train(models.synthetic_input_fn(0, 640), steps=2)
     assert est.latest_checkpoint().endswith("model.ckpt-5")
-    est.train(models.synthetic_input_fn(0, 640), max_steps=5)     # already there: no-op
+    est.train(models.synthetic_input_fn(0, 640), max_steps=5)  # already there: no-op
     assert est.latest_checkpoint().endswith("model.ckpt-5")
 
 
 def test_model_dir_mismatch_and_temp_dir(tmp_path):
     with pytest.raises(ValueError, match="`model_dir` are set both in constructor and"):
-        E.NPUEstimator(models.deepfm_model_fn, model_dir=str(tmp_path / "a"),
-                       config=E.NPURunConfig(model_dir=str(tmp_path / "b")))
+        E.NPUEstimator(
+            models.deepfm_model_fn,
+            model_dir=str(tmp_path / "a"),
+            config=E.NPURunConfig(model_dir=str(tmp_path / "b")),
+        )
     est = E.NPUEstimator(models.deepfm_model_fn)
     assert os.path.isdir(est.model_dir) and "npu_rec_model_" in est.model_dir
 
@@ -269,8 +303,8 @@ def test_user_hooks_called_in_order_and_iterations_per_loop(tmp_path):
 
     est = _est(tmp_path, iterations_per_loop=4)
     est.train(models.synthetic_input_fn(0, 3200), hooks=[Hook("a"), Hook("b")], max_steps=10)
-    assert calls == ["a", "b"] * 3           # loops of 4, 4, 2 steps
-    assert steps == [4, 8, 10]               # one hooked run advances the global step by N
+    assert calls == ["a", "b"] * 3  # loops of 4, 4, 2 steps
+    assert steps == [4, 8, 10]  # one hooked run advances the global step by N
     assert est.latest_checkpoint().endswith("model.ckpt-10")
 
 
@@ -278,21 +312,31 @@ def test_train_and_evaluate(tmp_path):
     npu_rec.init(max_steps=40, train_steps=20, eval_steps=5, save_steps=20, bind_cpu=False)
     est = _est(tmp_path, save_checkpoints_steps=20)
     result, _ = E.train_and_evaluate(
-        est, E.TrainSpec(models.synthetic_input_fn(0, 3200), max_steps=40),
-        E.EvalSpec(models.synthetic_input_fn(3200, 6400), steps=5))
+        est,
+        E.TrainSpec(models.synthetic_input_fn(0, 3200), max_steps=40),
+        E.EvalSpec(models.synthetic_input_fn(3200, 6400), steps=5),
+    )
     assert result["global_step"] == 40
     assert os.path.isdir(tmp_path / "eval")
 
 
 def test_evict_hook_evicts_by_steps(tmp_path):
     def model_fn(features, labels, mode):
-        table = npu_rec.create_table("t", 2, optimizer=npu_rec.optimizers.SGD(0.1),
-                                     access_threshold=0, eviction_threshold=0)
+        table = npu_rec.create_table(
+            "t", 2, optimizer=npu_rec.optimizers.SGD(0.1), access_threshold=0, eviction_threshold=0
+        )
         emb = npu_rec.sparse_lookup(table, features["cat"], timestamps=features["ts"])
         loss = tf.reduce_mean(tf.square(emb))
-        return E.EstimatorSpec(mode, loss=loss, train_op=E.sparse_train_op(
-            loss, tf.compat.v1.train.GradientDescentOptimizer(0.1),
-            tf.compat.v1.train.get_global_step(), var_list=[]))
+        return E.EstimatorSpec(
+            mode,
+            loss=loss,
+            train_op=E.sparse_train_op(
+                loss,
+                tf.compat.v1.train.GradientDescentOptimizer(0.1),
+                tf.compat.v1.train.get_global_step(),
+                var_list=[],
+            ),
+        )
 
     def input_fn():
         cat = np.arange(40, dtype=np.int64).reshape(20, 2)
@@ -300,7 +344,6 @@ def test_evict_hook_evicts_by_steps(tmp_path):
         return tf.data.Dataset.from_tensor_slices(({"cat": cat, "ts": ts}, ts)).batch(2)
 
     hook = E.EvictHook(evict_enable=True, evict_step_interval=5)
-    E.NPUEstimator(model_fn, model_dir=str(tmp_path)).train(input_fn, hooks=[hook],
-                                                             max_steps=10)
+    E.NPUEstimator(model_fn, model_dir=str(tmp_path)).train(input_fn, hooks=[hook], max_steps=10)
     assert [s for s, _ in hook.evictions] == [5, 10]
     assert all(freed > 0 for _, freed in hook.evictions)

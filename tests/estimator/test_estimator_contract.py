@@ -9,8 +9,9 @@ from npu_rec import estimator as E
 
 
 def _linear_model_fn(features, labels, mode, params):
-    w = tf.compat.v1.get_variable("w", [3, 1], initializer=tf.compat.v1.glorot_uniform_initializer(
-        seed=params.get("seed", 1)))
+    w = tf.compat.v1.get_variable(
+        "w", [3, 1], initializer=tf.compat.v1.glorot_uniform_initializer(seed=params.get("seed", 1))
+    )
     b = tf.compat.v1.get_variable("b", [1], initializer=tf.zeros_initializer())
     y = (tf.matmul(features["x"], w) + b)[:, 0]
     predictions = {"y": y}
@@ -27,9 +28,11 @@ def _linear_model_fn(features, labels, mode, params):
         mae.update_state(labels, y)
         metrics = {"mean_y": mean, "mae": mae}
     train_op = tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(
-        loss, tf.compat.v1.train.get_global_step())
-    return E.EstimatorSpec(mode, loss=loss, train_op=train_op, eval_metric_ops=metrics,
-                           predictions=predictions)
+        loss, tf.compat.v1.train.get_global_step()
+    )
+    return E.EstimatorSpec(
+        mode, loss=loss, train_op=train_op, eval_metric_ops=metrics, predictions=predictions
+    )
 
 
 def _data(n=32):
@@ -42,13 +45,19 @@ def _input_fn(epochs=1, batch=8):
 
     def input_fn():
         return tf.data.Dataset.from_tensor_slices(({"x": x}, y)).repeat(epochs).batch(batch)
+
     return input_fn
 
 
 def _est(model_dir, **kwargs):
     params = kwargs.pop("params", {})
-    return E.NPUEstimator(_linear_model_fn, model_dir=str(model_dir), params=params,
-                          config=E.NPURunConfig(log_step_count_steps=None), **kwargs)
+    return E.NPUEstimator(
+        _linear_model_fn,
+        model_dir=str(model_dir),
+        params=params,
+        config=E.NPURunConfig(log_step_count_steps=None),
+        **kwargs,
+    )
 
 
 def test_predict_with_predictions_of_different_batch_length_raises(tmp_path):
@@ -78,7 +87,7 @@ def test_warm_start_from_applies_to_evaluate_and_predict_without_checkpoint(tmp_
         np.testing.assert_allclose(preds, expected, rtol=1e-5, atol=1e-6)
         loss = est.evaluate(_input_fn(batch=32))["loss"]
         np.testing.assert_allclose(loss, np.mean((expected - y) ** 2), rtol=1e-5)
-        assert est.latest_checkpoint() is None         # evaluate/predict write nothing
+        assert est.latest_checkpoint() is None  # evaluate/predict write nothing
 
 
 def test_variable_access_before_training_names_the_missing_checkpoint(tmp_path):
@@ -94,7 +103,7 @@ def test_keras_metric_objects_in_eval_metric_ops(tmp_path):
     est.train(_input_fn(epochs=2), steps=8)
     x, y = _data()
     pred = (x @ est.get_variable_value("w") + est.get_variable_value("b"))[:, 0]
-    for _ in range(2):          # metric state starts at zero in every evaluation
+    for _ in range(2):  # metric state starts at zero in every evaluation
         result = est.evaluate(_input_fn())
         np.testing.assert_allclose(result["mean_y"], pred.mean(), rtol=1e-5)
         np.testing.assert_allclose(result["mae"], np.abs(pred - y).mean(), rtol=1e-5)
@@ -106,11 +115,13 @@ def test_eval_metric_ops_rules():
     with tf.Graph().as_default():
         loss = tf.constant(1.0)
         with pytest.raises(ValueError, match=r"update_state\(\.\.\.\) was never called"):
-            E.EstimatorSpec(E.ModeKeys.EVAL, loss=loss,
-                            eval_metric_ops={"m": keras.metrics.Mean()})
+            E.EstimatorSpec(E.ModeKeys.EVAL, loss=loss, eval_metric_ops={"m": keras.metrics.Mean()})
         for name in ("loss", "global_step"):
             with pytest.raises(ValueError, match=f"may not use the name '{name}'"):
-                E.EstimatorSpec(E.ModeKeys.EVAL, loss=loss, eval_metric_ops={
-                    name: tf.compat.v1.metrics.mean(loss)})
+                E.EstimatorSpec(
+                    E.ModeKeys.EVAL,
+                    loss=loss,
+                    eval_metric_ops={name: tf.compat.v1.metrics.mean(loss)},
+                )
         with pytest.raises(TypeError, match=r"`eval_metric_ops\['m'\]` must be a \(value"):
             E.EstimatorSpec(E.ModeKeys.EVAL, loss=loss, eval_metric_ops={"m": loss})

@@ -33,16 +33,22 @@ def iris_model_fn(features, labels, mode, params):
             "probabilities": tf.nn.softmax(logits),
             "logits": logits,
         }
-        return E.EstimatorSpec(mode, predictions=predictions, export_outputs={
-            "serving_default": export.ClassificationOutput(
-                scores=predictions["probabilities"],
-                classes=tf.as_string(tf.range(params["n_classes"]))[tf.newaxis] + tf.zeros_like(
-                    logits, tf.string)),
-            "predict": export.PredictOutput(predictions),
-        })
+        return E.EstimatorSpec(
+            mode,
+            predictions=predictions,
+            export_outputs={
+                "serving_default": export.ClassificationOutput(
+                    scores=predictions["probabilities"],
+                    classes=tf.as_string(tf.range(params["n_classes"]))[tf.newaxis]
+                    + tf.zeros_like(logits, tf.string),
+                ),
+                "predict": export.PredictOutput(predictions),
+            },
+        )
     loss = tf.compat.v1.losses.sparse_softmax_cross_entropy(labels=labels, logits=logits)
-    accuracy = tf.compat.v1.metrics.accuracy(labels=labels, predictions=predicted_classes,
-                                             name="acc_op")
+    accuracy = tf.compat.v1.metrics.accuracy(
+        labels=labels, predictions=predicted_classes, name="acc_op"
+    )
     tf.compat.v1.summary.scalar("accuracy", accuracy[1])
     if mode == E.ModeKeys.EVAL:
         return E.EstimatorSpec(mode, loss=loss, eval_metric_ops={"accuracy": accuracy})
@@ -64,6 +70,7 @@ def _iris_input_fn(epochs=1, batch=20):
 
     def input_fn():
         return tf.data.Dataset.from_tensor_slices((features, labels)).repeat(epochs).batch(batch)
+
     return input_fn
 
 
@@ -78,22 +85,27 @@ def _examples(features: dict) -> list[bytes]:
                 feature[k] = tf.train.Feature(float_list=tf.train.FloatList(value=row))
             else:
                 feature[k] = tf.train.Feature(int64_list=tf.train.Int64List(value=row))
-        rows.append(tf.train.Example(features=tf.train.Features(
-            feature=feature)).SerializeToString())
+        rows.append(
+            tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
+        )
     return rows
 
 
 def test_iris_classification_and_predict_signatures(tmp_path):
     columns = [tf.compat.v1.feature_column.numeric_column(k) for k in IRIS_FEATURES]
-    est = E.Estimator(iris_model_fn, model_dir=str(tmp_path / "model"), params={
-        "feature_columns": columns, "hidden_units": [10, 10], "n_classes": 3},
-        config=E.RunConfig(log_step_count_steps=None, random_seed=0))
+    est = E.Estimator(
+        iris_model_fn,
+        model_dir=str(tmp_path / "model"),
+        params={"feature_columns": columns, "hidden_units": [10, 10], "n_classes": 3},
+        config=E.RunConfig(log_step_count_steps=None, random_seed=0),
+    )
     est.train(_iris_input_fn(epochs=30), steps=150)
     # It learned (chance is 1/3); 150 steps from some initialisations reach only ~0.78.
     assert est.evaluate(_iris_input_fn())["accuracy"] > 0.6
     spec = tf.compat.v1.feature_column.make_parse_example_spec(columns)
-    path = est.export_saved_model(str(tmp_path / "export"),
-                                  export.build_parsing_serving_input_receiver_fn(spec))
+    path = est.export_saved_model(
+        str(tmp_path / "export"), export.build_parsing_serving_input_receiver_fn(spec)
+    )
     features, _ = _iris()
     expected = [p["probabilities"] for p in est.predict(_iris_input_fn())]
     served = tf.saved_model.load(path.decode())
@@ -104,21 +116,27 @@ def test_iris_classification_and_predict_signatures(tmp_path):
     assert classify["classes"].numpy()[0].tolist() == [b"0", b"1", b"2"]
     predict = served.signatures["predict"](examples=examples)
     np.testing.assert_allclose(predict["probabilities"].numpy(), expected, atol=1e-5)
-    np.testing.assert_array_equal(predict["class_ids"].numpy()[:, 0],
-                                  np.argmax(expected, 1))
+    np.testing.assert_array_equal(predict["class_ids"].numpy()[:, 0], np.argmax(expected, 1))
 
 
 def test_deepfm_with_parsing_receiver_and_default_predict_output(tmp_path):
     """DeepFM as public CTR estimators write it: `export_outputs` keyed by the default key."""
-    est = E.NPUEstimator(models.deepfm_model_fn, model_dir=str(tmp_path / "model"),
-                         params={"export_outputs": True},
-                         config=E.NPURunConfig(log_step_count_steps=None, random_seed=1))
+    est = E.NPUEstimator(
+        models.deepfm_model_fn,
+        model_dir=str(tmp_path / "model"),
+        params={"export_outputs": True},
+        config=E.NPURunConfig(log_step_count_steps=None, random_seed=1),
+    )
     est.train(models.synthetic_input_fn(0, 1280), max_steps=20)
-    spec = {"cat": tf.io.FixedLenFeature([models.NUM_CAT], tf.int64),
-            "dense": tf.io.FixedLenFeature([models.NUM_DENSE], tf.float32)}
-    path = est.export_saved_model(str(tmp_path / "export"),
-                                  export.build_parsing_serving_input_receiver_fn(spec),
-                                  assets_extra={"vocab/readme.txt": __file__})
+    spec = {
+        "cat": tf.io.FixedLenFeature([models.NUM_CAT], tf.int64),
+        "dense": tf.io.FixedLenFeature([models.NUM_DENSE], tf.float32),
+    }
+    path = est.export_saved_model(
+        str(tmp_path / "export"),
+        export.build_parsing_serving_input_receiver_fn(spec),
+        assets_extra={"vocab/readme.txt": __file__},
+    )
     features, labels = models.synthetic_arrays(1280, 1344)
     expected = [p["probabilities"] for p in est.predict(models.make_input_fn(features, labels))]
     served = tf.saved_model.load(path.decode())
@@ -131,16 +149,24 @@ def test_deepfm_with_parsing_receiver_and_default_predict_output(tmp_path):
 
 def test_mnist_style_named_output_is_also_the_default(tmp_path):
     """official/mnist: `export_outputs={"classify": PredictOutput(predictions)}`, raw receiver."""
+
     def model_fn(features, labels, mode):
         logits = keras.layers.Dense(3)(features["image"])
-        predictions = {"classes": tf.argmax(logits, axis=1),
-                       "probabilities": tf.nn.softmax(logits)}
+        predictions = {"classes": tf.argmax(logits, axis=1), "probabilities": tf.nn.softmax(logits)}
         if mode == E.ModeKeys.PREDICT:
-            return E.EstimatorSpec(mode=E.ModeKeys.PREDICT, predictions=predictions,
-                                   export_outputs={"classify": export.PredictOutput(predictions)})
+            return E.EstimatorSpec(
+                mode=E.ModeKeys.PREDICT,
+                predictions=predictions,
+                export_outputs={"classify": export.PredictOutput(predictions)},
+            )
         loss = tf.compat.v1.losses.sparse_softmax_cross_entropy(labels=labels, logits=logits)
-        return E.EstimatorSpec(mode, loss=loss, train_op=tf.compat.v1.train.AdamOptimizer(
-            1e-3).minimize(loss, tf.compat.v1.train.get_or_create_global_step()))
+        return E.EstimatorSpec(
+            mode,
+            loss=loss,
+            train_op=tf.compat.v1.train.AdamOptimizer(1e-3).minimize(
+                loss, tf.compat.v1.train.get_or_create_global_step()
+            ),
+        )
 
     x = np.random.RandomState(0).rand(16, 5).astype(np.float32)
     y = np.arange(16) % 3
@@ -150,8 +176,10 @@ def test_mnist_style_named_output_is_also_the_default(tmp_path):
 
     est = E.Estimator(model_fn, model_dir=str(tmp_path / "m"))
     est.train(input_fn, steps=2)
-    path = est.export_saved_model(str(tmp_path / "export"), export.build_raw_serving_input_receiver_fn(
-        {"image": tf.zeros([1, 5])}))
+    path = est.export_saved_model(
+        str(tmp_path / "export"),
+        export.build_raw_serving_input_receiver_fn({"image": tf.zeros([1, 5])}),
+    )
     served = tf.saved_model.load(path.decode())
     assert set(served.signatures) == {"classify", "serving_default"}
     expected = [p["probabilities"] for p in est.predict(input_fn)]
@@ -165,17 +193,29 @@ def test_a_classification_output_over_raw_inputs_is_left_out(tmp_path):
         w = tf.compat.v1.get_variable("w", [2, 2])
         probs = tf.nn.softmax(tf.matmul(features["x"], w))
         if mode == E.ModeKeys.PREDICT:
-            return E.EstimatorSpec(mode, predictions=probs, export_outputs={
-                "serving_default": export.PredictOutput(probs),
-                "classify": export.ClassificationOutput(scores=probs)})
+            return E.EstimatorSpec(
+                mode,
+                predictions=probs,
+                export_outputs={
+                    "serving_default": export.PredictOutput(probs),
+                    "classify": export.ClassificationOutput(scores=probs),
+                },
+            )
         loss = tf.reduce_sum(probs)
-        return E.EstimatorSpec(mode, loss=loss, train_op=tf.compat.v1.train.GradientDescentOptimizer(
-            0.1).minimize(loss, tf.compat.v1.train.get_global_step()))
+        return E.EstimatorSpec(
+            mode,
+            loss=loss,
+            train_op=tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(
+                loss, tf.compat.v1.train.get_global_step()
+            ),
+        )
 
     est = E.Estimator(model_fn, model_dir=str(tmp_path / "m"))
     est.train(lambda: ({"x": tf.ones([2, 2])}, tf.zeros([2])), steps=1)
-    path = est.export_saved_model(str(tmp_path / "e"), export.build_raw_serving_input_receiver_fn(
-        {"x": tf.TensorSpec([None, 2])}))
+    path = est.export_saved_model(
+        str(tmp_path / "e"),
+        export.build_raw_serving_input_receiver_fn({"x": tf.TensorSpec([None, 2])}),
+    )
     assert set(tf.saved_model.load(path.decode()).signatures) == {"serving_default"}
 
 
@@ -193,15 +233,19 @@ def test_export_output_and_receiver_rules():
         with pytest.raises(ValueError, match="Prediction output values must be Tensors"):
             export.PredictOutput({"p": 3})
         with pytest.raises(ValueError, match=r"Several `export_outputs` \['a', 'b'\]"):
-            E.EstimatorSpec(E.ModeKeys.PREDICT, predictions=probs, export_outputs={
-                "a": export.PredictOutput(probs), "b": export.PredictOutput(probs)})
+            E.EstimatorSpec(
+                E.ModeKeys.PREDICT,
+                predictions=probs,
+                export_outputs={"a": export.PredictOutput(probs), "b": export.PredictOutput(probs)},
+            )
         with pytest.raises(TypeError, match=r"`export_outputs\['a'\]` must be an"):
             E.EstimatorSpec(E.ModeKeys.PREDICT, predictions=probs, export_outputs={"a": probs})
         spec = E.EstimatorSpec(E.ModeKeys.PREDICT, predictions=probs)
         assert list(spec.export_outputs) == ["serving_default"]
         receiver = export.ServingInputReceiver(probs, probs)
         assert list(receiver.features) == ["feature"] and list(receiver.receiver_tensors) == [
-            "input"]
+            "input"
+        ]
         assert export.TensorServingInputReceiver(probs, probs).features is probs
         with pytest.raises(ValueError, match="`receiver_tensors` must be a tensor"):
             export.ServingInputReceiver(probs, None)

@@ -16,12 +16,14 @@ def _model_fn(features, labels, mode):
     tags = features["tags"]
     SEEN.append(type(tags))
     table = npu_rec.create_table("tags", 4, optimizer=npu_rec.optimizers.Adagrad(0.1))
-    emb = npu_rec.sparse_lookup(table, tags, combiner="mean",
-                                is_training=mode == E.ModeKeys.TRAIN)    # [batch, 4]
+    emb = npu_rec.sparse_lookup(
+        table, tags, combiner="mean", is_training=mode == E.ModeKeys.TRAIN
+    )  # [batch, 4]
     w = tf.compat.v1.get_variable("w", [4, 1], initializer=tf.compat.v1.ones_initializer())
     logits = tf.reshape(tf.matmul(emb, w), [-1])
-    loss = tf.reduce_mean(tf.compat.v1.nn.sigmoid_cross_entropy_with_logits(
-        labels=labels, logits=logits))
+    loss = tf.reduce_mean(
+        tf.compat.v1.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits)
+    )
     step = tf.compat.v1.train.get_global_step()
     train_op = E.sparse_train_op(loss, tf.compat.v1.train.GradientDescentOptimizer(0.5), step)
     return E.EstimatorSpec(mode, loss=loss, train_op=train_op)
@@ -30,10 +32,16 @@ def _model_fn(features, labels, mode):
 def _train(path: str, model_dir, static: bool):
     npu_rec.shutdown()
     SEEN.clear()
-    est = E.NPUEstimator(_model_fn, config=E.NPURunConfig(model_dir=str(model_dir),
-                                                          save_checkpoints_steps=100))
-    input_fn = as_input_fn(ParquetSource(path, label="click", multi_valued=["tags"]), BATCH,
-                           num_sweeps=2, use_dynamic=not static, pad_length=PAD_LENGTH)
+    est = E.NPUEstimator(
+        _model_fn, config=E.NPURunConfig(model_dir=str(model_dir), save_checkpoints_steps=100)
+    )
+    input_fn = as_input_fn(
+        ParquetSource(path, label="click", multi_valued=["tags"]),
+        BATCH,
+        num_sweeps=2,
+        use_dynamic=not static,
+        pad_length=PAD_LENGTH,
+    )
     est.train(input_fn)
     return est, SEEN[0], _saved_table(model_dir)
 
@@ -58,8 +66,11 @@ def test_estimator_trains_on_fixed_shapes_like_on_ragged_ids(tmp_path):
     assert static.latest_checkpoint() and ragged.latest_checkpoint()
     assert -1 in static_tables["keys"].tolist()  # a raw id, trained like the others
     assert static_tables["keys"].tolist() == ragged_tables["keys"].tolist()
-    np.testing.assert_allclose(static_tables["values"], ragged_tables["values"], rtol=1e-5,
-                               atol=1e-6)
-    np.testing.assert_allclose(tf.train.load_variable(static.latest_checkpoint(), "w"),
-                               tf.train.load_variable(ragged.latest_checkpoint(), "w"),
-                               rtol=1e-5)
+    np.testing.assert_allclose(
+        static_tables["values"], ragged_tables["values"], rtol=1e-5, atol=1e-6
+    )
+    np.testing.assert_allclose(
+        tf.train.load_variable(static.latest_checkpoint(), "w"),
+        tf.train.load_variable(ragged.latest_checkpoint(), "w"),
+        rtol=1e-5,
+    )

@@ -45,15 +45,23 @@ _CODE = textwrap.dedent("""
 def test_legacy_layers_model_fn_in_subprocess(tmp_path):
     pytest.importorskip("tf_keras")
     env = {**os.environ, "TF_USE_LEGACY_KERAS": "1"}
-    out = subprocess.run([sys.executable, "-c", _CODE.format(root=ROOT, model_dir=str(tmp_path))],
-                         env=env, capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, "-c", _CODE.format(root=ROOT, model_dir=str(tmp_path))],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     assert "LOSS" in out.stdout
 
 
 def test_legacy_layers_without_env_var_fail_as_documented(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "TF_USE_LEGACY_KERAS"}
-    out = subprocess.run([sys.executable, "-c", _CODE.format(root=ROOT, model_dir=str(tmp_path))],
-                         env=env, capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, "-c", _CODE.format(root=ROOT, model_dir=str(tmp_path))],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     assert out.returncode != 0
     assert "not available with Keras 3" in out.stderr

@@ -10,46 +10,64 @@ from npu_rec import estimator as E
 from npu_rec.estimator import _run_config
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"save_checkpoints_steps": 0}, "`save_checkpoints_steps` must be None or an integer"),
-    ({"save_checkpoints_steps": True}, "Received: save_checkpoints_steps=True"),
-    ({"save_checkpoints_secs": -1}, "`save_checkpoints_secs` must be None or a number"),
-    ({"save_checkpoints_steps": 10, "save_checkpoints_secs": 10},
-     "Set only one of `save_checkpoints_steps` and `save_checkpoints_secs`"),
-    ({"save_summary_steps": -1}, "`save_summary_steps` must be"),
-    ({"keep_checkpoint_max": -1}, "`keep_checkpoint_max` must be"),
-    ({"log_step_count_steps": 0}, "`log_step_count_steps` must be"),
-    ({"iterations_per_loop": 0}, "`iterations_per_loop` must be an integer"),
-    ({"random_seed": -1}, "`tf_random_seed` must be"),
-    ({"random_seed": 1, "tf_random_seed": 2}, "`random_seed` and `tf_random_seed`"),
-    ({"session_config": "x"}, "`session_config` must be None or a tf.compat.v1.ConfigProto"),
-    ({"model_dir": ""}, "`model_dir` must be None or a non-empty path"),
-    ({"precision_mode": "bogus"}, "`precision_mode` must be one of"),
-    ({"precision_mode_v2": "bogus"}, "`precision_mode_v2` must be one of"),
-    ({"precision_mode_v2": "mixed_hif8"}, "HiFloat8"),
-    ({"precision_mode": "force_fp32", "precision_mode_v2": "origin"},
-     "Set only one of `precision_mode` and `precision_mode_v2`"),
-    ({"experimental_config": "fast"}, "`experimental_config` must be None or an"),
-    ({"precision_mode": "allow_mix_precision_bf16",
-      "experimental_config": E.ExperimentalConfig(accelerate_train_mode="fast1|step|0.5")},
-     "can only be combined with `precision_mode`"),
-    ({"precision_mode_v2": "mixed_bfloat16",
-      "experimental_config": E.ExperimentalConfig(accelerate_train_mode="fast1|step|0.5")},
-     "can only be combined with `precision_mode_v2`"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"save_checkpoints_steps": 0}, "`save_checkpoints_steps` must be None or an integer"),
+        ({"save_checkpoints_steps": True}, "Received: save_checkpoints_steps=True"),
+        ({"save_checkpoints_secs": -1}, "`save_checkpoints_secs` must be None or a number"),
+        (
+            {"save_checkpoints_steps": 10, "save_checkpoints_secs": 10},
+            "Set only one of `save_checkpoints_steps` and `save_checkpoints_secs`",
+        ),
+        ({"save_summary_steps": -1}, "`save_summary_steps` must be"),
+        ({"keep_checkpoint_max": -1}, "`keep_checkpoint_max` must be"),
+        ({"log_step_count_steps": 0}, "`log_step_count_steps` must be"),
+        ({"iterations_per_loop": 0}, "`iterations_per_loop` must be an integer"),
+        ({"random_seed": -1}, "`tf_random_seed` must be"),
+        ({"random_seed": 1, "tf_random_seed": 2}, "`random_seed` and `tf_random_seed`"),
+        ({"session_config": "x"}, "`session_config` must be None or a tf.compat.v1.ConfigProto"),
+        ({"model_dir": ""}, "`model_dir` must be None or a non-empty path"),
+        ({"precision_mode": "bogus"}, "`precision_mode` must be one of"),
+        ({"precision_mode_v2": "bogus"}, "`precision_mode_v2` must be one of"),
+        ({"precision_mode_v2": "mixed_hif8"}, "HiFloat8"),
+        (
+            {"precision_mode": "force_fp32", "precision_mode_v2": "origin"},
+            "Set only one of `precision_mode` and `precision_mode_v2`",
+        ),
+        ({"experimental_config": "fast"}, "`experimental_config` must be None or an"),
+        (
+            {
+                "precision_mode": "allow_mix_precision_bf16",
+                "experimental_config": E.ExperimentalConfig(accelerate_train_mode="fast1|step|0.5"),
+            },
+            "can only be combined with `precision_mode`",
+        ),
+        (
+            {
+                "precision_mode_v2": "mixed_bfloat16",
+                "experimental_config": E.ExperimentalConfig(accelerate_train_mode="fast1|step|0.5"),
+            },
+            "can only be combined with `precision_mode_v2`",
+        ),
+    ],
+)
 def test_run_config_rules(kwargs, message):
     with pytest.raises(ValueError, match=re.escape(message)):
         E.NPURunConfig(**kwargs)
 
 
-@pytest.mark.parametrize("mode, message", [
-    ("fast", "must have 2 or 3 '|'-separated fields"),
-    ("slow|step", "The type field"),
-    ("fast1|time", "The trigger field"),
-    ("fast1|step|x", "The ratio field of `accelerate_train_mode` must be a number"),
-    ("fast1|step|0.95", "must be in [0.2, 0.9]"),
-    ("fast1|loss|1.6", "must be in [1.01, 1.5]"),
-])
+@pytest.mark.parametrize(
+    "mode, message",
+    [
+        ("fast", "must have 2 or 3 '|'-separated fields"),
+        ("slow|step", "The type field"),
+        ("fast1|time", "The trigger field"),
+        ("fast1|step|x", "The ratio field of `accelerate_train_mode` must be a number"),
+        ("fast1|step|0.95", "must be in [0.2, 0.9]"),
+        ("fast1|loss|1.6", "must be in [1.01, 1.5]"),
+    ],
+)
 def test_accelerate_train_mode_rules(mode, message):
     with pytest.raises(ValueError, match=re.escape(message)):
         E.ExperimentalConfig(accelerate_train_mode=mode)
@@ -81,13 +99,16 @@ def test_replace_switches_between_checkpoint_steps_and_secs(cls):
         by_steps.replace(save_checkpoints_steps=5, save_checkpoints_secs=5)
 
 
-@pytest.mark.parametrize("setting, dtype", [
-    ({"precision_mode": "allow_mix_precision_bf16"}, "bfloat16"),
-    ({"precision_mode_v2": "mixed_bfloat16"}, "bfloat16"),
-    ({"precision_mode": "force_fp32"}, None),
-    ({"precision_mode": "must_keep_origin_dtype"}, None),
-    ({"precision_mode_v2": "origin"}, None),
-])
+@pytest.mark.parametrize(
+    "setting, dtype",
+    [
+        ({"precision_mode": "allow_mix_precision_bf16"}, "bfloat16"),
+        ({"precision_mode_v2": "mixed_bfloat16"}, "bfloat16"),
+        ({"precision_mode": "force_fp32"}, None),
+        ({"precision_mode": "must_keep_origin_dtype"}, None),
+        ({"precision_mode_v2": "origin"}, None),
+    ],
+)
 def test_precision_mode_maps_to_a_grappler_setting(setting, dtype):
     config = E.NPURunConfig(**setting)
     assert config.compute_dtype == dtype
@@ -96,10 +117,14 @@ def test_precision_mode_maps_to_a_grappler_setting(setting, dtype):
 
 
 @pytest.mark.skipif(bool(tf.config.list_physical_devices("GPU")), reason="CPU-only rule")
-@pytest.mark.parametrize("setting", [{"precision_mode": "allow_mix_precision"},
-                                     {"precision_mode_v2": "fp16"},
-                                     {"experimental_config": E.ExperimentalConfig(
-                                         accelerate_train_mode="fast|step|0.5")}])
+@pytest.mark.parametrize(
+    "setting",
+    [
+        {"precision_mode": "allow_mix_precision"},
+        {"precision_mode_v2": "fp16"},
+        {"experimental_config": E.ExperimentalConfig(accelerate_train_mode="fast|step|0.5")},
+    ],
+)
 def test_float16_uses_the_cpu_emulation_of_the_amp_pass_without_gpu(setting):
     config = E.NPURunConfig(**setting)
     dtype = config.compute_dtype or config.accelerate_mode.dtype
@@ -114,7 +139,9 @@ def test_float16_uses_the_cpu_emulation_of_the_amp_pass_without_gpu(setting):
 
 def test_npu_only_and_unknown_options_warn_once():
     _validation.forget_logged()
-    with pytest.warns(UserWarning, match=r"\['hcom_parallel'\] configure the Ascend NPU only") as got:
+    with pytest.warns(
+        UserWarning, match=r"\['hcom_parallel'\] configure the Ascend NPU only"
+    ) as got:
         E.NPURunConfig(hcom_parallel=True)
         E.NPURunConfig(hcom_parallel=True)
     assert len([w for w in got if "Ascend NPU only" in str(w.message)]) == 1

@@ -18,8 +18,9 @@ def criteo(start, stop, seed=3, categorical=CATEGORICAL):
     return x, rows["label"].astype("float32")
 
 
-def deepfm_network(prefix="", access_threshold=-1, eviction_threshold=-1, lr=0.05,
-                   categorical=CATEGORICAL):
+def deepfm_network(
+    prefix="", access_threshold=-1, eviction_threshold=-1, lr=0.05, categorical=CATEGORICAL
+):
     """A functional DeepFM whose embeddings are SparseEmbedding layers (tables `<prefix>C1_8`...).
 
     Each categorical feature has two tables (dim 8 and dim 1); tracing the train
@@ -29,12 +30,17 @@ def deepfm_network(prefix="", access_threshold=-1, eviction_threshold=-1, lr=0.0
     opt = npu_rec.optimizers.Adagrad(lr)
 
     def embed(name, ids, dim):
-        return SparseEmbedding(f"{prefix}{name}_{dim}", dim, optimizer=opt,
-                               access_threshold=access_threshold,
-                               eviction_threshold=eviction_threshold)(ids)
+        return SparseEmbedding(
+            f"{prefix}{name}_{dim}",
+            dim,
+            optimizer=opt,
+            access_threshold=access_threshold,
+            eviction_threshold=eviction_threshold,
+        )(ids)
 
-    return build_deepfm(DENSE, tuple(categorical), embed, embedding_dim=8, hidden_units=(32, 16),
-                        seed=0)
+    return build_deepfm(
+        DENSE, tuple(categorical), embed, embedding_dim=8, hidden_units=(32, 16), seed=0
+    )
 
 
 def deepfm_recmodel(**kwargs):
@@ -43,7 +49,6 @@ def deepfm_recmodel(**kwargs):
     model = RecModel(net.inputs, net.outputs)
     model.compile(optimizer="adam", loss="binary_crossentropy", metrics=["auc"])
     return model
-
 
 
 def table_state(table):

@@ -33,7 +33,7 @@ def _resume(directory, checkpoint_fallback=True, **kwargs):
 @pytest.fixture
 def trained(tmp_path):
     npu_rec.init(save_steps=2)
-    _fit(tmp_path, 4)                        # versions 2 and 4
+    _fit(tmp_path, 4)  # versions 2 and 4
     return tmp_path
 
 
@@ -46,16 +46,19 @@ def test_a_truncated_dense_file_falls_back_with_a_warning_naming_it(trained, cap
         SparseCheckpoint(str(trained), restore=True, checkpoint_fallback=False).prepare(model)
     with caplog.at_level(logging.WARNING):
         assert SparseCheckpoint(str(trained), restore=True).prepare(model) == 2
-    assert any("dense-000000000004.npz" in r.getMessage() and "skipping" in r.getMessage()
-               for r in caplog.records)
+    assert any(
+        "dense-000000000004.npz" in r.getMessage() and "skipping" in r.getMessage()
+        for r in caplog.records
+    )
 
 
 def test_a_deleted_data_position_is_not_a_silent_restart_at_row_0(tmp_path, caplog):
     csv, directory = write_csv(tmp_path / "data.csv"), tmp_path / "ckpt"
     npu_rec.init()
     model, src, ds = model_and_dataset(csv, [])
-    ckpt = SparseCheckpoint(str(directory), save_freq=3, data_source=src,
-                            reading_position=ds.reading_position)
+    ckpt = SparseCheckpoint(
+        str(directory), save_freq=3, data_source=src, reading_position=ds.reading_position
+    )
     model.fit(ds, epochs=1, steps_per_epoch=6, verbose=0, callbacks=[ckpt])
     (directory / "state-000000000006.json").unlink()
     npu_rec.shutdown()
@@ -65,10 +68,12 @@ def test_a_deleted_data_position_is_not_a_silent_restart_at_row_0(tmp_path, capl
     ckpt = SparseCheckpoint(str(directory), data_source=src, reading_position=ds.reading_position)
     with caplog.at_level(logging.WARNING):
         model.fit(ds, epochs=1, steps_per_epoch=2, verbose=0, callbacks=[ckpt])
-    assert ckpt.restored_step == 3                       # the newest complete version
-    assert seen == uninterrupted(csv, 5)[3 * BATCH:]     # continues at batch 4, not row 0
-    assert any("state-000000000006.json" in r.getMessage() and "missing" in r.getMessage()
-               for r in caplog.records)
+    assert ckpt.restored_step == 3  # the newest complete version
+    assert seen == uninterrupted(csv, 5)[3 * BATCH :]  # continues at batch 4, not row 0
+    assert any(
+        "state-000000000006.json" in r.getMessage() and "missing" in r.getMessage()
+        for r in caplog.records
+    )
 
 
 def test_an_edited_data_position_is_refused_naming_the_file(trained):
@@ -81,8 +86,12 @@ def test_an_edited_data_position_is_refused_naming_the_file(trained):
 
 
 def test_a_rollback_never_restores_or_extends_the_abandoned_branch(tmp_path):
-    npu_rec.init(save_steps=4, is_incremental_checkpoint=True, save_checkpoint_due_time=1000,
-                 save_delta_checkpoints_secs=1)
+    npu_rec.init(
+        save_steps=4,
+        is_incremental_checkpoint=True,
+        save_checkpoint_due_time=1000,
+        save_delta_checkpoints_secs=1,
+    )
     model = small_model()
     ckpt = SparseCheckpoint(str(tmp_path), clock=lambda: float(model.global_step))
     model.fit(stream(), epochs=1, steps_per_epoch=7, verbose=0, callbacks=[ckpt])
@@ -101,15 +110,23 @@ def test_a_rollback_never_restores_or_extends_the_abandoned_branch(tmp_path):
     for key, row in branch.items():
         np.testing.assert_array_equal(restored[key], row)
     assert sorted(p.name for p in (tmp_path / "retired").rglob("*.npz")) == [
-        "dense-000000000006.npz", "dense-000000000007.npz"]
+        "dense-000000000006.npz",
+        "dense-000000000007.npz",
+    ]
 
 
 def test_a_second_trainer_fails_at_once_naming_the_holder(tmp_path):
-    code = ("import sys, time; from npu_rec.checkpoint._training_dir import TrainingLock; "
-            "lock = TrainingLock(sys.argv[1]); lock.acquire(); print('held', flush=True); "
-            "time.sleep(60)")
-    holder = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)],
-                              stdout=subprocess.PIPE, text=True, start_new_session=True)
+    code = (
+        "import sys, time; from npu_rec.checkpoint._training_dir import TrainingLock; "
+        "lock = TrainingLock(sys.argv[1]); lock.acquire(); print('held', flush=True); "
+        "time.sleep(60)"
+    )
+    holder = subprocess.Popen(
+        [sys.executable, "-c", code, str(tmp_path)],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         assert holder.stdout.readline().strip() == "held"
         npu_rec.init(save_steps=2)
@@ -120,7 +137,7 @@ def test_a_second_trainer_fails_at_once_naming_the_holder(tmp_path):
         holder.wait(timeout=30)
     assert not list(tmp_path.glob("dense-*"))
     npu_rec.table._registry.clear()
-    _, ckpt = _fit(tmp_path, 2)     # the lock is free again once its holder is gone
+    _, ckpt = _fit(tmp_path, 2)  # the lock is free again once its holder is gone
     assert ckpt.saves == [(2, "full")]
 
 
@@ -130,11 +147,17 @@ def test_keep_checkpoint_max_counts_every_save_across_fit_calls(tmp_path):
     for _ in range(3):
         _fit(tmp_path, 4, model=model, keep_checkpoint_max=2)
     assert sorted(p.name for p in tmp_path.glob("dense-*")) == [
-        "dense-000000000010.npz", "dense-000000000012.npz"]
+        "dense-000000000010.npz",
+        "dense-000000000012.npz",
+    ]
     assert sorted(p.name for p in tmp_path.glob("state-*")) == [
-        "state-000000000010.json", "state-000000000012.json"]
+        "state-000000000010.json",
+        "state-000000000012.json",
+    ]
     assert sorted(p.name for p in (tmp_path / "tables").iterdir()) == [
-        "ckpt-000000000010.full.nrc", "ckpt-000000000012.full.nrc"]
+        "ckpt-000000000010.full.nrc",
+        "ckpt-000000000012.full.nrc",
+    ]
 
 
 def test_a_failed_table_write_publishes_nothing(trained, monkeypatch):

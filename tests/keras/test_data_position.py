@@ -79,8 +79,9 @@ def test_fit_stop_and_resume_neither_loses_nor_repeats_a_sample(tmp_path):
     npu_rec.init()
     first = []
     model, src, ds = model_and_dataset(csv, first)
-    ckpt = SparseCheckpoint(directory, save_freq=3, data_source=src,
-                            reading_position=ds.reading_position)
+    ckpt = SparseCheckpoint(
+        directory, save_freq=3, data_source=src, reading_position=ds.reading_position
+    )
     model.fit(ds, epochs=1, steps_per_epoch=5, verbose=0, callbacks=[ckpt])
     assert ds.reading_position.produced > 5  # tf.data read ahead of training
     # A second call on the same dataset continues at the first unconsumed batch.
@@ -106,7 +107,7 @@ def test_fit_stop_and_resume_neither_loses_nor_repeats_a_sample(tmp_path):
     ckpt = SparseCheckpoint(directory, data_source=src, reading_position=ds.reading_position)
     model.fit(ds, epochs=1, steps_per_epoch=2, verbose=0, callbacks=[ckpt])
     assert ckpt.restored_step == 3
-    assert first[:3 * BATCH] + third == uninterrupted(csv, 5)
+    assert first[: 3 * BATCH] + third == uninterrupted(csv, 5)
 
 
 def test_online_train_resumes_at_the_next_unread_sample(tmp_path):

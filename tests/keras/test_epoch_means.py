@@ -40,9 +40,13 @@ def _dataset(ids, dense, label):
             s = slice(b * BATCH, (b + 1) * BATCH)
             yield {"id": ids[s], "num": dense[s]}, label[s]
 
-    return tf.data.Dataset.from_generator(gen, output_signature=(
-        {"id": tf.TensorSpec([BATCH], tf.int64), "num": tf.TensorSpec([BATCH, 3], tf.float32)},
-        tf.TensorSpec([BATCH, 1], tf.float32)))
+    return tf.data.Dataset.from_generator(
+        gen,
+        output_signature=(
+            {"id": tf.TensorSpec([BATCH], tf.int64), "num": tf.TensorSpec([BATCH, 3], tf.float32)},
+            tf.TensorSpec([BATCH, 1], tf.float32),
+        ),
+    )
 
 
 def _model():
@@ -52,8 +56,9 @@ def _model():
     emb = SparseEmbedding("t", 4, optimizer=npu_rec.optimizers.SGD(0.1))(ids)
     out = keras.layers.Dense(1, activation="sigmoid")(keras.layers.Concatenate()([emb, num]))
     model = RecModel({"id": ids, "num": num}, out)
-    model.compile(optimizer=keras.optimizers.SGD(0.1), loss="binary_crossentropy",
-                  metrics=["binary_accuracy"])
+    model.compile(
+        optimizer=keras.optimizers.SGD(0.1), loss="binary_crossentropy", metrics=["binary_accuracy"]
+    )
     return model
 
 
@@ -74,8 +79,7 @@ def test_fit_epoch_log_is_the_mean_over_the_batches_that_came():
     assert len(batch_logs.logs) == BATCHES
     # Batch logs are the running means of the epoch; the epoch's is the last batch's.
     for name in ("loss", "binary_accuracy"):
-        np.testing.assert_allclose(history.history[name][0], batch_logs.logs[-1][name],
-                                   rtol=1e-6)
+        np.testing.assert_allclose(history.history[name][0], batch_logs.logs[-1][name], rtol=1e-6)
 
 
 def test_evaluate_is_the_mean_over_the_batches_that_came():
@@ -87,5 +91,4 @@ def test_evaluate_is_the_mean_over_the_batches_that_came():
     p = np.clip(pred.astype(np.float64), 1e-7, 1 - 1e-7)
     bce = -(label * np.log(p) + (1 - label) * np.log(1 - p))
     np.testing.assert_allclose(got["loss"], bce.mean(), rtol=1e-4)
-    np.testing.assert_allclose(got["binary_accuracy"], ((pred > 0.5) == label).mean(),
-                               rtol=1e-6)
+    np.testing.assert_allclose(got["binary_accuracy"], ((pred > 0.5) == label).mean(), rtol=1e-6)

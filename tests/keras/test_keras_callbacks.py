@@ -53,14 +53,28 @@ def test_backup_and_restore_resumes_the_global_step(tmp_path):
     backup = str(tmp_path / "backup")
     model = _model()
     with pytest.raises(RuntimeError, match="interrupted"):
-        model.fit(x, y, batch_size=8, epochs=3, verbose=0, shuffle=False,
-                  callbacks=[keras.callbacks.BackupAndRestore(backup), _Interrupt(2, 1)])
+        model.fit(
+            x,
+            y,
+            batch_size=8,
+            epochs=3,
+            verbose=0,
+            shuffle=False,
+            callbacks=[keras.callbacks.BackupAndRestore(backup), _Interrupt(2, 1)],
+        )
     assert model.global_step == 2 * STEPS + 2
 
     resumed = _model()
     begin = _StepAtBegin()
-    history = resumed.fit(x, y, batch_size=8, epochs=3, verbose=0, shuffle=False,
-                          callbacks=[keras.callbacks.BackupAndRestore(backup), begin])
+    history = resumed.fit(
+        x,
+        y,
+        batch_size=8,
+        epochs=3,
+        verbose=0,
+        shuffle=False,
+        callbacks=[keras.callbacks.BackupAndRestore(backup), begin],
+    )
     assert history.epoch == [2]
     # The backup of the end of epoch 2 holds its global step: step-based saves,
     # evictions and the precision switch continue where the run stopped.
@@ -91,9 +105,12 @@ def test_early_stopping_restores_tables_with_the_best_dense_weights():
     x, y = _data()
     model = _model()
     scores = _Scores([3.0, 1.0, 2.0, 4.0, 5.0, 6.0])
-    stop = keras.callbacks.EarlyStopping(monitor="score", mode="min", patience=2, restore_best_weights=True)
-    history = model.fit(x, y, batch_size=8, epochs=6, verbose=0, shuffle=False,
-                        callbacks=[scores, stop])
+    stop = keras.callbacks.EarlyStopping(
+        monitor="score", mode="min", patience=2, restore_best_weights=True
+    )
+    history = model.fit(
+        x, y, batch_size=8, epochs=6, verbose=0, shuffle=False, callbacks=[scores, stop]
+    )
     assert history.epoch == [0, 1, 2, 3] and stop.best_epoch == 1
     # The last epoch changed the tables: restoring them is observable.
     assert not np.array_equal(scores.tables[3]["values"], scores.tables[1]["values"])
@@ -152,14 +169,27 @@ class _RollBack(keras.callbacks.Callback):
 def test_tables_set_by_set_weights_reach_the_next_delta_checkpoint(tmp_path):
     from npu_rec.keras.callbacks import SparseCheckpoint
 
-    npu_rec.init(max_steps=3 * STEPS, save_steps=-1, is_incremental_checkpoint=True,
-                 save_checkpoint_due_time=1000, save_delta_checkpoints_secs=2)
+    npu_rec.init(
+        max_steps=3 * STEPS,
+        save_steps=-1,
+        is_incremental_checkpoint=True,
+        save_checkpoint_due_time=1000,
+        save_delta_checkpoints_secs=2,
+    )
     model = _model()
     ckpt = SparseCheckpoint(str(tmp_path / "ckpt"), clock=lambda: float(model.global_step))
     # Epoch 1 trains other ids than epoch 0, so the rollback removes keys.
     x = np.concatenate([_data(0)[0], _data(1)[0] + 100, _data(2)[0]])
-    model.fit(x, (x % 3 == 0).astype("float32"), batch_size=8, epochs=3, verbose=0,
-              shuffle=False, callbacks=[_RollBack(), ckpt], steps_per_epoch=STEPS)
+    model.fit(
+        x,
+        (x % 3 == 0).astype("float32"),
+        batch_size=8,
+        epochs=3,
+        verbose=0,
+        shuffle=False,
+        callbacks=[_RollBack(), ckpt],
+        steps_per_epoch=STEPS,
+    )
     assert ckpt.saves[-1] == (3 * STEPS, "delta")  # the newest version is a delta
     expected = model.tables[0].read_state(0)
 

@@ -22,16 +22,19 @@ def _source(obj) -> str:
 def test_keras_still_reduces_the_first_batch_across_replicas():
     # Bug 1: the nest of PerReplica values of a dict batch cannot be reduced.
     assert 'self.distribute_strategy.reduce("MEAN",maybe_distributed_data_batch' in _source(
-        tf_trainer.TensorFlowTrainer._maybe_symbolic_build), (
+        tf_trainer.TensorFlowTrainer._maybe_symbolic_build
+    ), (
         f"Keras {keras.__version__} changed _maybe_symbolic_build: is keras#20585 fixed? "
-        "Then RecModel can call super()._maybe_symbolic_build under a multi-worker strategy.")
+        "Then RecModel can call super()._maybe_symbolic_build under a multi-worker strategy."
+    )
 
 
 def test_keras_still_reduces_scalar_logs_along_axis_0():
     # Bug 2: scalar logs are reduced with axis=0, and fit always asks for "auto" (= mean).
     assert 'strategy.reduce("MEAN",v,axis=0)' in _source(tf_trainer.reduce_per_replica), (
         f"Keras {keras.__version__} changed reduce_per_replica: are scalar logs reduced "
-        "correctly now? Then `logs_for_reduction` can go.")
+        "correctly now? Then `logs_for_reduction` can go."
+    )
     assert 'reduction="auto"' in _source(tf_trainer.TensorFlowTrainer._make_function)
 
 

@@ -49,31 +49,43 @@ class SparseEmbeddingTest(parameterized.TestCase):
             SparseEmbedding(table, 3)
 
     def test_table_created_in_build_with_table_arguments(self):
-        layer = SparseEmbedding("built", 4, access_threshold=2,
-                                optimizer=npu_rec.optimizers.SGD(0.5))
+        layer = SparseEmbedding(
+            "built", 4, access_threshold=2, optimizer=npu_rec.optimizers.SGD(0.5)
+        )
         self.assertIsNone(layer._table)
         layer.build((None,))
         self.assertEqual(layer.table.config.access_threshold, 2)
         self.assertIsInstance(layer.table.optimizer, npu_rec.optimizers.SGD)
 
     def test_config_round_trip(self):
-        layer = SparseEmbedding("rt", 5, combiner="sqrtn", access_threshold=3,
-                                eviction_threshold=60, capacity=128,
-                                optimizer=npu_rec.optimizers.Adam(0.01),
-                                initializer=keras.initializers.RandomNormal(seed=1))
+        layer = SparseEmbedding(
+            "rt",
+            5,
+            combiner="sqrtn",
+            access_threshold=3,
+            eviction_threshold=60,
+            capacity=128,
+            optimizer=npu_rec.optimizers.Adam(0.01),
+            initializer=keras.initializers.RandomNormal(seed=1),
+        )
         config = layer.get_config()
         npu_rec.table._registry.clear()
         clone = SparseEmbedding.from_config(config)
         self.assertEqual(clone.get_config(), config)
         clone.build((None, 3))
         self.assertEqual(clone.table.config.eviction_threshold, 60)
-        self.assertEqual(clone.table.optimizer.get_config(),
-                         npu_rec.optimizers.Adam(0.01).get_config())
+        self.assertEqual(
+            clone.table.optimizer.get_config(), npu_rec.optimizers.Adam(0.01).get_config()
+        )
 
     @parameterized.named_parameters(
         ("no_dim", dict(table_or_name="x"), ValueError, "`dim` must be an integer >= 1"),
-        ("bad_combiner", dict(table_or_name="x", dim=2, combiner="max"), ValueError,
-         "`combiner` must be"),
+        (
+            "bad_combiner",
+            dict(table_or_name="x", dim=2, combiner="max"),
+            ValueError,
+            "`combiner` must be",
+        ),
         ("unknown_kwarg", dict(table_or_name="x", dim=2, vocab=3), TypeError, "unknown"),
         ("not_a_table", dict(table_or_name=3, dim=2), TypeError, "table_or_name"),
     )
@@ -83,14 +95,16 @@ class SparseEmbeddingTest(parameterized.TestCase):
 
     def test_non_training_lookup_reads_zeros_for_unknown_ids(self):
         layer = SparseEmbedding("z", 2)
-        np.testing.assert_array_equal(layer(tf.constant([99], tf.int64), training=False),
-                                      np.zeros((1, 2)))
+        np.testing.assert_array_equal(
+            layer(tf.constant([99], tf.int64), training=False), np.zeros((1, 2))
+        )
         self.assertEqual(int(layer.table.size()), 0)
 
     def test_plain_keras_model_fit_raises_pointing_to_recmodel(self):
         ids = keras.Input(shape=(), dtype="int64")
-        out = keras.layers.Dense(1)(SparseEmbedding("plain", 2,
-                                                    optimizer=npu_rec.optimizers.SGD(0.1))(ids))
+        out = keras.layers.Dense(1)(
+            SparseEmbedding("plain", 2, optimizer=npu_rec.optimizers.SGD(0.1))(ids)
+        )
         model = keras.Model(ids, out)
         model.compile(optimizer="sgd", loss="mse")
         with pytest.raises(TableNotTrainedError, match="RecModel"):
@@ -136,8 +150,9 @@ def test_combiner_output_has_a_static_shape_inside_fit(tmp_path, combiner):
     import npu_rec.data
 
     npu_rec.table._registry.clear()
-    source = npu_rec.data.CsvSource(_multi_valued_csv(tmp_path / "t.csv"), label="click",
-                                    multi_valued=["tags"])
+    source = npu_rec.data.CsvSource(
+        _multi_valued_csv(tmp_path / "t.csv"), label="click", multi_valued=["tags"]
+    )
     ds = npu_rec.data.as_dataset(source, 16)
     assert isinstance(ds.element_spec[0]["tags"], tf.RaggedTensorSpec)
     seen = []
@@ -145,8 +160,9 @@ def test_combiner_output_has_a_static_shape_inside_fit(tmp_path, combiner):
     class Tags(RecModel):
         def __init__(self):
             super().__init__()
-            self.tags = SparseEmbedding("tags", 4, combiner=combiner,
-                                        optimizer=npu_rec.optimizers.SGD(0.1))
+            self.tags = SparseEmbedding(
+                "tags", 4, combiner=combiner, optimizer=npu_rec.optimizers.SGD(0.1)
+            )
             self.out = keras.layers.Dense(1, activation="sigmoid")
 
         def call(self, x, training=None):
@@ -163,18 +179,24 @@ def test_combiner_output_has_a_static_shape_inside_fit(tmp_path, combiner):
     assert int(model.tables[0].size()) > 0
 
 
-@pytest.mark.parametrize("ids", [
-    tf.ragged.constant([[1, 2], [3]], dtype=tf.int64),
-    tf.sparse.from_dense(tf.constant([[1, 2], [3, 0]], tf.int64)),
-    tf.constant([[1, 2], [3, 4]], tf.int64),
-    tf.constant([1, 2], tf.int64),
-])
+@pytest.mark.parametrize(
+    "ids",
+    [
+        tf.ragged.constant([[1, 2], [3]], dtype=tf.int64),
+        tf.sparse.from_dense(tf.constant([[1, 2], [3, 0]], tf.int64)),
+        tf.constant([[1, 2], [3, 4]], tf.int64),
+        tf.constant([1, 2], tf.int64),
+    ],
+)
 def test_combiner_output_shape_is_declared_in_a_traced_call(ids):
     npu_rec.table._registry.clear()
     layer = SparseEmbedding("traced", 3, combiner="sum")
     spec = tf.type_spec_from_value(ids)
-    spec = spec._unbatch()._batch(None) if not isinstance(ids, tf.SparseTensor) else (
-        tf.SparseTensorSpec([None, None], tf.int64))
+    spec = (
+        spec._unbatch()._batch(None)
+        if not isinstance(ids, tf.SparseTensor)
+        else (tf.SparseTensorSpec([None, None], tf.int64))
+    )
     traced = tf.function(lambda x: layer(x)).get_concrete_function(spec)
     assert traced.structured_outputs.shape.as_list() == [None, 3]
     assert tuple(layer.compute_output_shape(tuple(spec.shape))) == (None, 3)

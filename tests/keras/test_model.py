@@ -23,8 +23,16 @@ def test_deepfm_fit_auc_table_growth_and_row_local_updates():
     first = {k: v[:8192] for k, v in x.items()}
     model.fit(first, y[:8192], batch_size=256, epochs=1, verbose=0, shuffle=False)
     sizes_before = [int(t.size()) for t in model.tables]
-    history = model.fit(x, y, batch_size=256, epochs=3, initial_epoch=1, verbose=0,
-                        shuffle=False, validation_data=(xv, yv))
+    history = model.fit(
+        x,
+        y,
+        batch_size=256,
+        epochs=3,
+        initial_epoch=1,
+        verbose=0,
+        shuffle=False,
+        validation_data=(xv, yv),
+    )
     sizes_after = [int(t.size()) for t in model.tables]
 
     # Keras-style history with the AUC metric, validation and initial_epoch.
@@ -64,9 +72,12 @@ def test_wrapper_form_trains_to_the_same_result():
 
     npu_rec.table._registry.clear()
     keras.utils.set_random_seed(0)
-    wrapped = RecModel(network=deepfm_network(categorical=features),
-                       loss_fn=keras.losses.BinaryCrossentropy(),
-                       optimizer=keras.optimizers.Adam(), metrics={"auc"})
+    wrapped = RecModel(
+        network=deepfm_network(categorical=features),
+        loss_fn=keras.losses.BinaryCrossentropy(),
+        optimizer=keras.optimizers.Adam(),
+        metrics={"auc"},
+    )
     history = wrapped.fit(x, y, batch_size=256, epochs=1, verbose=0, shuffle=False)
     assert "auc" in history.history
     np.testing.assert_allclose(wrapped.predict(xv, verbose=0), expected, rtol=1e-5, atol=1e-6)
@@ -123,10 +134,13 @@ def test_amp_o3_casts_everything_without_loss_scaling():
     assert np.isfinite(model.predict(np.arange(8), verbose=0)).all()
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    (dict(amp_level="O1"), "`amp_level` must be one of"),
-    (dict(boost_level="O3"), "`boost_level` must be one of"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(amp_level="O1"), "`amp_level` must be one of"),
+        (dict(boost_level="O3"), "`boost_level` must be one of"),
+    ],
+)
 def test_level_errors(kwargs, message):
     ids = keras.Input(shape=(), dtype="int64")
     out = keras.layers.Dense(1)(SparseEmbedding("lvl", 2)(ids))
@@ -151,8 +165,14 @@ def test_wrapper_eval_network_with_eval_indexes():
             loss = tf.reduce_mean(tf.square(pred - tf.cast(y, pred.dtype)))
             return loss, tf.sigmoid(pred), y
 
-    model = RecModel(network=net, loss_fn="mse", optimizer="sgd", metrics=["auc"],
-                     eval_network=EvalNet(), eval_indexes=[0, 1, 2])
+    model = RecModel(
+        network=net,
+        loss_fn="mse",
+        optimizer="sgd",
+        metrics=["auc"],
+        eval_network=EvalNet(),
+        eval_indexes=[0, 1, 2],
+    )
     x, y = np.arange(16), (np.arange(16) % 2).astype("float32")[:, None]
     model.fit(x, y, epochs=1, verbose=0)
     result = model.evaluate(x, y, verbose=0, return_dict=True)
@@ -162,7 +182,9 @@ def test_wrapper_eval_network_with_eval_indexes():
 def test_wrapper_without_loss_fn_uses_the_network_loss():
     ids = keras.Input(shape=(), dtype="int64")
     y = keras.Input(shape=(), dtype="float32")
-    pred = keras.layers.Dense(1)(SparseEmbedding("nl", 2, optimizer=npu_rec.optimizers.SGD(0.5))(ids))
+    pred = keras.layers.Dense(1)(
+        SparseEmbedding("nl", 2, optimizer=npu_rec.optimizers.SGD(0.5))(ids)
+    )
     loss = keras.ops.mean(keras.ops.square(keras.ops.squeeze(pred, -1) - y))
     net = keras.Model([ids, y], loss)
     model = RecModel(network=net, optimizer=keras.optimizers.SGD(0.1))

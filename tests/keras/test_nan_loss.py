@@ -35,21 +35,24 @@ def _dataset(bad=True):
     if bad:
         num[BAD_BATCH * BATCH + 3, 1] = np.inf
     x = {"ids": rng.integers(0, 40, n).astype("int64"), "num": num}
-    return tf.data.Dataset.from_tensor_slices((x, (rng.random(n) < 0.5).astype("float32"))
-                                              ).batch(BATCH)
+    return tf.data.Dataset.from_tensor_slices((x, (rng.random(n) < 0.5).astype("float32"))).batch(
+        BATCH
+    )
 
 
 def _finite(model):
-    return (all(np.isfinite(w).all() for w in model.get_weights())
-            and all(np.isfinite(v).all() for v in table_state(model.tables[0]).values()))
+    return all(np.isfinite(w).all() for w in model.get_weights()) and all(
+        np.isfinite(v).all() for v in table_state(model.tables[0]).values()
+    )
 
 
 def test_one_inf_stops_fit_before_any_update_or_checkpoint(tmp_path):
     model = _model()
     ckpt = SparseCheckpoint(str(tmp_path / "ckpt"), save_freq=1)
     keras_ckpt = keras.callbacks.ModelCheckpoint(str(tmp_path / "m-{batch}.keras"), save_freq=1)
-    backup = keras.callbacks.BackupAndRestore(str(tmp_path / "backup"), save_freq=1,
-                                              delete_checkpoint=False)
+    backup = keras.callbacks.BackupAndRestore(
+        str(tmp_path / "backup"), save_freq=1, delete_checkpoint=False
+    )
     with pytest.raises(NanLossDuringTrainingError, match=r"training step 5 is not finite"):
         model.fit(_dataset(), epochs=1, verbose=0, callbacks=[ckpt, keras_ckpt, backup])
     # The Estimator's error class: one `except` catches both front ends.

@@ -19,11 +19,16 @@ def small_model(access_threshold=-1, eviction_threshold=-1, timestamps=False):
     kwargs = {}
     if timestamps:
         inputs["ts"] = kwargs["timestamps"] = keras.Input(shape=(), dtype="int64", name="ts")
-    emb = SparseEmbedding("item", 4, optimizer=npu_rec.optimizers.Adagrad(0.1),
-                          access_threshold=access_threshold,
-                          eviction_threshold=eviction_threshold)(ids, **kwargs)
-    out = keras.layers.Dense(1, activation="sigmoid",
-                             kernel_initializer=keras.initializers.GlorotUniform(seed=0))(emb)
+    emb = SparseEmbedding(
+        "item",
+        4,
+        optimizer=npu_rec.optimizers.Adagrad(0.1),
+        access_threshold=access_threshold,
+        eviction_threshold=eviction_threshold,
+    )(ids, **kwargs)
+    out = keras.layers.Dense(
+        1, activation="sigmoid", kernel_initializer=keras.initializers.GlorotUniform(seed=0)
+    )(emb)
     model = RecModel(inputs, out)
     model.compile(optimizer="adam", loss="binary_crossentropy")
     return model
@@ -50,15 +55,26 @@ class CountCalls(keras.callbacks.Callback):
 
 def test_online_train_stops_at_max_steps_saves_full_and_delta_and_resumes(tmp_path):
     directory = str(tmp_path / "ckpt")
-    npu_rec.init(max_steps=12, save_steps=6, is_incremental_checkpoint=True,
-                 save_checkpoint_due_time=1000, save_delta_checkpoints_secs=2)
+    npu_rec.init(
+        max_steps=12,
+        save_steps=6,
+        is_incremental_checkpoint=True,
+        save_checkpoint_due_time=1000,
+        save_delta_checkpoints_secs=2,
+    )
     model = small_model()
     ckpt = SparseCheckpoint(directory, clock=lambda: float(model.global_step))
     model.online_train(stream(), callbacks=[ckpt], dataset_sink_mode=False)
     assert model.global_step == 12
     # The first timed save has no base, so it is full; then deltas between step saves.
-    assert ckpt.saves == [(2, "full"), (4, "delta"), (6, "full"), (8, "delta"),
-                          (10, "delta"), (12, "full")]
+    assert ckpt.saves == [
+        (2, "full"),
+        (4, "delta"),
+        (6, "full"),
+        (8, "delta"),
+        (10, "delta"),
+        (12, "full"),
+    ]
     kinds = {v.kind for v in ckpt.manager().versions()}
     assert kinds == {"full", "delta"}
     saved_tables = table_state(model.tables[0])
@@ -89,14 +105,16 @@ def test_online_train_stops_at_max_steps_saves_full_and_delta_and_resumes(tmp_pa
     assert SparseCheckpoint(directory).prepare(again) == 8
 
 
-@pytest.mark.parametrize("sink_mode, sink_size, calls", [(True, 4, 3), (False, 4, 12),
-                                                          (True, 1, 12)])
+@pytest.mark.parametrize(
+    "sink_mode, sink_size, calls", [(True, 4, 3), (False, 4, 12), (True, 1, 12)]
+)
 def test_sink_mode_runs_sink_size_steps_per_call(sink_mode, sink_size, calls):
     npu_rec.init(max_steps=12)
     model = small_model()
     counter = CountCalls()
-    model.online_train(stream(), callbacks=counter, dataset_sink_mode=sink_mode,
-                       sink_size=sink_size)
+    model.online_train(
+        stream(), callbacks=counter, dataset_sink_mode=sink_mode, sink_size=sink_size
+    )
     assert model.global_step == 12
     assert counter.calls == calls
 
@@ -107,10 +125,13 @@ def test_online_train_until_a_callback_stops_it():
     assert model.global_step == 5
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    (dict(sink_size=0), "`sink_size` must be an integer >= 1"),
-    (dict(dataset_sink_mode="yes"), "`dataset_sink_mode` must be True or False"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(sink_size=0), "`sink_size` must be an integer >= 1"),
+        (dict(dataset_sink_mode="yes"), "`dataset_sink_mode` must be True or False"),
+    ],
+)
 def test_online_train_argument_errors(kwargs, message):
     with pytest.raises(ValueError, match=message):
         small_model().online_train(stream(), **kwargs)
@@ -120,8 +141,10 @@ def test_admission_ids_below_threshold_read_zeros_and_get_no_rows():
     model = small_model(access_threshold=3)
     frequent, rare = 10**12 + 5, 10**12 + 7
     for _ in range(3):
-        model.train_on_batch({"ids": np.array([frequent, frequent, rare][: 2 + (_ == 0)])},
-                             np.ones(2 + (_ == 0), "float32"))
+        model.train_on_batch(
+            {"ids": np.array([frequent, frequent, rare][: 2 + (_ == 0)])},
+            np.ones(2 + (_ == 0), "float32"),
+        )
     keys = set(table_state(model.tables[0]))
     assert frequent in keys and rare not in keys
     layer = model.get_layer("item_embedding")
@@ -133,8 +156,15 @@ def test_evict_callback_frees_rows_of_idle_ids():
     model = small_model(access_threshold=0, eviction_threshold=10, timestamps=True)
     evict = Evict(evict_time_interval=None, evict_step_interval=2)
     x = {"ids": np.array([1, 2, 3, 4, 5, 6]), "ts": np.array([100, 100, 100, 100, 200, 200])}
-    model.fit(x, np.ones(6, "float32"), batch_size=2, epochs=1, shuffle=False, verbose=0,
-              callbacks=[evict])
+    model.fit(
+        x,
+        np.ones(6, "float32"),
+        batch_size=2,
+        epochs=1,
+        shuffle=False,
+        verbose=0,
+        callbacks=[evict],
+    )
     # Steps 1-2 see ids 1-4 at t=100, step 3 sees 5, 6 at t=200; eviction runs after step 2
     # (nothing idle yet) and at the end of training only through the step cadence.
     assert evict.evictions == [(2, {"item": 0})]
@@ -151,8 +181,9 @@ def test_online_train_adds_a_default_evict_for_tables_with_eviction():
     assert model.global_step == 3
 
 
-@pytest.mark.parametrize("mode, low", [("fast1|step|0.5", "bfloat16"),
-                                       ("fast|step|0.5", "float16")])
+@pytest.mark.parametrize(
+    "mode, low", [("fast1|step|0.5", "bfloat16"), ("fast|step|0.5", "float16")]
+)
 def test_accelerate_train_switches_once_to_full_precision(mode, low):
     model = small_model()
     accel = AccelerateTrain(mode)
@@ -197,8 +228,9 @@ def test_sparse_checkpoint_saves_and_restores_the_data_position(tmp_path):
             source.position += 32
 
     x = {"ids": np.arange(128, dtype="int64")}
-    model.fit(x, np.ones(128, "float32"), batch_size=32, epochs=1, verbose=0,
-              callbacks=[Advance(), ckpt])
+    model.fit(
+        x, np.ones(128, "float32"), batch_size=32, epochs=1, verbose=0, callbacks=[Advance(), ckpt]
+    )
     assert [s for s, _ in ckpt.saves] == [2, 4]
     assert os.path.exists(tmp_path / "state-000000000004.json")
     npu_rec.table._registry.clear()

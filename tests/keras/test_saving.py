@@ -19,21 +19,26 @@ def trained():
     user = keras.Input(shape=(), dtype="int64", name="user")
     tags = keras.Input(shape=(3,), dtype="int64", name="tags")
     dense = keras.Input(shape=(2,), dtype="float32", name="feats")
-    u = SparseEmbedding("user", 4, optimizer=npu_rec.optimizers.Adagrad(0.1),
-                        access_threshold=2)(user)
+    u = SparseEmbedding("user", 4, optimizer=npu_rec.optimizers.Adagrad(0.1), access_threshold=2)(
+        user
+    )
     t = SparseEmbedding("tag", 4, combiner="mean", optimizer=npu_rec.optimizers.Adam(0.01))(tags)
     h = keras.layers.Concatenate()([u, t, dense])
     out = keras.layers.Dense(1, activation="sigmoid")(keras.layers.Dense(8, "relu")(h))
     model = RecModel({"user": user, "tags": tags, "feats": dense}, out)
     model.compile(optimizer="adam", loss="binary_crossentropy", metrics=["auc"])
     rng = np.random.default_rng(0)
-    x = {"user": rng.integers(0, 50, 256) * 1_000_003 + 2**40,
-         "tags": rng.integers(0, 30, (256, 3)),
-         "feats": rng.normal(size=(256, 2)).astype("float32")}
+    x = {
+        "user": rng.integers(0, 50, 256) * 1_000_003 + 2**40,
+        "tags": rng.integers(0, 30, (256, 3)),
+        "feats": rng.normal(size=(256, 2)).astype("float32"),
+    }
     model.fit(x, (x["user"] % 2).astype("float32"), batch_size=32, epochs=2, verbose=0)
-    probe = {"user": np.concatenate([x["user"][:8], [12345]]),  # the last id is unknown
-             "tags": np.concatenate([x["tags"][:8], [[999, 998, 1]]]),
-             "feats": np.concatenate([x["feats"][:8], [[0.5, -0.5]]]).astype("float32")}
+    probe = {
+        "user": np.concatenate([x["user"][:8], [12345]]),  # the last id is unknown
+        "tags": np.concatenate([x["tags"][:8], [[999, 998, 1]]]),
+        "feats": np.concatenate([x["feats"][:8], [[0.5, -0.5]]]).astype("float32"),
+    }
     return model, x, probe
 
 
@@ -62,14 +67,17 @@ def test_save_and_load_model_give_identical_predictions_and_tables(tmp_path, tra
 def test_wrapper_form_round_trips(tmp_path):
     keras.utils.set_random_seed(0)
     ids = keras.Input(shape=(), dtype="int64", name="ids")
-    net = keras.Model(ids, keras.layers.Dense(1)(SparseEmbedding(
-        "w", 2, optimizer=npu_rec.optimizers.SGD(0.1))(ids)))
+    net = keras.Model(
+        ids,
+        keras.layers.Dense(1)(SparseEmbedding("w", 2, optimizer=npu_rec.optimizers.SGD(0.1))(ids)),
+    )
     model = RecModel(network=net, loss_fn="mse", optimizer="sgd", amp_level="O0")
     model.fit(np.arange(16), np.ones(16), epochs=1, verbose=0)
     model.save(str(tmp_path / "w.keras"))
     loaded = keras.models.load_model(str(tmp_path / "w.keras"))
-    np.testing.assert_array_equal(loaded.predict(np.arange(20), verbose=0),
-                                  model.predict(np.arange(20), verbose=0))
+    np.testing.assert_array_equal(
+        loaded.predict(np.arange(20), verbose=0), model.predict(np.arange(20), verbose=0)
+    )
 
 
 SERVE = """
@@ -90,9 +98,13 @@ def test_exported_saved_model_serves_raw_ids_without_npu_rec(tmp_path, trained):
     expected = model.predict(probe, verbose=0)
     export_dir = export_for_serving(model, str(tmp_path / "serving"))
     arg = json.dumps({k: v.tolist() for k, v in probe.items()})
-    result = subprocess.run([sys.executable, "-c", SERVE, export_dir, arg], capture_output=True,
-                            text=True, timeout=120, env={"TF_CPP_MIN_LOG_LEVEL": "3",
-                                                         "PATH": "/usr/bin:/bin"})
+    result = subprocess.run(
+        [sys.executable, "-c", SERVE, export_dir, arg],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"TF_CPP_MIN_LOG_LEVEL": "3", "PATH": "/usr/bin:/bin"},
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     served = json.loads(result.stdout.strip().splitlines()[-1])
     assert served["npu_rec_imported"] is False
@@ -101,11 +113,17 @@ def test_exported_saved_model_serves_raw_ids_without_npu_rec(tmp_path, trained):
 
 def test_a_sharded_layer_round_trips_its_shard_count_and_trains(tmp_path):
     keras.utils.set_random_seed(0)
-    layer = SparseEmbedding("sharded_ids", 3, num_shards=3, access_threshold=0,
-                            optimizer=npu_rec.optimizers.SGD(0.5), name="sharded")
+    layer = SparseEmbedding(
+        "sharded_ids",
+        3,
+        num_shards=3,
+        access_threshold=0,
+        optimizer=npu_rec.optimizers.SGD(0.5),
+        name="sharded",
+    )
     config = json.loads(json.dumps(layer.get_config()))
     assert config["num_shards"] == 3
-    npu_rec.table._registry.clear()                  # the clone takes over the name
+    npu_rec.table._registry.clear()  # the clone takes over the name
     clone = SparseEmbedding.from_config(config)
     assert isinstance(clone.table, npu_rec.ShardedTable)
     assert clone.table.num_shards == 3 and clone.get_config() == config
@@ -118,7 +136,7 @@ def test_a_sharded_layer_round_trips_its_shard_count_and_trains(tmp_path):
     model.fit(x, np.ones(64), batch_size=16, epochs=2, verbose=0)
     table = model.tables[0]
     assert isinstance(table, npu_rec.ShardedTable) and table.size() == 64
-    assert all(s.size() > 0 for s in table.shards)          # every shard holds keys
+    assert all(s.size() > 0 for s in table.shards)  # every shard holds keys
     path = str(tmp_path / "sharded.keras")
     model.save(path)
     loaded = keras.models.load_model(path)

@@ -14,8 +14,14 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 def _help(script):
     env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="3")
-    out = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", f"{script}.py"), "--help"],
-                         capture_output=True, text=True, timeout=120, env=env, cwd=ROOT)
+    out = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "scripts", f"{script}.py"), "--help"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        cwd=ROOT,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     return out.stdout
 
@@ -23,8 +29,14 @@ def _help(script):
 def test_train_help_lists_the_flags_by_topic_with_defaults():
     text = _help("train")
     assert text.startswith("Trains a reference model")
-    for flag, default in [("model", "deepfm"), ("data", "synthetic"), ("batch_size", "1024"),
-                          ("max_steps", "300"), ("model_dir", "-"), ("frontend", "keras")]:
+    for flag, default in [
+        ("model", "deepfm"),
+        ("data", "synthetic"),
+        ("batch_size", "1024"),
+        ("max_steps", "300"),
+        ("model_dir", "-"),
+        ("frontend", "keras"),
+    ]:
         line = next(x for x in text.splitlines() if x.strip().startswith(f"--{flag}"))
         assert line.endswith(f"(default: {default})"), line
     for title, _ in F.GROUPS:
@@ -33,8 +45,9 @@ def test_train_help_lists_the_flags_by_topic_with_defaults():
     assert model < text.index("--embedding_dim", model) < text.index("\ndata:\n")
 
 
-@pytest.mark.parametrize("script, own", [("export", "--export_dir"),
-                                         ("inspect_checkpoint", "--[no]json")])
+@pytest.mark.parametrize(
+    "script, own", [("export", "--export_dir"), ("inspect_checkpoint", "--[no]json")]
+)
 def test_tool_help_lists_its_own_flags_first(script, own):
     text = _help(script)
     section = text.split("flags of this script:\n", 1)[1]
@@ -44,6 +57,9 @@ def test_tool_help_lists_its_own_flags_first(script, own):
 
 def test_every_shared_flag_is_in_exactly_one_help_group():
     grouped = [name for _, names in F.GROUPS for name in names]
-    defined = {name for name, fl in flags.FLAGS._flags().items()
-               if flags.FLAGS.find_module_defining_flag(name) == F.__name__ and name == fl.name}
+    defined = {
+        name
+        for name, fl in flags.FLAGS._flags().items()
+        if flags.FLAGS.find_module_defining_flag(name) == F.__name__ and name == fl.name
+    }
     assert sorted(grouped) == sorted(defined)

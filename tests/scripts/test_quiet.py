@@ -14,13 +14,17 @@ _WARNING = re.compile(r"^(WARNING|W\d{4} |E\d{4} |ERROR)|Warning\b|deprecated")
 
 
 def warnings_in(stderr: str) -> list[str]:
-    return [line for line in stderr.splitlines()
-            if _WARNING.search(line) and not line.startswith(_CPP_BANNER)]
+    return [
+        line
+        for line in stderr.splitlines()
+        if _WARNING.search(line) and not line.startswith(_CPP_BANNER)
+    ]
 
 
 def test_scripts_train_save_and_evaluate_both_front_ends_without_warnings(tmp_path):
     program = tmp_path / "run_both.py"
-    program.write_text(textwrap.dedent(f'''
+    program.write_text(
+        textwrap.dedent(f'''
         """Trains (with saves and eviction) and evaluates both front ends, as the scripts do."""
         from absl.testing import flagsaver
         from scripts import _cli, evaluate, train
@@ -37,10 +41,17 @@ def test_scripts_train_save_and_evaluate_both_front_ends_without_warnings(tmp_pa
                     evaluate.main(["evaluate.py"])
 
         _cli.run(main, __doc__)
-    '''))
+    ''')
+    )
     env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
-    out = subprocess.run([sys.executable, str(program)], capture_output=True, text=True,
-                         timeout=280, env=env, cwd=ROOT)
+    out = subprocess.run(
+        [sys.executable, str(program)],
+        capture_output=True,
+        text=True,
+        timeout=280,
+        env=env,
+        cwd=ROOT,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.count("eval_auc=") == 4
     for frontend in ("keras", "estimator"):

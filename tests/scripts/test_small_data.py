@@ -17,9 +17,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 def _rows(make_source):
     with make_source() as source:
         columns = read_all(source)
-    return {tuple(np.round([columns[f"I{i}"][j] for i in range(1, 14)], 4).tolist())
-            + tuple(columns[f"C{i}"][j] for i in range(1, 27))
-            for j in range(len(columns["label"]))}, len(columns["label"])
+    return {
+        tuple(np.round([columns[f"I{i}"][j] for i in range(1, 14)], 4).tolist())
+        + tuple(columns[f"C{i}"][j] for i in range(1, 27))
+        for j in range(len(columns["label"]))
+    }, len(columns["label"])
 
 
 def test_sample_without_eval_data_holds_rows_out_of_training():
@@ -35,8 +37,11 @@ def test_files_with_eval_data_evaluate_that_data(tmp_path):
     lines = open(os.path.join(ROOT, "npu_rec/data/samples/criteo_sample.txt")).read().split("\n")
     (tmp_path / "train.csv").write_text("\n".join(lines[:150]) + "\n")
     (tmp_path / "eval.csv").write_text("\n".join([lines[0]] + lines[150:]))
-    roles = dict(label="label", dense=[f"I{i}" for i in range(1, 14)],
-                 categorical=[f"C{i}" for i in range(1, 27)])
+    roles = dict(
+        label="label",
+        dense=[f"I{i}" for i in range(1, 14)],
+        categorical=[f"C{i}" for i in range(1, 27)],
+    )
     plan = _data.plan(str(tmp_path / "train.csv"), eval_data=str(tmp_path / "eval.csv"), **roles)
     assert _rows(plan.train_source)[1] == 149 and _rows(plan.eval_source)[1] == 51
     assert plan.eval_name == f"--eval_data={tmp_path / 'eval.csv'}"
@@ -48,10 +53,19 @@ def test_files_with_eval_data_evaluate_that_data(tmp_path):
 def test_train_on_the_criteo_sample_finishes_with_the_default_batch_size(frontend, tmp_path):
     model_dir = tmp_path / "run"
     result = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "scripts", "train.py"), "--data=criteo_sample",
-         f"--frontend={frontend}", "--max_steps=5", "--eval_steps=2",
-         f"--model_dir={model_dir}"],
-        capture_output=True, text=True, timeout=240, cwd=ROOT,
+        [
+            sys.executable,
+            os.path.join(ROOT, "scripts", "train.py"),
+            "--data=criteo_sample",
+            f"--frontend={frontend}",
+            "--max_steps=5",
+            "--eval_steps=2",
+            f"--model_dir={model_dir}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=ROOT,
         env={**os.environ, "PYTHONPATH": ROOT},
     )
     output = result.stdout + result.stderr[-3000:]

@@ -21,9 +21,15 @@ EST = dict(frontend="estimator", batch_size=128, eval_steps=2, save_steps=10, ve
 def incremental_run(tmp_path_factory):
     """An Estimator run to step 30 with incremental (full + delta) checkpoints."""
     model_dir = tmp_path_factory.mktemp("incremental")
-    with flagsaver.flagsaver(**EST, max_steps=30, model_dir=str(model_dir),
-                             incremental_checkpoint=True, save_delta_checkpoints_secs=1,
-                             save_checkpoint_due_time=2, access_threshold=1):
+    with flagsaver.flagsaver(
+        **EST,
+        max_steps=30,
+        model_dir=str(model_dir),
+        incremental_checkpoint=True,
+        save_delta_checkpoints_secs=1,
+        save_checkpoint_due_time=2,
+        access_threshold=1,
+    ):
         train.main(["train.py"])
     return model_dir
 
@@ -44,8 +50,13 @@ def test_inspect_lists_the_versions_an_incremental_run_left(incremental_run, cap
 
 
 def test_train_resumes_from_restore_model_version(incremental_run):
-    with flagsaver.flagsaver(**EST, max_steps=40, model_dir=str(incremental_run),
-                             restore_model_version=10, access_threshold=1):
+    with flagsaver.flagsaver(
+        **EST,
+        max_steps=40,
+        model_dir=str(incremental_run),
+        restore_model_version=10,
+        access_threshold=1,
+    ):
         train.main(["train.py"])
     m = json.loads((incremental_run / "metrics.json").read_text())
     assert m["start_step"] == 10 and m["steps"] == 30 and m["global_step"] == 40
@@ -69,9 +80,16 @@ def test_evaluate_and_export_a_trained_run(incremental_run, tmp_path, capsys):
 
 def test_online_train_checkpoints_and_resumes(tmp_path, capsys):
     model_dir = tmp_path / "online"
-    common = dict(batch_size=128, eval_steps=2, save_steps=10, verbose=0, evict_steps=5,
-                  model_dir=str(model_dir), save_delta_checkpoints_secs=1,
-                  save_checkpoint_due_time=2)
+    common = dict(
+        batch_size=128,
+        eval_steps=2,
+        save_steps=10,
+        verbose=0,
+        evict_steps=5,
+        model_dir=str(model_dir),
+        save_delta_checkpoints_secs=1,
+        save_checkpoint_due_time=2,
+    )
     with flagsaver.flagsaver(**common, max_steps=20):
         online_train.main(["online_train.py"])
     assert 20 in _checkpoints.restorable_versions(str(model_dir))
@@ -86,8 +104,9 @@ def test_online_train_checkpoints_and_resumes(tmp_path, capsys):
 def dlrm_run(tmp_path_factory):
     """A tiny Estimator DLRM run with 16-wide embeddings (not the defaults)."""
     model_dir = tmp_path_factory.mktemp("dlrm")
-    with flagsaver.flagsaver(**EST, max_steps=4, model_dir=str(model_dir), model="dlrm",
-                             embedding_dim=16):
+    with flagsaver.flagsaver(
+        **EST, max_steps=4, model_dir=str(model_dir), model="dlrm", embedding_dim=16
+    ):
         train.main(["train.py"])
     return model_dir
 
@@ -103,16 +122,21 @@ def test_evaluate_and_export_take_the_model_flags_of_the_run(dlrm_run, tmp_path)
 
 
 @pytest.mark.parametrize("script", [evaluate, export, train])
-@pytest.mark.parametrize("flag, value, recorded", [("model", "wdl", "dlrm"),
-                                                   ("embedding_dim", 8, 16),
-                                                   ("frontend", "keras", "estimator")])
+@pytest.mark.parametrize(
+    "flag, value, recorded",
+    [("model", "wdl", "dlrm"), ("embedding_dim", 8, 16), ("frontend", "keras", "estimator")],
+)
 def test_a_model_flag_conflicting_with_the_run_is_refused_naming_both(
-        dlrm_run, tmp_path, script, flag, value, recorded):
-    message = (rf"^--{flag}={value} conflicts with --{flag}={recorded} of the training run in "
-               rf"--model_dir={dlrm_run} \(run_flags.json\): leave --{flag} out to use the "
-               r"run's value, or give another --model_dir\.$")
-    with flagsaver.flagsaver(model_dir=str(dlrm_run), export_dir=str(tmp_path / "x"),
-                             max_steps=8, **{flag: value}):
+    dlrm_run, tmp_path, script, flag, value, recorded
+):
+    message = (
+        rf"^--{flag}={value} conflicts with --{flag}={recorded} of the training run in "
+        rf"--model_dir={dlrm_run} \(run_flags.json\): leave --{flag} out to use the "
+        r"run's value, or give another --model_dir\.$"
+    )
+    with flagsaver.flagsaver(
+        model_dir=str(dlrm_run), export_dir=str(tmp_path / "x"), max_steps=8, **{flag: value}
+    ):
         with pytest.raises(app.UsageError, match=message):
             script.main([script.__name__])
     assert not (tmp_path / "x").exists()
@@ -120,21 +144,36 @@ def test_a_model_flag_conflicting_with_the_run_is_refused_naming_both(
 
 def test_data_with_other_columns_is_refused(dlrm_run):
     with flagsaver.flagsaver(model_dir=str(dlrm_run), data="movielens_sample"):
-        with pytest.raises(app.UsageError, match=r"--data=movielens_sample has label columns "
-                                                 r"rating but the training run in .* used label"):
+        with pytest.raises(
+            app.UsageError,
+            match=r"--data=movielens_sample has label columns "
+            r"rating but the training run in .* used label",
+        ):
             evaluate.main(["evaluate.py"])
 
 
 def test_the_conflict_is_one_line_without_a_traceback(dlrm_run):
     env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="3")
-    out = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "evaluate.py"),
-                          f"--model_dir={dlrm_run}", "--model=wdl"],
-                         capture_output=True, text=True, timeout=120, env=env, cwd=ROOT)
+    out = subprocess.run(
+        [
+            sys.executable,
+            os.path.join(ROOT, "scripts", "evaluate.py"),
+            f"--model_dir={dlrm_run}",
+            "--model=wdl",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        cwd=ROOT,
+    )
     assert out.returncode == 1
     lines = [x for x in out.stderr.splitlines() if x.strip() and "--model" in x]
-    assert lines == [f"Error: --model=wdl conflicts with --model=dlrm of the training run in "
-                     f"--model_dir={dlrm_run} (run_flags.json): leave --model out to use the "
-                     "run's value, or give another --model_dir."], out.stderr[-3000:]
+    assert lines == [
+        f"Error: --model=wdl conflicts with --model=dlrm of the training run in "
+        f"--model_dir={dlrm_run} (run_flags.json): leave --model out to use the "
+        "run's value, or give another --model_dir."
+    ], out.stderr[-3000:]
     assert "Traceback" not in out.stderr
 
 

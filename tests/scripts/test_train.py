@@ -46,9 +46,17 @@ def test_a_second_run_resumes_from_the_model_dir(tmp_path):
 
 def test_estimator_run_on_the_shipped_criteo_sample(tmp_path, capsys):
     model_dir = tmp_path / "criteo"
-    with flagsaver.flagsaver(frontend="estimator", data="criteo_sample", model="wdl",
-                             batch_size=32, max_steps=10, eval_steps=5, save_steps=10,
-                             model_dir=str(model_dir), verbose=0):
+    with flagsaver.flagsaver(
+        frontend="estimator",
+        data="criteo_sample",
+        model="wdl",
+        batch_size=32,
+        max_steps=10,
+        eval_steps=5,
+        save_steps=10,
+        model_dir=str(model_dir),
+        verbose=0,
+    ):
         train.main(["train.py"])
     m = _metrics(model_dir)
     assert m["data"] == "criteo_sample" and m["global_step"] == 10
@@ -58,13 +66,16 @@ def test_estimator_run_on_the_shipped_criteo_sample(tmp_path, capsys):
     assert "eval_auc=" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("bad, message", [
-    (dict(eviction_threshold=60), "--eviction_threshold needs --access_threshold"),
-    (dict(precision_mode="force_fp32"), "--precision_mode is an NPURunConfig setting"),
-    (dict(format="parquet"), "--format applies to --data paths"),
-    (dict(restore_model_version=5), "--restore_model_version needs --model_dir"),
-    (dict(accelerate_train_mode="fast|sometimes"), "accelerate_train_mode"),
-])
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        (dict(eviction_threshold=60), "--eviction_threshold needs --access_threshold"),
+        (dict(precision_mode="force_fp32"), "--precision_mode is an NPURunConfig setting"),
+        (dict(format="parquet"), "--format applies to --data paths"),
+        (dict(restore_model_version=5), "--restore_model_version needs --model_dir"),
+        (dict(accelerate_train_mode="fast|sometimes"), "accelerate_train_mode"),
+    ],
+)
 def test_bad_flag_combinations_fail_before_any_work(bad, message):
     with pytest.raises(flags.IllegalFlagValueError, match=message):
         with flagsaver.flagsaver(**bad):
@@ -80,8 +91,7 @@ def test_flag_bounds_name_the_flag():
 
 
 def test_estimator_and_keras_reach_the_same_auc_on_the_same_data(tmp_path):
-    same = dict(batch_size=512, max_steps=150, eval_steps=24, save_steps=150, seed=3,
-                verbose=0)
+    same = dict(batch_size=512, max_steps=150, eval_steps=24, save_steps=150, seed=3, verbose=0)
     auc = {}
     for frontend in ("keras", "estimator"):
         with flagsaver.flagsaver(**same, frontend=frontend, model_dir=str(tmp_path / frontend)):
@@ -93,24 +103,40 @@ def test_estimator_and_keras_reach_the_same_auc_on_the_same_data(tmp_path):
 
 def test_estimator_resume_continues_the_data_where_the_checkpoint_left_it(tmp_path):
     model_dir = tmp_path / "est_resume"
-    with flagsaver.flagsaver(frontend="estimator", batch_size=16, max_steps=4, save_steps=2,
-                             eval_steps=1, model_dir=str(model_dir), verbose=0):
+    with flagsaver.flagsaver(
+        frontend="estimator",
+        batch_size=16,
+        max_steps=4,
+        save_steps=2,
+        eval_steps=1,
+        model_dir=str(model_dir),
+        verbose=0,
+    ):
         train.main(["train.py"])
     positions = sorted(p.name for p in model_dir.glob("data_position-*.json"))
     assert positions == ["data_position-2.json", "data_position-4.json"]
 
 
-@pytest.mark.parametrize("bad, message", [
-    (dict(data="criteo_samples"),
-     r"--data=criteo_samples: 'criteo_samples' is neither a data name nor an existing file; "
-     r"did you mean --data=criteo_sample\?"),
-    (dict(data="/nonexistent.csv"),
-     r"--data=/nonexistent.csv: '/nonexistent.csv' matches no file\. Give an existing file "
-     r"or glob, or one of synthetic, criteo_sample"),
-    (dict(eval_data="/nonexistent/*.csv"),
-     r"--eval_data=/nonexistent/\*.csv: '/nonexistent/\*.csv' matches no file\. Give an "
-     r"existing file or glob"),
-])
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        (
+            dict(data="criteo_samples"),
+            r"--data=criteo_samples: 'criteo_samples' is neither a data name nor an existing file; "
+            r"did you mean --data=criteo_sample\?",
+        ),
+        (
+            dict(data="/nonexistent.csv"),
+            r"--data=/nonexistent.csv: '/nonexistent.csv' matches no file\. Give an existing file "
+            r"or glob, or one of synthetic, criteo_sample",
+        ),
+        (
+            dict(eval_data="/nonexistent/*.csv"),
+            r"--eval_data=/nonexistent/\*.csv: '/nonexistent/\*.csv' matches no file\. Give an "
+            r"existing file or glob",
+        ),
+    ],
+)
 def test_bad_data_paths_fail_at_parsing_naming_the_value_and_the_fix(bad, message):
     with pytest.raises(flags.IllegalFlagValueError, match=message):
         with flagsaver.flagsaver(**bad):
@@ -120,9 +146,11 @@ def test_bad_data_paths_fail_at_parsing_naming_the_value_and_the_fix(bad, messag
 def test_a_model_dir_that_is_a_file_fails_at_parsing(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("keep me")
-    with pytest.raises(flags.IllegalFlagValueError,
-                       match=rf"--model_dir={blocker}/run: '{blocker}' is a file, not a "
-                             r"directory: give another --model_dir"):
+    with pytest.raises(
+        flags.IllegalFlagValueError,
+        match=rf"--model_dir={blocker}/run: '{blocker}' is a file, not a "
+        r"directory: give another --model_dir",
+    ):
         with flagsaver.flagsaver(model_dir=str(blocker / "run")):
             pass
     assert blocker.read_text() == "keep me"
@@ -130,9 +158,19 @@ def test_a_model_dir_that_is_a_file_fails_at_parsing(tmp_path):
 
 def test_a_bad_path_is_one_line_before_any_work(tmp_path):
     env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="3")
-    out = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "train.py"),
-                          "--data=/nonexistent.csv", f"--model_dir={tmp_path / 'run'}"],
-                         capture_output=True, text=True, timeout=120, env=env, cwd=str(tmp_path))
+    out = subprocess.run(
+        [
+            sys.executable,
+            os.path.join(ROOT, "scripts", "train.py"),
+            "--data=/nonexistent.csv",
+            f"--model_dir={tmp_path / 'run'}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        cwd=str(tmp_path),
+    )
     assert out.returncode != 0
     lines = [x for x in out.stderr.splitlines() if x.strip()]
     assert "'/nonexistent.csv' matches no file" in lines[-2], out.stderr[-3000:]
@@ -153,6 +191,8 @@ def test_rerun_after_max_steps_keeps_the_metrics_and_says_so(tmp_path, capsys, f
     out = capsys.readouterr().out
     assert (model_dir / "metrics.json").read_text() == first
     assert json.loads(first)["steps"] == 20
-    assert (f"training was already complete: global step 20 >= --max_steps=20 in "
-            f"--model_dir={model_dir}") in out
+    assert (
+        f"training was already complete: global step 20 >= --max_steps=20 in "
+        f"--model_dir={model_dir}"
+    ) in out
     assert f"eval_auc={json.loads(first)['eval_auc']:.4f}" in out

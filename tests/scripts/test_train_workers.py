@@ -19,11 +19,27 @@ def _launch(model_dir, max_steps: int, *flags):
     env = {**os.environ, "PYTHONPATH": _ROOT, "TF_CPP_MIN_LOG_LEVEL": "2"}
     env.pop("TF_CONFIG", None)
     proc = subprocess.run(
-        [sys.executable, "-m", "npu_rec.launch", "--workers", "2", "--timeout_secs", "200",
-         os.path.join(_ROOT, "scripts", "train.py"), f"--max_steps={max_steps}",
-         "--save_steps=3", "--batch_size=32", "--eval_steps=2", f"--model_dir={model_dir}",
-         *flags],
-        env=env, capture_output=True, timeout=240, start_new_session=True)
+        [
+            sys.executable,
+            "-m",
+            "npu_rec.launch",
+            "--workers",
+            "2",
+            "--timeout_secs",
+            "200",
+            os.path.join(_ROOT, "scripts", "train.py"),
+            f"--max_steps={max_steps}",
+            "--save_steps=3",
+            "--batch_size=32",
+            "--eval_steps=2",
+            f"--model_dir={model_dir}",
+            *flags,
+        ],
+        env=env,
+        capture_output=True,
+        timeout=240,
+        start_new_session=True,
+    )
     assert proc.returncode == 0, proc.stdout.decode()[-5000:] + proc.stderr.decode()[-3000:]
     return [json.load(open(model_dir / f"worker-{r}-of-2" / "metrics.json")) for r in (0, 1)]
 
@@ -31,12 +47,14 @@ def _launch(model_dir, max_steps: int, *flags):
 @pytest.mark.timeout(600)
 def test_train_script_runs_on_two_workers_and_resumes(tmp_path):
     # Admission and eviction on (the Evict callback runs on every worker every 3 steps).
-    first = _launch(tmp_path, 6, "--access_threshold=1", "--eviction_threshold=86400",
-                    "--evict_steps=3")
+    first = _launch(
+        tmp_path, 6, "--access_threshold=1", "--eviction_threshold=86400", "--evict_steps=3"
+    )
     assert [m["global_step"] for m in first] == [6, 6]
     assert first[0]["eval_loss"] == pytest.approx(first[1]["eval_loss"], abs=1e-6)
     for m in first:  # each worker holds its own part of every table
         assert all(n > 0 for n in m["table_sizes"].values())
-    again = _launch(tmp_path, 9, "--access_threshold=1", "--eviction_threshold=86400",
-                    "--evict_steps=3")
+    again = _launch(
+        tmp_path, 9, "--access_threshold=1", "--eviction_threshold=86400", "--evict_steps=3"
+    )
     assert [(m["start_step"], m["global_step"]) for m in again] == [(6, 9), (6, 9)]

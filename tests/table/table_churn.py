@@ -44,13 +44,18 @@ class ChurnDriver:
         self.sess = None
         self.table = npu_rec.create_table(name, dim, optimizer=opt, **table_kwargs)
         if mode == "function":
-            self._step = tf.function(self._train, input_signature=[
-                tf.TensorSpec([None], tf.int64), tf.TensorSpec([None], tf.int64),
-                tf.TensorSpec([None, dim], tf.float32)])
-            self._evict = tf.function(self.table.evict,
-                                      input_signature=[tf.TensorSpec([], tf.int64)])
-            self._infer = tf.function(self._read, input_signature=[
-                tf.TensorSpec([None], tf.int64)])
+            self._step = tf.function(
+                self._train,
+                input_signature=[
+                    tf.TensorSpec([None], tf.int64),
+                    tf.TensorSpec([None], tf.int64),
+                    tf.TensorSpec([None, dim], tf.float32),
+                ],
+            )
+            self._evict = tf.function(
+                self.table.evict, input_signature=[tf.TensorSpec([], tf.int64)]
+            )
+            self._infer = tf.function(self._read, input_signature=[tf.TensorSpec([None], tf.int64)])
         else:
             self._step, self._evict, self._infer = self._train, self.table.evict, self._read
 
@@ -81,10 +86,10 @@ class ChurnDriver:
         """Training lookup of unique `ids` at times `ts` (int or one per id), then SGD."""
         ts = np.broadcast_to(np.asarray(ts, np.int64), np.shape(ids))
         if self.mode == "graph":
-            return self.sess.run(self._step_out, {self._ids: ids, self._ts: ts,
-                                                  self._grads: grads})
-        return self._step(tf.constant(ids, tf.int64), tf.constant(ts, tf.int64),
-                          tf.constant(grads, tf.float32)).numpy()
+            return self.sess.run(self._step_out, {self._ids: ids, self._ts: ts, self._grads: grads})
+        return self._step(
+            tf.constant(ids, tf.int64), tf.constant(ts, tf.int64), tf.constant(grads, tf.float32)
+        ).numpy()
 
     def infer(self, ids) -> np.ndarray:
         if self.mode == "graph":
@@ -142,9 +147,13 @@ class ChurnDriver:
 
 
 def reference(name: str, dim: int, **table_kwargs) -> ReferenceTable:
-    return ReferenceTable(name, dim, RefOptimizer("sgd", learning_rate=LEARNING_RATE),
-                          table_kwargs.get("access_threshold", -1),
-                          table_kwargs.get("eviction_threshold", -1))
+    return ReferenceTable(
+        name,
+        dim,
+        RefOptimizer("sgd", learning_rate=LEARNING_RATE),
+        table_kwargs.get("access_threshold", -1),
+        table_kwargs.get("eviction_threshold", -1),
+    )
 
 
 def check_table(driver: ChurnDriver, ref: ReferenceTable, probe) -> None:
@@ -160,7 +169,8 @@ def check_table(driver: ChurnDriver, ref: ReferenceTable, probe) -> None:
     extra = sorted(set(keys.tolist()) - set(want["keys"].tolist()))
     assert not missing and not extra, (
         f"{len(missing)} live keys missing (e.g. {missing[:3]}), "
-        f"{len(extra)} evicted or unknown keys present (e.g. {extra[:3]})")
+        f"{len(extra)} evicted or unknown keys present (e.g. {extra[:3]})"
+    )
     np.testing.assert_allclose(got["values"], want["values"], atol=1e-5)
     np.testing.assert_array_equal(got["counts"], want["counts"])
     np.testing.assert_array_equal(got["last_seen"], want["last_seen"])
@@ -171,10 +181,12 @@ def check_table(driver: ChurnDriver, ref: ReferenceTable, probe) -> None:
     assert len(index_keys) == len(set(index_keys.tolist())) and not stale, (
         f"the key index holds {len(index_keys)} entries for {len(live)} live keys: "
         f"{len(index_keys) - len(set(index_keys.tolist()))} duplicates, {len(stale)} "
-        f"evicted keys (e.g. {stale[:3]})")
+        f"evicted keys (e.g. {stale[:3]})"
+    )
     assert len(np.unique(index_rows)) == len(index_rows), "two keys share a row"
     assert driver.index_size() == len(want["keys"]), "the key index size is wrong"
     probe = np.asarray(probe, np.int64)
     if probe.size:
-        np.testing.assert_allclose(driver.infer(probe),
-                                   ref.lookup(probe.tolist(), [], training=False), atol=1e-5)
+        np.testing.assert_allclose(
+            driver.infer(probe), ref.lookup(probe.tolist(), [], training=False), atol=1e-5
+        )

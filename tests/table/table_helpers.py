@@ -8,17 +8,28 @@ import npu_rec
 from tests.table.table_reference import RefOptimizer
 
 OPTIMIZERS = {
-    "sgd": (lambda: npu_rec.optimizers.SGD(0.1),
-            lambda: RefOptimizer("sgd", learning_rate=0.1)),
-    "adagrad": (lambda: npu_rec.optimizers.Adagrad(0.1),
-                lambda: RefOptimizer("adagrad", learning_rate=0.1,
-                                     initial_accumulator_value=0.1, epsilon=1e-7)),
-    "adam": (lambda: npu_rec.optimizers.Adam(0.01),
-             lambda: RefOptimizer("adam", learning_rate=0.01, beta_1=0.9, beta_2=0.999,
-                                  epsilon=1e-7)),
-    "ftrl": (lambda: npu_rec.optimizers.Ftrl(0.1, l1=0.001, l2=0.01),
-             lambda: RefOptimizer("ftrl", learning_rate=0.1, learning_rate_power=-0.5,
-                                  initial_accumulator_value=0.1, l1=0.001, l2=0.01)),
+    "sgd": (lambda: npu_rec.optimizers.SGD(0.1), lambda: RefOptimizer("sgd", learning_rate=0.1)),
+    "adagrad": (
+        lambda: npu_rec.optimizers.Adagrad(0.1),
+        lambda: RefOptimizer(
+            "adagrad", learning_rate=0.1, initial_accumulator_value=0.1, epsilon=1e-7
+        ),
+    ),
+    "adam": (
+        lambda: npu_rec.optimizers.Adam(0.01),
+        lambda: RefOptimizer("adam", learning_rate=0.01, beta_1=0.9, beta_2=0.999, epsilon=1e-7),
+    ),
+    "ftrl": (
+        lambda: npu_rec.optimizers.Ftrl(0.1, l1=0.001, l2=0.01),
+        lambda: RefOptimizer(
+            "ftrl",
+            learning_rate=0.1,
+            learning_rate_power=-0.5,
+            initial_accumulator_value=0.1,
+            l1=0.001,
+            l2=0.01,
+        ),
+    ),
 }
 
 
@@ -33,8 +44,12 @@ def assert_same_state(table, ref, atol=1e-5):
     for name in want["slots"]:
         np.testing.assert_allclose(got["slots"][name], want["slots"][name], atol=atol)
     st = table.read_state()
-    pending = {int(k): (int(c), int(t)) for k, c, t in zip(
-        st["pending_keys"], st["pending_counts"], st["pending_last_seen"], strict=True)}
+    pending = {
+        int(k): (int(c), int(t))
+        for k, c, t in zip(
+            st["pending_keys"], st["pending_counts"], st["pending_last_seen"], strict=True
+        )
+    }
     assert pending == want["pending"]
     assert int(table.size()) == len(want["keys"])
 

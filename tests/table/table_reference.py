@@ -50,8 +50,10 @@ class RefOptimizer:
         if self.kind == "adam":
             return {"m": np.zeros(dim, np.float32), "v": np.zeros(dim, np.float32)}
         if self.kind == "ftrl":
-            return {"accumulator": f(dim, self.hp["initial_accumulator_value"], np.float32),
-                    "linear": np.zeros(dim, np.float32)}
+            return {
+                "accumulator": f(dim, self.hp["initial_accumulator_value"], np.float32),
+                "linear": np.zeros(dim, np.float32),
+            }
         return {}
 
     def update(self, row, g, t):
@@ -73,8 +75,8 @@ class RefOptimizer:
         elif self.kind == "ftrl":
             s, p = row["slots"], f32(-hp["learning_rate_power"])
             acc_new = s["accumulator"] + g * g
-            lin = s["linear"] + g - (acc_new ** p - s["accumulator"] ** p) / lr * row["value"]
-            quad = acc_new ** p / lr + f32(2 * hp["l2"])
+            lin = s["linear"] + g - (acc_new**p - s["accumulator"] ** p) / lr * row["value"]
+            quad = acc_new**p / lr + f32(2 * hp["l2"])
             l1 = f32(hp["l1"])
             row["value"] = ((np.clip(lin, -l1, l1) - lin) / quad).astype(np.float32)
             s["accumulator"], s["linear"] = acc_new, lin
@@ -83,15 +85,26 @@ class RefOptimizer:
 class ReferenceTable:
     """The table semantics of npu_rec, written out key by key."""
 
-    def __init__(self, name, dim, optimizer=None, access_threshold=-1, eviction_threshold=-1,
-                 max_pending_keys=1 << 20, num_shards=1):
+    def __init__(
+        self,
+        name,
+        dim,
+        optimizer=None,
+        access_threshold=-1,
+        eviction_threshold=-1,
+        max_pending_keys=1 << 20,
+        num_shards=1,
+    ):
         self.name, self.dim, self.opt = name, dim, optimizer
         # Each shard bounds (and prunes) its own pending counters.
         self.num_shards = num_shards
         if num_shards > 1:
             max_pending_keys = max(2, -(-max_pending_keys // num_shards))
         self.access, self.evict_after, self.max_pending = (
-            access_threshold, eviction_threshold, max_pending_keys)
+            access_threshold,
+            eviction_threshold,
+            max_pending_keys,
+        )
         self.rows: dict[int, dict] = {}
         self.pending: dict[int, list] = {}
         self.deleted: set[int] = set()
@@ -121,19 +134,24 @@ class ReferenceTable:
                         self.pending[k] = [total, max(prior_last, t)]
                         continue
                     self.pending.pop(k, None)
-                self.rows[k] = {"value": keyed_uniform(k, self.dim, self.name),
-                                "slots": self.opt.slots(self.dim) if self.opt else {},
-                                "count": total, "period": total, "last": max(0, t)}
+                self.rows[k] = {
+                    "value": keyed_uniform(k, self.dim, self.name),
+                    "slots": self.opt.slots(self.dim) if self.opt else {},
+                    "count": total,
+                    "period": total,
+                    "last": max(0, t),
+                }
             for s in range(self.num_shards):
                 group = [k for k in self.pending if _shard(k, self.num_shards) == s]
                 if len(group) > self.max_pending:
                     order = sorted(group, key=lambda k: (-self.pending[k][1], k))
-                    for k in order[self.max_pending // 2:]:
+                    for k in order[self.max_pending // 2 :]:
                         del self.pending[k]
             self.max_seen = max([self.max_seen, 0, *[int(t) for t in times]])
         zero = np.zeros(self.dim, np.float32)
-        return np.stack([self.rows[k]["value"].copy() if k in self.rows else zero
-                         for k in ids]).reshape(len(ids), self.dim)
+        return np.stack(
+            [self.rows[k]["value"].copy() if k in self.rows else zero for k in ids]
+        ).reshape(len(ids), self.dim)
 
     def apply(self, ids, grads):
         summed = {}
@@ -173,10 +191,15 @@ class ReferenceTable:
         return {
             "keys": np.array(keys, np.int64),
             "values": np.array([self.rows[k]["value"] for k in keys], np.float32).reshape(
-                -1, self.dim),
+                -1, self.dim
+            ),
             "counts": np.array([self.rows[k]["count"] for k in keys], np.int64),
             "last_seen": np.array([self.rows[k]["last"] for k in keys], np.int64),
-            "slots": {n: np.array([self.rows[k]["slots"][n] for k in keys],
-                                  np.float32).reshape(-1, self.dim) for n in slot_names},
+            "slots": {
+                n: np.array([self.rows[k]["slots"][n] for k in keys], np.float32).reshape(
+                    -1, self.dim
+                )
+                for n in slot_names
+            },
             "pending": {k: tuple(v) for k, v in self.pending.items()},
         }

@@ -23,8 +23,9 @@ def test_densify_sums_duplicate_slices_like_numpy(num_rows, n, seed):
     values = rng.normal(size=(n, 3)).astype(np.float32)
     indices = rng.integers(0, num_rows, size=n)
     grad = tf.IndexedSlices(tf.constant(values), tf.constant(indices, tf.int64))
-    np.testing.assert_allclose(_lookup.densify(grad, num_rows), _reference(values, indices,
-                                                                           num_rows), atol=1e-5)
+    np.testing.assert_allclose(
+        _lookup.densify(grad, num_rows), _reference(values, indices, num_rows), atol=1e-5
+    )
 
 
 @pytest.mark.parametrize("n", [100, _lookup._SCATTER_SUM_MAX_ROWS + 1])
@@ -37,14 +38,18 @@ def test_densify_both_paths_with_unknown_static_size(n):
     def dense(v, i):
         return _lookup.densify(tf.IndexedSlices(v, i), 50)
 
-    np.testing.assert_allclose(dense(values, indices), _reference(values, indices, 50),
-                               atol=1e-4)
+    np.testing.assert_allclose(dense(values, indices), _reference(values, indices, 50), atol=1e-4)
 
 
 @pytest.mark.parametrize("threshold", [0, 1])
 def test_tables_admitting_at_once_train_every_key_from_its_first_sighting(threshold):
-    table = npu_rec.create_table(f"once{threshold}", 2, access_threshold=threshold,
-                                 optimizer=npu_rec.optimizers.SGD(1.0), initializer="zeros")
+    table = npu_rec.create_table(
+        f"once{threshold}",
+        2,
+        access_threshold=threshold,
+        optimizer=npu_rec.optimizers.SGD(1.0),
+        initializer="zeros",
+    )
     ids = tf.constant([4, 9, 4], tf.int64)
     with tf.GradientTape() as tape, npu_rec.record_lookups(tape) as recs:
         loss = tf.reduce_sum(npu_rec.sparse_lookup(table, ids))
@@ -54,4 +59,4 @@ def test_tables_admitting_at_once_train_every_key_from_its_first_sighting(thresh
     np.testing.assert_array_equal(out["counts"], [2, 1])
     # d loss / d row = number of occurrences; SGD(1.0) from zeros.
     np.testing.assert_allclose(out["values"], [[-2.0, -2.0], [-1.0, -1.0]])
-    assert int(table._pending.map.size()) == 0     # nothing waits for admission
+    assert int(table._pending.map.size()) == 0  # nothing waits for admission

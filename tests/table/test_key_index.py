@@ -41,8 +41,15 @@ def test_buckets_for_keeps_load_below_the_kernel_limit():
 
 
 @settings(max_examples=15, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from(["insert", "remove", "rebuild"]),
-                          st.lists(st.integers(-50, 50), max_size=12)), max_size=12))
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["insert", "remove", "rebuild"]),
+            st.lists(st.integers(-50, 50), max_size=12),
+        ),
+        max_size=12,
+    )
+)
 def test_random_insert_remove_rebuild_matches_a_dict(ops):
     index = KeyIndex(4)
     ref: dict[int, int] = {}
@@ -50,7 +57,7 @@ def test_random_insert_remove_rebuild_matches_a_dict(ops):
     for op, raw in ops:
         keys = list(dict.fromkeys(k * (1 << 40) + k for k in raw))  # unique, high bits set
         if op == "insert":
-            keys = [k for k in keys if k not in ref]    # the table inserts absent keys only
+            keys = [k for k in keys if k not in ref]  # the table inserts absent keys only
             rows = list(range(next_row, next_row + len(keys)))
             next_row += len(keys)
             index.insert(tf.constant(keys, tf.int64), tf.constant(rows, tf.int64))
@@ -81,28 +88,30 @@ def test_reset_replaces_contents_and_grows_for_many_keys():
 
 
 def test_heavy_eviction_rebuilds_the_index_and_keeps_lookups_right():
-    index = KeyIndex(8)                  # 16 buckets; rebuild once live + removed > 14.4
+    index = KeyIndex(8)  # 16 buckets; rebuild once live + removed > 14.4
     assert index.initial_buckets == 16
     first, second = tf.range(12, dtype=tf.int64), tf.range(100, 108, dtype=tf.int64)
     index.insert(first, first + 1000)
     index.remove(first[:8])
-    assert not bool(index.maybe_rebuild())          # 4 live + 8 removed
+    assert not bool(index.maybe_rebuild())  # 4 live + 8 removed
     index.insert(second, second + 1000)
     index.remove(second)
     assert int(index.removed.numpy()) == 16
-    assert bool(index.maybe_rebuild())              # 4 live + 16 removed
+    assert bool(index.maybe_rebuild())  # 4 live + 16 removed
     assert int(index.removed.numpy()) == 0
     assert int(index.size()) == 4
-    np.testing.assert_array_equal(index.lookup(tf.concat([first, second], 0)),
-                                  [-1] * 8 + list(range(1008, 1012)) + [-1] * 8)
+    np.testing.assert_array_equal(
+        index.lookup(tf.concat([first, second], 0)), [-1] * 8 + list(range(1008, 1012)) + [-1] * 8
+    )
 
 
 def test_reserved_raw_ids_are_valid_keys_of_the_index():
     index = KeyIndex(8)
     r0, r1 = RESERVED_RAW_KEYS
     index.insert(tf.constant([r0, 5, r1], tf.int64), tf.constant([0, 1, 2], tf.int64))
-    np.testing.assert_array_equal(index.lookup(tf.constant([r1, r0, 5, 6], tf.int64)),
-                                  [2, 0, 1, -1])
+    np.testing.assert_array_equal(
+        index.lookup(tf.constant([r1, r0, 5, 6], tf.int64)), [2, 0, 1, -1]
+    )
     assert int(index.size()) == 3
     index.remove(tf.constant([r0], tf.int64))
     index.rebuild()
@@ -116,10 +125,16 @@ def test_reserved_raw_ids_are_valid_keys_of_the_index():
 @pytest.mark.parametrize("mode", ["eager", "function"])
 def test_reserved_raw_ids_train_save_restore_and_evict_like_any_id(mode, tmp_path):
     """Issue 14: such an id used to crash every resume ("Using the empty_key...")."""
-    table = npu_rec.create_table(f"reserved_{mode}", 2, optimizer=npu_rec.optimizers.SGD(0.5),
-                                 access_threshold=0, eviction_threshold=10)
-    ids = tf.constant([RESERVED_RAW_KEYS[0], -(2**63), 2**63 - 1, -1, 0,
-                       RESERVED_RAW_KEYS[1]], tf.int64)
+    table = npu_rec.create_table(
+        f"reserved_{mode}",
+        2,
+        optimizer=npu_rec.optimizers.SGD(0.5),
+        access_threshold=0,
+        eviction_threshold=10,
+    )
+    ids = tf.constant(
+        [RESERVED_RAW_KEYS[0], -(2**63), 2**63 - 1, -1, 0, RESERVED_RAW_KEYS[1]], tf.int64
+    )
 
     def train(ts):
         emb = npu_rec.sparse_lookup(table, ids, timestamps=ts)
@@ -129,15 +144,16 @@ def test_reserved_raw_ids_train_save_restore_and_evict_like_any_id(mode, tmp_pat
     step = tf.function(train) if mode == "function" else train
     first = step(tf.constant(100, tf.int64)).numpy()
     assert sorted(table.export()["keys"].tolist()) == sorted(ids.numpy().tolist())
-    table.save(str(tmp_path / "t"))                    # runs the invariant check
+    table.save(str(tmp_path / "t"))  # runs the invariant check
     step(tf.constant(101, tf.int64))
     table.restore(str(tmp_path / "t"))
     got = npu_rec.sparse_lookup(table, ids, is_training=False).numpy()
     np.testing.assert_allclose(got, first - 0.5)
-    assert len(np.unique(got, axis=0)) == 6            # six rows, none shared
+    assert len(np.unique(got, axis=0)) == 6  # six rows, none shared
     assert table.evict(now=200) == 6 and int(table.size()) == 0
-    np.testing.assert_array_equal(npu_rec.sparse_lookup(table, ids, is_training=False),
-                                  np.zeros([6, 2]))
+    np.testing.assert_array_equal(
+        npu_rec.sparse_lookup(table, ids, is_training=False), np.zeros([6, 2])
+    )
     table.save(str(tmp_path / "empty"))
 
 
@@ -153,13 +169,15 @@ def test_table_restore_leaves_no_stale_keys_in_the_index(tmp_path):
 
 
 def test_table_eviction_cycles_rebuild_the_index_and_keep_rows_right():
-    table = npu_rec.create_table("churn", 2, capacity=8, access_threshold=0,
-                                 eviction_threshold=10, dynamic_expansion=True)
+    table = npu_rec.create_table(
+        "churn", 2, capacity=8, access_threshold=0, eviction_threshold=10, dynamic_expansion=True
+    )
     rebuilt = False
     for cycle in range(4):
         keys = tf.range(10, dtype=tf.int64) + 100 * cycle
-        npu_rec.sparse_lookup(table, keys, timestamps=tf.fill([10], tf.constant(1000 * cycle,
-                                                                               tf.int64)))
+        npu_rec.sparse_lookup(
+            table, keys, timestamps=tf.fill([10], tf.constant(1000 * cycle, tf.int64))
+        )
         assert sorted(table.export()["keys"].tolist()) == keys.numpy().tolist()
         assert table.evict(now=1000 * cycle + 100) == 10
         rebuilt |= int(table._index.removed.numpy()) == 0
@@ -167,7 +185,8 @@ def test_table_eviction_cycles_rebuild_the_index_and_keep_rows_right():
     assert rebuilt
     np.testing.assert_array_equal(
         npu_rec.sparse_lookup(table, tf.constant([5, 305], tf.int64), is_training=False),
-        np.zeros([2, 2]))
+        np.zeros([2, 2]),
+    )
 
 
 def _rebuild_cycles(insert, remove, rebuild, export, size):
@@ -200,8 +219,13 @@ def test_rebuild_inside_tf_function_gives_a_fresh_array_every_call():
     def insert(keys, rows):
         index.insert(tf.constant(keys, tf.int64), tf.constant(rows, tf.int64))
 
-    _rebuild_cycles(insert, lambda keys: index.remove(tf.constant(keys, tf.int64)), rebuild,
-                    lambda: [t.numpy() for t in index.export()], lambda: int(index.size()))
+    _rebuild_cycles(
+        insert,
+        lambda keys: index.remove(tf.constant(keys, tf.int64)),
+        rebuild,
+        lambda: [t.numpy() for t in index.export()],
+        lambda: int(index.size()),
+    )
 
 
 def test_rebuild_op_of_a_v1_graph_run_several_times():
@@ -212,7 +236,10 @@ def test_rebuild_op_of_a_v1_graph_run_several_times():
         rebuild, export, size = index.rebuild(), index.export(), index.size()
         with tf.compat.v1.Session() as sess:
             sess.run(tf.compat.v1.global_variables_initializer())
-            _rebuild_cycles(lambda k, r: sess.run(insert, {keys_ph: k, rows_ph: r}),
-                            lambda k: sess.run(remove, {keys_ph: k}),
-                            lambda: sess.run(rebuild), lambda: sess.run(export),
-                            lambda: int(sess.run(size)))
+            _rebuild_cycles(
+                lambda k, r: sess.run(insert, {keys_ph: k, rows_ph: r}),
+                lambda k: sess.run(remove, {keys_ph: k}),
+                lambda: sess.run(rebuild),
+                lambda: sess.run(export),
+                lambda: int(sess.run(size)),
+            )

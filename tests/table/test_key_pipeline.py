@@ -14,7 +14,8 @@ RNG = np.random.default_rng(7)
 USER = RNG.integers(0, 40, size=(64, 3)).astype(np.int64)
 ITEM_LENGTHS = RNG.integers(0, 4, size=64)
 ITEM = tf.RaggedTensor.from_row_lengths(
-    RNG.integers(-20, 20, size=int(ITEM_LENGTHS.sum())).astype(np.int64), ITEM_LENGTHS)
+    RNG.integers(-20, 20, size=int(ITEM_LENGTHS.sum())).astype(np.int64), ITEM_LENGTHS
+)
 TS = np.arange(64, dtype=np.int64) + 100
 LABELS = RNG.random(64).astype(np.float32)
 
@@ -28,10 +29,16 @@ def _dataset(prepare: bool) -> tf.data.Dataset:
 
 
 def _tables(access=1):
-    kw = dict(optimizer=npu_rec.optimizers.Adagrad(0.1), access_threshold=access,
-              eviction_threshold=50, dynamic_expansion=True, capacity=4)
-    return npu_rec.create_table("user", 4, **kw), npu_rec.create_table("item", 4, num_shards=2,
-                                                                         **kw)
+    kw = dict(
+        optimizer=npu_rec.optimizers.Adagrad(0.1),
+        access_threshold=access,
+        eviction_threshold=50,
+        dynamic_expansion=True,
+        capacity=4,
+    )
+    return npu_rec.create_table("user", 4, **kw), npu_rec.create_table(
+        "item", 4, num_shards=2, **kw
+    )
 
 
 def _core_train(prepare: bool, in_function: bool):
@@ -40,8 +47,7 @@ def _core_train(prepare: bool, in_function: bool):
 
     def step(feats, labels):
         with tf.GradientTape() as tape, npu_rec.record_lookups(tape) as recs:
-            u = npu_rec.sparse_lookup(user, feats["user"], combiner="mean",
-                                      timestamps=feats["ts"])
+            u = npu_rec.sparse_lookup(user, feats["user"], combiner="mean", timestamps=feats["ts"])
             i = npu_rec.sparse_lookup(item, feats["item"], combiner="sum", timestamps=feats["ts"])
             loss = tf.reduce_mean(tf.square(tf.reduce_sum(u * i, 1) - labels))
         npu_rec.apply_recorded_gradients(recs, tape.gradient(loss, [r.embeddings for r in recs]))
@@ -78,8 +84,9 @@ def test_prepare_ids_and_apply_gradients():
     assert before.shape == (2, 2, 2)
     table.apply_gradients(prepared, tf.ones([2, 2, 2]))
     after = npu_rec.sparse_lookup(table, ids, is_training=False)
-    np.testing.assert_allclose(after.numpy(), before.numpy() - [[[2, 2], [1, 1]],
-                                                                [[2, 2], [1, 1]]], atol=1e-6)
+    np.testing.assert_allclose(
+        after.numpy(), before.numpy() - [[[2, 2], [1, 1]], [[2, 2], [1, 1]]], atol=1e-6
+    )
 
 
 def test_prepare_keys_errors():
@@ -93,8 +100,12 @@ def test_prepare_keys_errors():
 class PipelineNet(RecModel):
     def __init__(self):
         super().__init__()
-        kw = dict(optimizer=npu_rec.optimizers.Adagrad(0.1), access_threshold=1,
-                  eviction_threshold=50, dynamic_expansion=True)
+        kw = dict(
+            optimizer=npu_rec.optimizers.Adagrad(0.1),
+            access_threshold=1,
+            eviction_threshold=50,
+            dynamic_expansion=True,
+        )
         self.user = SparseEmbedding("user", 4, combiner="mean", **kw)
         self.item = SparseEmbedding("item", 4, combiner="sum", **kw)
         self.out = keras.layers.Dense(1, kernel_initializer="ones")

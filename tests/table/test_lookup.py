@@ -32,8 +32,9 @@ def _reference(export: dict, ids: np.ndarray, mask: np.ndarray, combiner: str) -
 
 @pytest.mark.parametrize("combiner", COMBINERS)
 @settings(max_examples=15, deadline=None)
-@given(ids=hnp.arrays(np.int64, hnp.array_shapes(min_dims=2, max_dims=2, max_side=5),
-                      elements=_IDS))
+@given(
+    ids=hnp.arrays(np.int64, hnp.array_shapes(min_dims=2, max_dims=2, max_side=5), elements=_IDS)
+)
 def test_dense_ids_with_a_combiner_look_up_every_entry_including_minus_one(combiner, ids):
     _table_registry.clear()
     table = npu_rec.create_table("dense_combined", 3)
@@ -68,8 +69,9 @@ def test_sparse_padded_ids_skip_only_the_absent_entries(combiner, data):
     ids = data.draw(hnp.arrays(np.int64, (batch, k), elements=_IDS))
     lengths = data.draw(hnp.arrays(np.int64, (batch,), elements=st.integers(0, k)))
     mask = np.arange(k)[None, :] < lengths[:, None]
-    sparse = tf.SparseTensor(np.argwhere(mask).astype(np.int64).reshape(-1, 2), ids[mask],
-                             [batch, k])
+    sparse = tf.SparseTensor(
+        np.argwhere(mask).astype(np.int64).reshape(-1, 2), ids[mask], [batch, k]
+    )
     _table_registry.clear()
     table = npu_rec.create_table("sparse_combined", 3)
     got = npu_rec.sparse_lookup(table, sparse, combiner=combiner).numpy()

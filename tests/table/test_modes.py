@@ -22,17 +22,23 @@ def _batches():
 
 
 def _make():
-    ta = npu_rec.create_table("a", 4, optimizer=npu_rec.optimizers.Adagrad(0.2),
-                              access_threshold=2, eviction_threshold=15,
-                              dynamic_expansion=True, capacity=4)
+    ta = npu_rec.create_table(
+        "a",
+        4,
+        optimizer=npu_rec.optimizers.Adagrad(0.2),
+        access_threshold=2,
+        eviction_threshold=15,
+        dynamic_expansion=True,
+        capacity=4,
+    )
     tb = npu_rec.create_table("b", 4, optimizer=npu_rec.optimizers.Adam(0.05))
     w = tf.Variable(tf.linspace(-0.5, 0.5, 8)[:, None], name="w")
     return ta, tb, w
 
 
 def _loss(ta, tb, w, ids_a, ragged_b, label, ts):
-    ea = npu_rec.sparse_lookup(ta, ids_a, timestamps=ts)           # [B, 2, 4]
-    eb = npu_rec.sparse_lookup(tb, ragged_b, combiner="mean")       # [B, 4]
+    ea = npu_rec.sparse_lookup(ta, ids_a, timestamps=ts)  # [B, 2, 4]
+    eb = npu_rec.sparse_lookup(tb, ragged_b, combiner="mean")  # [B, 4]
     x = tf.concat([tf.reduce_sum(ea, 1), eb], 1)
     logits = tf.squeeze(tf.matmul(x, w), 1)
     return tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=label, logits=logits))
@@ -47,6 +53,7 @@ def _step_fn(ta, tb, w):
         npu_rec.apply_recorded_gradients(recs, grads[1:])
         w.assign_sub(0.1 * grads[0])
         return loss
+
     return step
 
 
@@ -61,8 +68,13 @@ def _train_eager(compiled):
     if compiled:
         step = tf.function(step)
     for i, (ids_a, (ids_b, lengths), label, ts) in enumerate(_batches()):
-        step(tf.constant(ids_a), tf.constant(ids_b), tf.constant(lengths), tf.constant(label),
-             tf.constant(ts))
+        step(
+            tf.constant(ids_a),
+            tf.constant(ids_b),
+            tf.constant(lengths),
+            tf.constant(label),
+            tf.constant(ts),
+        )
         if (i + 1) % EVICT_EVERY == 0:
             ta.evict()
     return _state(ta, tb, w)
@@ -84,15 +96,20 @@ class _EvictAndExportHook(tf.compat.v1.train.SessionRunHook):
 def _train_graph():
     with tf.Graph().as_default():
         ta, tb, w = _make()
-        ph = [tf.compat.v1.placeholder(tf.int64, [None, 2]), tf.compat.v1.placeholder(tf.int64),
-              tf.compat.v1.placeholder(tf.int64), tf.compat.v1.placeholder(tf.float32),
-              tf.compat.v1.placeholder(tf.int64, [None])]
+        ph = [
+            tf.compat.v1.placeholder(tf.int64, [None, 2]),
+            tf.compat.v1.placeholder(tf.int64),
+            tf.compat.v1.placeholder(tf.int64),
+            tf.compat.v1.placeholder(tf.float32),
+            tf.compat.v1.placeholder(tf.int64, [None]),
+        ]
         ragged = tf.RaggedTensor.from_row_lengths(ph[1], ph[2])
         loss = _loss(ta, tb, w, ph[0], ragged, ph[3], ph[4])
         recs = tf.compat.v1.get_collection(npu_rec.LOOKUP_COLLECTION)
         grads = tf.gradients(loss, [w] + [r.embeddings for r in recs])
-        train = tf.group(npu_rec.apply_recorded_gradients(recs, grads[1:]),
-                         w.assign_sub(0.1 * grads[0]))
+        train = tf.group(
+            npu_rec.apply_recorded_gradients(recs, grads[1:]), w.assign_sub(0.1 * grads[0])
+        )
         hook = _EvictAndExportHook([ta, tb], w)
         with tf.compat.v1.train.MonitoredTrainingSession(hooks=[hook]) as sess:
             for ids_a, (ids_b, lengths), label, ts in _batches():
@@ -117,7 +134,7 @@ def eager_state():
 
 def test_training_changed_the_model(eager_state):
     ta_state, tb_state, w = eager_state
-    assert 0 < len(ta_state["keys"]) < 30      # admission and eviction both acted
+    assert 0 < len(ta_state["keys"]) < 30  # admission and eviction both acted
     assert not np.allclose(w, np.linspace(-0.5, 0.5, 8)[:, None])
 
 

@@ -49,13 +49,16 @@ def test_same_name_in_two_v1_graphs_is_allowed():
                 npu_rec.create_table("per_graph", 2)
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    ({"dim": 0}, "`dim` must be an integer >= 1. Received: dim=0"),
-    ({"dim": True}, "`dim`"),
-    ({"access_threshold": -2}, "`access_threshold` must be an integer >= -1"),
-    ({"eviction_threshold": 5}, "eviction_threshold=5, access_threshold=-1"),
-    ({"capacity": 0}, "`capacity`"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"dim": 0}, "`dim` must be an integer >= 1. Received: dim=0"),
+        ({"dim": True}, "`dim`"),
+        ({"access_threshold": -2}, "`access_threshold` must be an integer >= -1"),
+        ({"eviction_threshold": 5}, "eviction_threshold=5, access_threshold=-1"),
+        ({"capacity": 0}, "`capacity`"),
+    ],
+)
 def test_bad_arguments_name_argument_rule_and_value(kwargs, match):
     args = {"name": "bad", "dim": 2, **kwargs}
     with pytest.raises(ValueError, match=match):
@@ -70,8 +73,10 @@ def test_wrong_optimizer_type_is_a_type_error():
 def test_fixed_capacity_full_error_names_table_and_capacity_and_keeps_state():
     table = npu_rec.create_table("small", 2, capacity=3, dynamic_expansion=False)
     npu_rec.sparse_lookup(table, tf.constant([1, 2], tf.int64))
-    with pytest.raises(tf.errors.InvalidArgumentError,
-                       match=r"'small' is full: its capacity is 3 rows.*Raise `capacity`"):
+    with pytest.raises(
+        tf.errors.InvalidArgumentError,
+        match=r"'small' is full: its capacity is 3 rows.*Raise `capacity`",
+    ):
         npu_rec.sparse_lookup(table, tf.constant([3, 4], tf.int64))
     np.testing.assert_array_equal(table.export()["keys"], [1, 2])
     npu_rec.sparse_lookup(table, tf.constant([3], tf.int64))
@@ -93,8 +98,9 @@ def test_dynamic_expansion_grows_inside_tf_function_and_keeps_rows():
 
 
 def test_admission_reads_zero_until_threshold_then_updates():
-    table = npu_rec.create_table("adm", 2, optimizer=npu_rec.optimizers.SGD(1.0),
-                                 access_threshold=3)
+    table = npu_rec.create_table(
+        "adm", 2, optimizer=npu_rec.optimizers.SGD(1.0), access_threshold=3
+    )
     ids = tf.constant([7, 7], tf.int64)
     emb = npu_rec.sparse_lookup(table, ids)
     np.testing.assert_array_equal(emb.numpy(), np.zeros((2, 2)))
@@ -106,34 +112,41 @@ def test_admission_reads_zero_until_threshold_then_updates():
 
 
 def test_evict_frees_idle_rows_and_reuses_them():
-    table = npu_rec.create_table("ev", 2, access_threshold=0, eviction_threshold=10,
-                                 capacity=3, dynamic_expansion=False)
-    npu_rec.sparse_lookup(table, tf.constant([[1], [2]], tf.int64),
-                          timestamps=tf.constant([100, 105], tf.int64))
+    table = npu_rec.create_table(
+        "ev", 2, access_threshold=0, eviction_threshold=10, capacity=3, dynamic_expansion=False
+    )
+    npu_rec.sparse_lookup(
+        table, tf.constant([[1], [2]], tf.int64), timestamps=tf.constant([100, 105], tf.int64)
+    )
     npu_rec.sparse_lookup(table, tf.constant([3], tf.int64), timestamps=tf.constant([108]))
-    assert table.evict(now=112) == 1           # key 1 idle 12 s > 10 s
+    assert table.evict(now=112) == 1  # key 1 idle 12 s > 10 s
     np.testing.assert_array_equal(table.export()["keys"], [2, 3])
     np.testing.assert_array_equal(table.export()["last_seen"], [105, 108])
     npu_rec.sparse_lookup(table, tf.constant([4], tf.int64), timestamps=tf.constant([120]))
-    assert int(table.size()) == 3              # reused the freed row within capacity 3
-    assert table.evict() == 2                  # now = newest timestamp seen (120)
+    assert int(table.size()) == 3  # reused the freed row within capacity 3
+    assert table.evict() == 2  # now = newest timestamp seen (120)
 
 
 def test_freed_rows_are_never_evicted_twice_and_reused_rows_start_fresh():
-    table = npu_rec.create_table("ev2", 2, access_threshold=0, eviction_threshold=50,
-                                 capacity=4, dynamic_expansion=False)
-    npu_rec.sparse_lookup(table, tf.constant([1, 2], tf.int64),
-                          timestamps=tf.constant([0, 500], tf.int64))
-    assert table.evict(now=100) == 1           # key 1
-    assert table.evict(now=120) == 0           # its freed row is not idle
-    assert table.evict(now=10**6) == 1         # key 2
+    table = npu_rec.create_table(
+        "ev2", 2, access_threshold=0, eviction_threshold=50, capacity=4, dynamic_expansion=False
+    )
+    npu_rec.sparse_lookup(
+        table, tf.constant([1, 2], tf.int64), timestamps=tf.constant([0, 500], tf.int64)
+    )
+    assert table.evict(now=100) == 1  # key 1
+    assert table.evict(now=120) == 0  # its freed row is not idle
+    assert table.evict(now=10**6) == 1  # key 2
     assert table.evict(now=2 * 10**6) == 0 and int(table.size()) == 0
-    npu_rec.sparse_lookup(table, tf.constant([7, 7, 8], tf.int64),
-                          timestamps=tf.constant([3000, 3010, 3005], tf.int64))
+    npu_rec.sparse_lookup(
+        table,
+        tf.constant([7, 7, 8], tf.int64),
+        timestamps=tf.constant([3000, 3010, 3005], tf.int64),
+    )
     out = table.export()
-    np.testing.assert_array_equal(out["counts"], [2, 1])       # no count left from 1 or 2
+    np.testing.assert_array_equal(out["counts"], [2, 1])  # no count left from 1 or 2
     np.testing.assert_array_equal(out["last_seen"], [3010, 3005])
-    assert table.evict(now=3056) == 1          # key 8 only (idle 51 s)
+    assert table.evict(now=3056) == 1  # key 8 only (idle 51 s)
     np.testing.assert_array_equal(table.export()["keys"], [7])
 
 
@@ -155,10 +168,10 @@ def test_evicting_many_tables_logs_no_retracing_warning():
     tf.get_logger().addHandler(handler)
     try:
         for i in range(8):
-            table = npu_rec.create_table(f"many{i}", 2, access_threshold=0,
-                                         eviction_threshold=10)
-            npu_rec.sparse_lookup(table, tf.constant([i], tf.int64),
-                                  timestamps=tf.constant([100], tf.int64))
+            table = npu_rec.create_table(f"many{i}", 2, access_threshold=0, eviction_threshold=10)
+            npu_rec.sparse_lookup(
+                table, tf.constant([i], tf.int64), timestamps=tf.constant([100], tf.int64)
+            )
             assert table.evict(now=200) == 1
     finally:
         tf.get_logger().removeHandler(handler)
@@ -176,10 +189,12 @@ def test_ragged_and_sparse_combiners(combiner):
     np.testing.assert_allclose(got, want, atol=1e-6)
     sparse = ragged.to_sparse()
     np.testing.assert_allclose(
-        npu_rec.sparse_lookup(table, sparse, combiner=combiner).numpy(), want, atol=1e-6)
+        npu_rec.sparse_lookup(table, sparse, combiner=combiner).numpy(), want, atol=1e-6
+    )
     dense = tf.constant([[1, 2, 2]], tf.int64)
     np.testing.assert_allclose(
-        npu_rec.sparse_lookup(table, dense, combiner=combiner).numpy(), want[:1], atol=1e-6)
+        npu_rec.sparse_lookup(table, dense, combiner=combiner).numpy(), want[:1], atol=1e-6
+    )
 
 
 def test_ragged_without_combiner_and_sparse_requires_combiner():
@@ -207,10 +222,12 @@ def test_contract_tape_usage_sums_duplicate_gradients():
         loss = tf.reduce_sum(emb * tf.constant([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]]))
     table.apply_gradients(ids, tape.gradient(loss, emb))
     out = table.export()
-    np.testing.assert_allclose(out["values"][0], keyed_uniform(4, 2, "tape") - 0.5 * np.array(
-        [4.0, 6.0]), atol=1e-6)
-    np.testing.assert_allclose(out["values"][1], keyed_uniform(6, 2, "tape") - 0.5 * np.array(
-        [5.0, 6.0]), atol=1e-6)
+    np.testing.assert_allclose(
+        out["values"][0], keyed_uniform(4, 2, "tape") - 0.5 * np.array([4.0, 6.0]), atol=1e-6
+    )
+    np.testing.assert_allclose(
+        out["values"][1], keyed_uniform(6, 2, "tape") - 0.5 * np.array([5.0, 6.0]), atol=1e-6
+    )
 
 
 def test_apply_without_optimizer_explains():
@@ -228,7 +245,8 @@ def test_user_initializer_is_used():
 def test_initializer_by_keras_name():
     table = npu_rec.create_table("ones", 2, initializer="ones")
     np.testing.assert_array_equal(
-        npu_rec.sparse_lookup(table, tf.constant([9], tf.int64)).numpy(), [[1.0, 1.0]])
+        npu_rec.sparse_lookup(table, tf.constant([9], tf.int64)).numpy(), [[1.0, 1.0]]
+    )
     with pytest.raises(ValueError, match="initializer='nope'"):
         npu_rec.create_table("nope", 2, initializer="nope")
 
@@ -272,8 +290,8 @@ def test_graph_mode_size_and_evict_tensors_without_session():
             sess.run(tf.compat.v1.global_variables_initializer())
             sess.run(emb)
             assert sess.run(table.size()) == 2
-            assert sess.run(evicted, {}) == 0          # now = newest timestamp (10)
-            assert table.evict(now=20) == 2            # default session runs it
+            assert sess.run(evicted, {}) == 0  # now = newest timestamp (10)
+            assert table.evict(now=20) == 2  # default session runs it
             assert sess.run(table.size()) == 0
 
 
@@ -301,11 +319,14 @@ def test_sparse_padded_ids_combine_like_ragged_and_padding_gets_no_rows(combiner
 
 @pytest.mark.parametrize("bad", [2**31, -(2**31) - 1, 2**40 + 5])
 def test_int32_table_refuses_ids_that_do_not_fit_instead_of_wrapping(bad):
-    table = npu_rec.create_table("narrow", 2, key_dtype=tf.int32,
-                                 optimizer=npu_rec.optimizers.SGD(0.1))
+    table = npu_rec.create_table(
+        "narrow", 2, key_dtype=tf.int32, optimizer=npu_rec.optimizers.SGD(0.1)
+    )
     ids = tf.constant([7, bad], tf.int64)
-    match = (r"'narrow' has key_dtype=int32, so ids must lie in \[-2147483648, 2147483647\].*"
-             rf"key_dtype=tf.int64.*out-of-range ids \(first 3\): \[?{bad}")
+    match = (
+        r"'narrow' has key_dtype=int32, so ids must lie in \[-2147483648, 2147483647\].*"
+        rf"key_dtype=tf.int64.*out-of-range ids \(first 3\): \[?{bad}"
+    )
     with pytest.raises(tf.errors.InvalidArgumentError, match=match):
         npu_rec.sparse_lookup(table, ids)
     with pytest.raises(tf.errors.InvalidArgumentError, match=match):
@@ -332,36 +353,40 @@ def test_int32_table_refuses_wide_ids_in_graphs():
                 sess.run(emb)
 
 
-@pytest.mark.parametrize("outlier", [2**63 - 1, 1_700_000_000_000])   # INT64_MAX, milliseconds
+@pytest.mark.parametrize("outlier", [2**63 - 1, 1_700_000_000_000])  # INT64_MAX, milliseconds
 @pytest.mark.parametrize("per_id", [True, False])
 def test_outlier_timestamp_is_clamped_to_the_clock_and_counted(outlier, per_id, caplog):
-    table = npu_rec.create_table(f"clock_{per_id}", 2, access_threshold=0,
-                                 eviction_threshold=100)
-    npu_rec.sparse_lookup(table, tf.constant([1, 2, 3], tf.int64),
-                          timestamps=tf.constant([1000, 1010, 1020], tf.int64))
+    table = npu_rec.create_table(f"clock_{per_id}", 2, access_threshold=0, eviction_threshold=100)
+    npu_rec.sparse_lookup(
+        table,
+        tf.constant([1, 2, 3], tf.int64),
+        timestamps=tf.constant([1000, 1010, 1020], tf.int64),
+    )
     if per_id:
-        npu_rec.sparse_lookup(table, tf.constant([2, 4], tf.int64),
-                              timestamps=tf.constant([1030, outlier], tf.int64))
+        npu_rec.sparse_lookup(
+            table, tf.constant([2, 4], tf.int64), timestamps=tf.constant([1030, outlier], tf.int64)
+        )
     else:
         npu_rec.sparse_lookup(table, tf.constant([4], tf.int64), timestamps=outlier)
     with caplog.at_level("WARNING"):
-        assert table.evict() == 0                   # now = the clock, 1030 or 1020
+        assert table.evict() == 0  # now = the clock, 1030 or 1020
     assert f"'clock_{per_id}' replaced 1 training timestamps" in caplog.text
     assert str(outlier) in caplog.text
     exported = table.export()
     assert exported["keys"].tolist() == [1, 2, 3, 4]
-    assert exported["last_seen"].max() < 2000       # key 4 got the clock, not the outlier
+    assert exported["last_seen"].max() < 2000  # key 4 got the clock, not the outlier
     caplog.clear()
     with caplog.at_level("WARNING"):
         table.evict()
-    assert "replaced" not in caplog.text           # counted once
+    assert "replaced" not in caplog.text  # counted once
     assert table.evict(now=1131) == 4
 
 
 def test_outlier_timestamps_in_a_v1_graph_are_counted_and_warned(caplog):
     with tf.Graph().as_default():
-        table = npu_rec.create_table("clock_v1", 2, access_threshold=0, eviction_threshold=100,
-                                     num_shards=2)
+        table = npu_rec.create_table(
+            "clock_v1", 2, access_threshold=0, eviction_threshold=100, num_shards=2
+        )
         ts = tf.compat.v1.placeholder(tf.int64, [None])
         emb = npu_rec.sparse_lookup(table, tf.constant([1, 2, 3], tf.int64), timestamps=ts)
         with tf.compat.v1.Session() as sess:
@@ -380,7 +405,7 @@ def test_size_is_an_int_in_eager_mode_and_a_tensor_in_graphs(num_shards):
     npu_rec.sparse_lookup(table, tf.constant([1, 2, 3, 3], tf.int64))
     eager = table.size()
     assert type(eager) is int and eager == 3
-    assert repr(eager) == "3"                                   # what a user printing it sees
+    assert repr(eager) == "3"  # what a user printing it sees
 
     traced = tf.function(lambda: table.size())
     assert isinstance(traced.get_concrete_function().structured_outputs, tf.Tensor)

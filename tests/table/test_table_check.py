@@ -25,35 +25,46 @@ def _corrupt_index(table):
 
 def _duplicate_key(table):
     """Row 3 (key 13's) claims key 3: two live rows with one key, key 13 without its row."""
-    table._storage.row_keys.scatter_update(tf.IndexedSlices(
-        tf.constant([3], tf.int64), tf.constant([3], tf.int64)))
+    table._storage.row_keys.scatter_update(
+        tf.IndexedSlices(tf.constant([3], tf.int64), tf.constant([3], tf.int64))
+    )
 
 
 def _nan_value(table):
-    table._storage.values.scatter_update(tf.IndexedSlices(
-        tf.constant([[np.nan, 0.0, 0.0]]), tf.constant([2], tf.int64)))
+    table._storage.values.scatter_update(
+        tf.IndexedSlices(tf.constant([[np.nan, 0.0, 0.0]]), tf.constant([2], tf.int64))
+    )
 
 
 def _inf_slot(table):
-    table._storage.slots["accumulator"].scatter_update(tf.IndexedSlices(
-        tf.constant([[0.0, np.inf, 0.0]]), tf.constant([0], tf.int64)))
+    table._storage.slots["accumulator"].scatter_update(
+        tf.IndexedSlices(tf.constant([[0.0, np.inf, 0.0]]), tf.constant([0], tf.int64))
+    )
 
 
 def _size_off(table):
     table._storage.num_free.assign(1)
 
 
-@pytest.mark.parametrize("damage, match", [
-    (_corrupt_index, r"'chk' is inconsistent.*live rows \(4\) == size\(\) \(4\) == keys in the "
-                     r"index \(5 counted, 5 held\).*key 99"),
-    (_duplicate_key, r"'chk' is inconsistent.*1 indexed keys point to a row that is free or "
-                     r"holds another key \(e.g. key 13\)"),
-    (_size_off, r"live rows \(4\) == size\(\) \(3\)"),
-    (_nan_value, r"'chk' holds NaN or Inf in 1 live rows of `values` \(e.g. key 8\)"),
-    (_inf_slot, r"1 live rows of `slot/accumulator` \(e.g. key 3\)"),
-])
-def test_a_broken_table_refuses_every_save_and_keeps_the_previous_version(damage, match,
-                                                                          tmp_path):
+@pytest.mark.parametrize(
+    "damage, match",
+    [
+        (
+            _corrupt_index,
+            r"'chk' is inconsistent.*live rows \(4\) == size\(\) \(4\) == keys in the "
+            r"index \(5 counted, 5 held\).*key 99",
+        ),
+        (
+            _duplicate_key,
+            r"'chk' is inconsistent.*1 indexed keys point to a row that is free or "
+            r"holds another key \(e.g. key 13\)",
+        ),
+        (_size_off, r"live rows \(4\) == size\(\) \(3\)"),
+        (_nan_value, r"'chk' holds NaN or Inf in 1 live rows of `values` \(e.g. key 8\)"),
+        (_inf_slot, r"1 live rows of `slot/accumulator` \(e.g. key 3\)"),
+    ],
+)
+def test_a_broken_table_refuses_every_save_and_keeps_the_previous_version(damage, match, tmp_path):
     table = _trained("chk")
     manager = TableCheckpointManager(str(tmp_path / "ck"), [table])
     manager.save(1)
@@ -68,8 +79,8 @@ def test_a_broken_table_refuses_every_save_and_keeps_the_previous_version(damage
         table.save(str(tmp_path / "single"))
     assert sorted(os.listdir(tmp_path / "ck")) == before
     assert manager.latest_version() == 1
-    table.restore(str(tmp_path / "single"))            # the previous snapshot is intact
-    table.save(str(tmp_path / "single"))                 # and consistent again
+    table.restore(str(tmp_path / "single"))  # the previous snapshot is intact
+    table.save(str(tmp_path / "single"))  # and consistent again
     np.testing.assert_array_equal(table.export()["keys"], [3, 5, 8, 13])
 
 
@@ -83,8 +94,9 @@ def test_sharded_table_check_names_the_shard(tmp_path):
     table = _trained("sh", num_shards=2)
     shard = next(s for s in table.shards if int(s.size()) > 0)
     _nan_value_of = shard._storage.values
-    _nan_value_of.scatter_update(tf.IndexedSlices(tf.constant([[np.inf, 0.0, 0.0]]),
-                                                  tf.constant([0], tf.int64)))
+    _nan_value_of.scatter_update(
+        tf.IndexedSlices(tf.constant([[np.inf, 0.0, 0.0]]), tf.constant([0], tf.int64))
+    )
     with pytest.raises(npu_rec.TableInvariantError, match=f"'{shard.name}' holds NaN or Inf"):
         table.save(str(tmp_path / "s"))
 
@@ -96,13 +108,14 @@ def test_v1_graph_save_runs_the_check(tmp_path):
         emb = npu_rec.sparse_lookup(table, ids)
         recs = tf.compat.v1.get_collection(npu_rec.LOOKUP_COLLECTION)
         train = npu_rec.apply_recorded_gradients(
-            recs, tf.gradients(tf.reduce_sum(emb * 1e30), [r.embeddings for r in recs]))
+            recs, tf.gradients(tf.reduce_sum(emb * 1e30), [r.embeddings for r in recs])
+        )
         manager = TableCheckpointManager(str(tmp_path), [table])
         with tf.compat.v1.Session() as sess:
             sess.run(tf.compat.v1.global_variables_initializer())
             sess.run(emb)
             manager.save(1, session=sess)
-            sess.run(train)                              # 1e30 * 1e30 overflows to -inf
+            sess.run(train)  # 1e30 * 1e30 overflows to -inf
             with pytest.raises(npu_rec.TableInvariantError, match="'g_chk' holds NaN or Inf"):
                 manager.save(2, session=sess)
     assert manager.latest_version() == 1

@@ -24,8 +24,12 @@ STEPS = 60
 def _run(mode, seed, access, threshold, key_space, tmp_path):
     _table_registry.clear()
     rng = np.random.default_rng(seed)
-    kwargs = {"access_threshold": access, "eviction_threshold": threshold,
-              "dynamic_expansion": True, "capacity": 8}
+    kwargs = {
+        "access_threshold": access,
+        "eviction_threshold": threshold,
+        "dynamic_expansion": True,
+        "capacity": 8,
+    }
     driver = ChurnDriver(mode, "prop_churn", DIM, **kwargs)
     ref = reference("prop_churn", DIM, **kwargs)
     manager = driver.manager(str(tmp_path / f"m{seed}_{access}_{threshold}_{key_space}"))
@@ -34,13 +38,14 @@ def _run(mode, seed, access, threshold, key_space, tmp_path):
         for _ in range(STEPS):
             clock += int(rng.integers(0, 3))
             ids = rng.integers(-key_space // 4, key_space, int(rng.integers(1, 40)))
-            if rng.random() < 0.2:                 # ids the hash kernel itself reserves
+            if rng.random() < 0.2:  # ids the hash kernel itself reserves
                 ids = np.concatenate([ids, RESERVED_RAW_KEYS])
             ids = np.unique(ids)
             ts = clock - rng.integers(0, 3, len(ids))
             grads = rng.normal(size=(len(ids), DIM)).astype(np.float32)
-            np.testing.assert_allclose(driver.step(ids, ts, grads),
-                                       ref.lookup(ids.tolist(), ts.tolist()), atol=1e-5)
+            np.testing.assert_allclose(
+                driver.step(ids, ts, grads), ref.lookup(ids.tolist(), ts.tolist()), atol=1e-5
+            )
             ref.apply(ids.tolist(), grads)
             action = rng.random()
             if action < 0.35:
@@ -67,11 +72,19 @@ def _run(mode, seed, access, threshold, key_space, tmp_path):
 
 @pytest.mark.parametrize("mode", MODES)
 # No shrinking: each example builds a table (and a graph); a failure is reported as found.
-@settings(max_examples=3, deadline=None, derandomize=True, phases=[Phase.generate],
-          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
-@given(seed=st.integers(0, 2**16), access=st.sampled_from([0, 1, 2]),
-       threshold=st.integers(1, 6), key_space=st.integers(30, 300))
-def test_heavy_eviction_churn_matches_reference(mode, seed, access, threshold, key_space,
-                                                tmp_path):
+@settings(
+    max_examples=3,
+    deadline=None,
+    derandomize=True,
+    phases=[Phase.generate],
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    seed=st.integers(0, 2**16),
+    access=st.sampled_from([0, 1, 2]),
+    threshold=st.integers(1, 6),
+    key_space=st.integers(30, 300),
+)
+def test_heavy_eviction_churn_matches_reference(mode, seed, access, threshold, key_space, tmp_path):
     rebuilds = _run(mode, seed, access, threshold, key_space, tmp_path)
     assert rebuilds >= 2, f"the key index was rebuilt {rebuilds} times; the test needs >= 2"

@@ -30,8 +30,7 @@ def test_zipf_stream_with_eviction_every_10_steps_matches_reference(mode, tmp_pa
             ids = np.unique(rng.zipf(1.3, 512) % 20000).astype(np.int64)
             grads = rng.normal(size=(len(ids), DIM)).astype(np.float32)
             got = driver.step(ids, step, grads)
-            np.testing.assert_allclose(got, ref.lookup(ids.tolist(), [step] * len(ids)),
-                                       atol=1e-5)
+            np.testing.assert_allclose(got, ref.lookup(ids.tolist(), [step] * len(ids)), atol=1e-5)
             ref.apply(ids.tolist(), grads)
             if step % 10:
                 continue

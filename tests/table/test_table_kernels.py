@@ -30,7 +30,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 HAVE_CXX = shutil.which(os.environ.get("CXX") or "g++") is not None
 needs_kernels = pytest.mark.skipif(
     not HAVE_CXX or os.environ.get("NPU_REC_KERNELS") == "off",
-    reason="no C++ compiler, or NPU_REC_KERNELS=off: the kernel path is not built")
+    reason="no C++ compiler, or NPU_REC_KERNELS=off: the kernel path is not built",
+)
 
 
 kernel_path = _build.forced
@@ -46,12 +47,20 @@ def test_the_suite_runs_on_the_kernel_path_when_a_compiler_is_present():
 @needs_kernels
 @pytest.mark.parametrize("feature", sorted(FEATURES))
 @pytest.mark.parametrize("opt_name", sorted(OPTIMIZERS))
-@settings(max_examples=2, deadline=None, derandomize=True,
-          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
-@given(ops=st.lists(_op, min_size=4, max_size=7), seed=st.integers(0, 2**16),
-       num_shards=st.sampled_from([1, 3]))
-def test_kernel_path_matches_stock_path_and_reference(opt_name, feature, ops, seed, num_shards,
-                                                      tmp_path):
+@settings(
+    max_examples=2,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    ops=st.lists(_op, min_size=4, max_size=7),
+    seed=st.integers(0, 2**16),
+    num_shards=st.sampled_from([1, 3]),
+)
+def test_kernel_path_matches_stock_path_and_reference(
+    opt_name, feature, ops, seed, num_shards, tmp_path
+):
     """Random lookup / step / evict / save / restore sequences: states equal after every op.
 
     Every optimizer and feature mix (admission, eviction, dynamic expansion on
@@ -83,9 +92,15 @@ def test_checkpoints_restore_across_paths(delta, tmp_path, rng):
 
     def make():
         _table_registry.clear()
-        return npu_rec.create_table("x", 4, optimizer=npu_rec.optimizers.Adam(0.01),
-                                    access_threshold=2, eviction_threshold=3, capacity=8,
-                                    dynamic_expansion=True)
+        return npu_rec.create_table(
+            "x",
+            4,
+            optimizer=npu_rec.optimizers.Adam(0.01),
+            access_threshold=2,
+            eviction_threshold=3,
+            capacity=8,
+            dynamic_expansion=True,
+        )
 
     finals = {}
     for writer in (False, True):
@@ -113,40 +128,61 @@ def _train_model(mode: str, steps: int = 5):
     """A small model (two tables, a dense layer) trained `steps` steps; returns its weights."""
     _table_registry.clear()
     rng = np.random.default_rng(7)
-    batches = [(rng.integers(0, 60, (16, 3)), rng.integers(0, 9, 16),
-                rng.normal(size=(16, 1)).astype(np.float32)) for _ in range(steps)]
+    batches = [
+        (
+            rng.integers(0, 60, (16, 3)),
+            rng.integers(0, 9, 16),
+            rng.normal(size=(16, 1)).astype(np.float32),
+        )
+        for _ in range(steps)
+    ]
 
     def build():
-        tables = [npu_rec.create_table("a", 4, optimizer=npu_rec.optimizers.Ftrl(0.1, l1=0.01),
-                                       access_threshold=2, capacity=16, dynamic_expansion=True),
-                  npu_rec.create_table("b", 4, optimizer=npu_rec.optimizers.Adagrad(0.1),
-                                       capacity=32)]
+        tables = [
+            npu_rec.create_table(
+                "a",
+                4,
+                optimizer=npu_rec.optimizers.Ftrl(0.1, l1=0.01),
+                access_threshold=2,
+                capacity=16,
+                dynamic_expansion=True,
+            ),
+            npu_rec.create_table("b", 4, optimizer=npu_rec.optimizers.Adagrad(0.1), capacity=32),
+        ]
         w = tf.Variable(np.linspace(-1, 1, 8).reshape(8, 1).astype(np.float32))
         return tables, w
 
     def step(tables, w, a_ids, b_ids, y):
         with tf.GradientTape() as tape, npu_rec.record_lookups(tape) as recs:
-            h = tf.concat([npu_rec.sparse_lookup(tables[0], a_ids, combiner="mean"),
-                           npu_rec.sparse_lookup(tables[1], b_ids)], 1)
+            h = tf.concat(
+                [
+                    npu_rec.sparse_lookup(tables[0], a_ids, combiner="mean"),
+                    npu_rec.sparse_lookup(tables[1], b_ids),
+                ],
+                1,
+            )
             loss = tf.reduce_mean(tf.square(h @ w - y))
         if mode == "v1":
             grads = tf.gradients(loss, [w] + [r.embeddings for r in recs])
         else:
             grads = tape.gradient(loss, [w] + [r.embeddings for r in recs])
         assert all(g is not None for g in grads)
-        return tf.group(w.assign_sub(0.1 * grads[0]),
-                        npu_rec.apply_recorded_gradients(recs, grads[1:]) or tf.no_op())
+        return tf.group(
+            w.assign_sub(0.1 * grads[0]),
+            npu_rec.apply_recorded_gradients(recs, grads[1:]) or tf.no_op(),
+        )
 
     if mode == "v1":
         graph = tf.Graph()
         with graph.as_default():
             tables, w = build()
-            ph = (tf.compat.v1.placeholder(tf.int64, [None, 3]),
-                  tf.compat.v1.placeholder(tf.int64, [None]),
-                  tf.compat.v1.placeholder(tf.float32, [None, 1]))
+            ph = (
+                tf.compat.v1.placeholder(tf.int64, [None, 3]),
+                tf.compat.v1.placeholder(tf.int64, [None]),
+                tf.compat.v1.placeholder(tf.float32, [None, 1]),
+            )
             train = step(tables, w, *ph)
-            init = [tf.compat.v1.global_variables_initializer(),
-                    tf.compat.v1.tables_initializer()]
+            init = [tf.compat.v1.global_variables_initializer(), tf.compat.v1.tables_initializer()]
         with tf.compat.v1.Session(graph=graph) as sess:
             sess.run(init)
             for batch in batches:
@@ -194,19 +230,28 @@ def test_concurrent_lookups_and_eviction_of_one_table_in_one_graph(on, rng):
     with kernel_path(on):
         graph = tf.Graph()
         with graph.as_default():
-            table = npu_rec.create_table("c", 4, optimizer=npu_rec.optimizers.Adagrad(0.1),
-                                         access_threshold=1, eviction_threshold=5, capacity=32,
-                                         dynamic_expansion=True)
+            table = npu_rec.create_table(
+                "c",
+                4,
+                optimizer=npu_rec.optimizers.Adagrad(0.1),
+                access_threshold=1,
+                eviction_threshold=5,
+                capacity=32,
+                dynamic_expansion=True,
+            )
             ids = [tf.compat.v1.placeholder(tf.int64, [None]) for _ in range(3)]
             now = tf.compat.v1.placeholder(tf.int64, [])
             with npu_rec.record_lookups() as recs:
-                loss = tf.add_n([tf.reduce_sum(tf.square(
-                    npu_rec.sparse_lookup(table, i, timestamps=now))) for i in ids])
+                loss = tf.add_n(
+                    [
+                        tf.reduce_sum(tf.square(npu_rec.sparse_lookup(table, i, timestamps=now)))
+                        for i in ids
+                    ]
+                )
             grads = tf.gradients(loss, [r.embeddings for r in recs])
             train = npu_rec.apply_recorded_gradients(recs, grads)
             evict = table.evict(now - 3)
-            init = [tf.compat.v1.global_variables_initializer(),
-                    tf.compat.v1.tables_initializer()]
+            init = [tf.compat.v1.global_variables_initializer(), tf.compat.v1.tables_initializer()]
         config = tf.compat.v1.ConfigProto(inter_op_parallelism_threads=4)
         with tf.compat.v1.Session(graph=graph, config=config) as sess:
             sess.run(init)
@@ -214,16 +259,23 @@ def test_concurrent_lookups_and_eviction_of_one_table_in_one_graph(on, rng):
                 feed = {p: rng.integers(0, 300, 40) for p in ids}
                 feed[now] = step
                 sess.run([train, evict], feed)
-            state = table.read_state(session=sess)    # raises on a broken invariant
+            state = table.read_state(session=sess)  # raises on a broken invariant
             assert len(np.unique(state["keys"])) == len(state["keys"]) == sess.run(table.size())
 
 
 # --------------------------------------------------------------- build and fallback
 def _python(code: str, env: dict, timeout: int = 240) -> subprocess.CompletedProcess:
     full_env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": ROOT, **env}
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
-                          text=True, timeout=timeout, env=full_env, cwd=ROOT,
-                          start_new_session=True, check=False)
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=full_env,
+        cwd=ROOT,
+        start_new_session=True,
+        check=False,
+    )
 
 
 _TRAIN_AND_REPORT = """
@@ -240,33 +292,45 @@ _TRAIN_AND_REPORT = """
 
 
 def test_without_a_compiler_tables_use_the_stock_path_with_one_log_line(tmp_path):
-    done = _python(_TRAIN_AND_REPORT, {"CXX": "/nonexistent", "NPU_REC_KERNELS": "auto",
-                                       "NPU_REC_KERNEL_CACHE": str(tmp_path)})
+    done = _python(
+        _TRAIN_AND_REPORT,
+        {"CXX": "/nonexistent", "NPU_REC_KERNELS": "auto", "NPU_REC_KERNEL_CACHE": str(tmp_path)},
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "ENABLED False SIZE 4" in done.stdout
     lines = [ln for ln in done.stderr.splitlines() if "table kernels unavailable" in ln]
     assert len(lines) == 1, done.stderr[-3000:]
     assert "/nonexistent" in lines[0] and "install a C++ compiler" in lines[0]
-    assert os.listdir(tmp_path) == []          # no half-written library left behind
+    assert os.listdir(tmp_path) == []  # no half-written library left behind
 
 
 def test_environment_variable_forces_either_path(tmp_path):
-    off = _python(_TRAIN_AND_REPORT, {"NPU_REC_KERNELS": "off",
-                                      "NPU_REC_KERNEL_CACHE": str(tmp_path / "off")})
+    off = _python(
+        _TRAIN_AND_REPORT, {"NPU_REC_KERNELS": "off", "NPU_REC_KERNEL_CACHE": str(tmp_path / "off")}
+    )
     assert off.returncode == 0, off.stderr[-3000:]
     assert "ENABLED False SIZE 4" in off.stdout
-    assert "table kernels" not in off.stderr      # a choice, not a failure: no warning
+    assert "table kernels" not in off.stderr  # a choice, not a failure: no warning
     assert not os.path.exists(tmp_path / "off")  # and no build
-    must = _python(_TRAIN_AND_REPORT, {"NPU_REC_KERNELS": "on", "CXX": "/nonexistent",
-                                       "NPU_REC_KERNEL_CACHE": str(tmp_path / "on")})
+    must = _python(
+        _TRAIN_AND_REPORT,
+        {
+            "NPU_REC_KERNELS": "on",
+            "CXX": "/nonexistent",
+            "NPU_REC_KERNEL_CACHE": str(tmp_path / "on"),
+        },
+    )
     assert must.returncode != 0
     assert "NPU_REC_KERNELS=on, but npu_rec's table kernels could not be built" in must.stderr
 
 
 def test_unknown_environment_value_is_refused(monkeypatch):
     monkeypatch.setenv("NPU_REC_KERNELS", "fast")
-    with pytest.raises(ValueError, match=r"NPU_REC_KERNELS must be one of \('auto', 'on', "
-                                         r"'off'\)\. Received: NPU_REC_KERNELS='fast'"):
+    with pytest.raises(
+        ValueError,
+        match=r"NPU_REC_KERNELS must be one of \('auto', 'on', "
+        r"'off'\)\. Received: NPU_REC_KERNELS='fast'",
+    ):
         _build.mode()
 
 
@@ -278,7 +342,8 @@ def test_concurrent_builds_never_load_a_half_written_library(tmp_path):
     its `-o` path in small pieces, pausing between them, and the two runs overlap.
     """
     fake = tmp_path / "slow-cxx"
-    fake.write_text(textwrap.dedent(f"""\
+    fake.write_text(
+        textwrap.dedent(f"""\
         #!{sys.executable}
         import sys, time
         out = sys.argv[sys.argv.index("-o") + 1]
@@ -286,14 +351,30 @@ def test_concurrent_builds_never_load_a_half_written_library(tmp_path):
         with open(out, "wb") as f:
             for i in range(0, len(data), len(data) // 8 + 1):
                 f.write(data[i:i + len(data) // 8 + 1]); f.flush(); time.sleep(0.2)
-        """))
+        """)
+    )
     fake.chmod(0o755)
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": ROOT, "CXX": str(fake),
-           "NPU_REC_KERNELS": "on", "NPU_REC_KERNEL_CACHE": str(tmp_path / "cache")}
+    env = {
+        **os.environ,
+        "TF_CPP_MIN_LOG_LEVEL": "2",
+        "PYTHONPATH": ROOT,
+        "CXX": str(fake),
+        "NPU_REC_KERNELS": "on",
+        "NPU_REC_KERNEL_CACHE": str(tmp_path / "cache"),
+    }
     code = textwrap.dedent(_TRAIN_AND_REPORT)
-    procs = [subprocess.Popen([sys.executable, "-c", code], env=env, cwd=ROOT, text=True,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              start_new_session=True) for _ in range(2)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code],
+            env=env,
+            cwd=ROOT,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
+        for _ in range(2)
+    ]
     try:
         outs = [p.communicate(timeout=240) for p in procs]
     finally:

@@ -46,10 +46,17 @@ def _run(opt_name, feature, ops, seed, tmp_path, num_shards=1, record=None):
     _table_registry.clear()
     access, evict, max_pending, dynamic, capacity = FEATURES[feature]
     make_opt, make_ref_opt = OPTIMIZERS[opt_name]
-    table = npu_rec.create_table("prop", DIM, optimizer=make_opt(), capacity=capacity,
-                                 access_threshold=access, eviction_threshold=evict,
-                                 dynamic_expansion=dynamic, max_pending_keys=max_pending,
-                                 num_shards=num_shards)
+    table = npu_rec.create_table(
+        "prop",
+        DIM,
+        optimizer=make_opt(),
+        capacity=capacity,
+        access_threshold=access,
+        eviction_threshold=evict,
+        dynamic_expansion=dynamic,
+        max_pending_keys=max_pending,
+        num_shards=num_shards,
+    )
     ref = ReferenceTable("prop", DIM, make_ref_opt(), access, evict, max_pending, num_shards)
     rng = np.random.default_rng(seed)
     clock, saved, version = 0, None, 0
@@ -68,7 +75,8 @@ def _run(opt_name, feature, ops, seed, tmp_path, num_shards=1, record=None):
                     emb = npu_rec.sparse_lookup(table, ids_t, timestamps=clock)
                     loss = tf.reduce_sum(emb * grads)
                 npu_rec.apply_recorded_gradients(
-                    recs, tape.gradient(loss, [r.embeddings for r in recs]))
+                    recs, tape.gradient(loss, [r.embeddings for r in recs])
+                )
             else:
                 emb = npu_rec.sparse_lookup(table, ids_t, timestamps=tf.constant(times))
                 table.apply_gradients(ids_t, tf.constant(grads))
@@ -77,18 +85,19 @@ def _run(opt_name, feature, ops, seed, tmp_path, num_shards=1, record=None):
             np.testing.assert_allclose(emb.numpy(), want, atol=1e-5)
         elif op[0] == "infer":
             got = npu_rec.sparse_lookup(table, tf.constant(op[1], tf.int64), is_training=False)
-            np.testing.assert_allclose(got.numpy(), ref.lookup(op[1], [], training=False),
-                                       atol=1e-5)
+            np.testing.assert_allclose(
+                got.numpy(), ref.lookup(op[1], [], training=False), atol=1e-5
+            )
         elif op[0] == "evict":
             now = clock + op[1]
             assert table.evict(now) == ref.evict(now)
-        elif op[0] == "save":              # full or delta (the first save is full)
+        elif op[0] == "save":  # full or delta (the first save is full)
             version += 1
             manager.save(version, delta=op[1])
             saved = ref.snapshot()
             ref.end_period()
         elif op[0] == "restore" and saved is not None:
-            manager.restore()                 # the full save + its chain of deltas
+            manager.restore()  # the full save + its chain of deltas
             ref.load(saved)
         assert_same_state(table, ref)
         if record is not None:
@@ -97,8 +106,12 @@ def _run(opt_name, feature, ops, seed, tmp_path, num_shards=1, record=None):
 
 @pytest.mark.parametrize("feature", sorted(FEATURES))
 @pytest.mark.parametrize("opt_name", sorted(OPTIMIZERS))
-@settings(max_examples=12, deadline=None, derandomize=True,
-          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@settings(
+    max_examples=12,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 @given(ops=st.lists(_op, min_size=1, max_size=10), seed=st.integers(0, 2**16))
 def test_table_matches_reference(opt_name, feature, ops, seed, tmp_path):
     _run(opt_name, feature, ops, seed, tmp_path)
@@ -106,8 +119,12 @@ def test_table_matches_reference(opt_name, feature, ops, seed, tmp_path):
 
 @pytest.mark.parametrize("feature", sorted(FEATURES))
 @pytest.mark.parametrize("opt_name", ["adagrad", "adam"])
-@settings(max_examples=8, deadline=None, derandomize=True,
-          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@settings(
+    max_examples=8,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 @given(ops=st.lists(_op, min_size=1, max_size=10), seed=st.integers(0, 2**16))
 def test_sharded_table_matches_reference(opt_name, feature, ops, seed, tmp_path):
     """Three shards (keys routed by hash, per-shard capacity and pending bound)."""

@@ -21,9 +21,17 @@ def _train(table, steps=3):
 
 
 def _make(name, num_shards, **kw):
-    return npu_rec.create_table(name, 4, optimizer=npu_rec.optimizers.Adam(0.05),
-                                access_threshold=1, eviction_threshold=15,
-                                dynamic_expansion=True, capacity=2, num_shards=num_shards, **kw)
+    return npu_rec.create_table(
+        name,
+        4,
+        optimizer=npu_rec.optimizers.Adam(0.05),
+        access_threshold=1,
+        eviction_threshold=15,
+        dynamic_expansion=True,
+        capacity=2,
+        num_shards=num_shards,
+        **kw,
+    )
 
 
 def _assert_same_export(a, b):
@@ -58,7 +66,7 @@ def test_sharded_table_equals_unsharded():
     np.testing.assert_allclose(st["values"], plain_state["values"], atol=1e-6)
     assert sum(int(s.size()) for s in sharded.shards) == int(sharded.size()) == len(st["keys"])
     assert all(int(s.size()) > 0 for s in sharded.shards)
-    assert sharded.evict() == plain.evict() > 0          # now = newest timestamp over shards
+    assert sharded.evict() == plain.evict() > 0  # now = newest timestamp over shards
     np.testing.assert_array_equal(sharded.export()["keys"], plain.export()["keys"])
 
 
@@ -80,7 +88,7 @@ def test_checkpoint_restores_into_any_shard_count(tmp_path, restore_shards):
     again = _make("t", restore_shards)
     again.restore(str(tmp_path / "snap.nrc"))
     _assert_same_export(source, again)
-    _train(source, steps=1)      # both keep training alike (optimizer step restored)
+    _train(source, steps=1)  # both keep training alike (optimizer step restored)
     _train(target, steps=1)
     _assert_same_export(source, target)
 
@@ -114,8 +122,11 @@ def test_sharded_table_in_v1_graph_matches_eager():
 
 def test_num_shards_validated():
     _table_registry.clear()
-    with pytest.raises(ValueError, match=r"`num_shards` must be an integer >= 1. "
-                                         r"Received: num_shards=0"):
+    with pytest.raises(
+        ValueError,
+        match=r"`num_shards` must be an integer >= 1. "
+        r"Received: num_shards=0",
+    ):
         npu_rec.create_table("bad", 4, num_shards=0)
 
 

@@ -30,6 +30,7 @@ def run(policy, steps, times=None):
 
 # Step cadence.
 
+
 def test_save_every_n_steps_from_zero():
     policy = SavePolicy(save_steps=100, clock=FakeClock())
     assert run(policy, range(1, 251)) == [(100, "full"), (200, "full")]
@@ -71,9 +72,15 @@ def test_no_step_cadence(save_steps):
 
 # Time cadence (incremental checkpoints).
 
+
 def incremental(save_steps=None, full=60, delta=10):
-    return SavePolicy(save_steps=save_steps, incremental=True, full_interval_secs=full,
-                      delta_interval_secs=delta, clock=FakeClock())
+    return SavePolicy(
+        save_steps=save_steps,
+        incremental=True,
+        full_interval_secs=full,
+        delta_interval_secs=delta,
+        clock=FakeClock(),
+    )
 
 
 def test_first_time_save_is_full_until_a_full_base_exists():
@@ -92,10 +99,21 @@ def test_full_and_delta_at_their_intervals():
     times = [t * 0.5 for t in range(0, 2 * 130 + 1)]
     saves = run(policy, range(len(times)), times)
     kinds = [(times[step], kind) for step, kind in saves]
-    assert kinds == [(10, "delta"), (20, "delta"), (30, "delta"), (40, "delta"),
-                     (50, "delta"), (60, "full"), (70, "delta"), (80, "delta"),
-                     (90, "delta"), (100, "delta"), (110, "delta"), (120, "full"),
-                     (130, "delta")]
+    assert kinds == [
+        (10, "delta"),
+        (20, "delta"),
+        (30, "delta"),
+        (40, "delta"),
+        (50, "delta"),
+        (60, "full"),
+        (70, "delta"),
+        (80, "delta"),
+        (90, "delta"),
+        (100, "delta"),
+        (110, "delta"),
+        (120, "full"),
+        (130, "delta"),
+    ]
 
 
 def test_full_save_restarts_the_delta_cadence():
@@ -111,15 +129,16 @@ def test_full_save_restarts_the_delta_cadence():
 def test_step_trigger_and_time_triggers_combine():
     policy = incremental(save_steps=100, full=600, delta=60)
     policy.start(step=0, now=0, has_full_save=True)
-    assert policy.decide(100, now=1) == "full"      # the step cadence
-    assert policy.decide(50, now=60) == "delta"     # the delta cadence
-    assert policy.decide(100, now=60) == "full"     # both due: full wins
+    assert policy.decide(100, now=1) == "full"  # the step cadence
+    assert policy.decide(50, now=60) == "delta"  # the delta cadence
+    assert policy.decide(100, now=60) == "full"  # both due: full wins
 
 
 def test_default_clock_is_used_without_now():
     clock = FakeClock(500.0)
-    policy = SavePolicy(incremental=True, full_interval_secs=60, delta_interval_secs=10,
-                        clock=clock)
+    policy = SavePolicy(
+        incremental=True, full_interval_secs=60, delta_interval_secs=10, clock=clock
+    )
     policy.start(step=0, has_full_save=True)
     clock.t += 10
     assert policy.decide(1) == "delta"
@@ -129,11 +148,20 @@ def test_default_clock_is_used_without_now():
 
 
 def test_from_config_reads_init_settings():
-    config = npu_rec.RecConfig(bind_cpu=False, save_steps=100, is_incremental_checkpoint=True,
-                               save_checkpoint_due_time=60, save_delta_checkpoints_secs=10)
+    config = npu_rec.RecConfig(
+        bind_cpu=False,
+        save_steps=100,
+        is_incremental_checkpoint=True,
+        save_checkpoint_due_time=60,
+        save_delta_checkpoints_secs=10,
+    )
     policy = SavePolicy.from_config(config, clock=FakeClock())
-    assert (policy.save_steps, policy.incremental, policy.full_interval_secs,
-            policy.delta_interval_secs) == (100, True, 60.0, 10.0)
+    assert (
+        policy.save_steps,
+        policy.incremental,
+        policy.full_interval_secs,
+        policy.delta_interval_secs,
+    ) == (100, True, 60.0, 10.0)
     resolved = SavePolicy.from_config(npu_rec.RecConfig(bind_cpu=False), save_steps=50)
     assert resolved.save_steps == 50 and not resolved.incremental
 
@@ -150,6 +178,7 @@ def test_save_policy_validation():
 
 
 # EvictPolicy.
+
 
 def test_evict_by_steps():
     policy = EvictPolicy(step_interval=1000, clock=FakeClock())
@@ -173,9 +202,9 @@ def test_evict_by_time_boundary():
 def test_evict_either_trigger():
     policy = EvictPolicy(time_interval=100, step_interval=10, clock=FakeClock())
     policy.start(step=0, now=0)
-    assert policy.due(10, now=1) is True      # steps first
-    assert policy.due(3, now=100) is True     # time first
-    assert policy.due(9, now=99) is False     # neither
+    assert policy.due(10, now=1) is True  # steps first
+    assert policy.due(3, now=100) is True  # time first
+    assert policy.due(9, now=99) is False  # neither
 
 
 def test_evict_first_call_starts_the_clock():

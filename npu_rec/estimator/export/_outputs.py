@@ -50,11 +50,11 @@ def _output_dict(outputs, default_name: str, label: str) -> dict:
         if isinstance(key, tuple):
             key = "/".join(key)
         if not isinstance(key, str):
-            raise ValueError(f"{label} output keys must be strings (or tuples of strings). "
-                             f"Received: key {key!r}")
+            raise ValueError(
+                f"{label} output keys must be strings (or tuples of strings). Received: key {key!r}"
+            )
         if not _is_dense_tensor(value):
-            raise ValueError(f"{label} output values must be Tensors. "
-                             f"Received: {key}={value!r}")
+            raise ValueError(f"{label} output values must be Tensors. Received: {key}={value!r}")
         checked[key] = value
     return checked
 
@@ -66,7 +66,8 @@ def _single_string_input(receiver_tensors: dict, kind: str):
         raise ValueError(
             f"{kind} signatures take a single tf.string input (serialized tf.Examples, e.g. "
             "from build_parsing_serving_input_receiver_fn). Received receiver tensors "
-            f"{found}.")
+            f"{found}."
+        )
     return examples[0]
 
 
@@ -109,16 +110,20 @@ class ClassificationOutput(ExportOutput):
 
     def __init__(self, scores=None, classes=None):
         if scores is not None and not (_is_dense_tensor(scores) and scores.dtype.is_floating):
-            raise ValueError("ClassificationOutput `scores` must be a float Tensor. "
-                             f"Received: scores={scores!r}")
-        if classes is not None and not (_is_dense_tensor(classes) and
-                                        classes.dtype == tf.string):
-            raise ValueError("ClassificationOutput `classes` must be a string Tensor (class "
-                             "names, e.g. tf.as_string(class_ids)). "
-                             f"Received: classes={classes!r}")
+            raise ValueError(
+                f"ClassificationOutput `scores` must be a float Tensor. Received: scores={scores!r}"
+            )
+        if classes is not None and not (_is_dense_tensor(classes) and classes.dtype == tf.string):
+            raise ValueError(
+                "ClassificationOutput `classes` must be a string Tensor (class "
+                "names, e.g. tf.as_string(class_ids)). "
+                f"Received: classes={classes!r}"
+            )
         if scores is None and classes is None:
-            raise ValueError("ClassificationOutput needs `scores`, `classes` or both. "
-                             "Received: scores=None, classes=None")
+            raise ValueError(
+                "ClassificationOutput needs `scores`, `classes` or both. "
+                "Received: scores=None, classes=None"
+            )
         self._scores, self._classes = scores, classes
 
     @property
@@ -132,7 +137,8 @@ class ClassificationOutput(ExportOutput):
     def as_signature_def(self, receiver_tensors):
         examples = _single_string_input(receiver_tensors, "Classification")
         return tf.compat.v1.saved_model.classification_signature_def(
-            examples, self._classes, self._scores)
+            examples, self._classes, self._scores
+        )
 
 
 class RegressionOutput(ExportOutput):
@@ -147,8 +153,9 @@ class RegressionOutput(ExportOutput):
 
     def __init__(self, value):
         if not (_is_dense_tensor(value) and value.dtype.is_floating):
-            raise ValueError("RegressionOutput `value` must be a float Tensor. "
-                             f"Received: value={value!r}")
+            raise ValueError(
+                f"RegressionOutput `value` must be a float Tensor. Received: value={value!r}"
+            )
         self._value = value
 
     @property
@@ -178,25 +185,30 @@ def serving_export_outputs(export_outputs, predictions) -> dict:
     if export_outputs is None:
         return {DEFAULT_SERVING_KEY: PredictOutput(predictions)}
     if not isinstance(export_outputs, dict):
-        raise TypeError("`export_outputs` must be a dict of signature name -> ExportOutput. "
-                        f"Received: export_outputs={export_outputs!r}")
+        raise TypeError(
+            "`export_outputs` must be a dict of signature name -> ExportOutput. "
+            f"Received: export_outputs={export_outputs!r}"
+        )
     for key, value in export_outputs.items():
         if not isinstance(value, ExportOutput):
             raise TypeError(
                 f"`export_outputs[{key!r}]` must be an npu_rec.estimator.export.ExportOutput "
-                f"(PredictOutput, ClassificationOutput, RegressionOutput). Received: {value!r}")
+                f"(PredictOutput, ClassificationOutput, RegressionOutput). Received: {value!r}"
+            )
     outputs = dict(export_outputs)
     if len(outputs) == 1:
         outputs.setdefault(DEFAULT_SERVING_KEY, next(iter(outputs.values())))
     elif DEFAULT_SERVING_KEY not in outputs:
         raise ValueError(
             f"Several `export_outputs` {sorted(outputs)} and none is the default: key one "
-            f"of them {DEFAULT_SERVING_KEY!r} (tf.saved_model.DEFAULT_SERVING_SIGNATURE_DEF_KEY).")
+            f"of them {DEFAULT_SERVING_KEY!r} (tf.saved_model.DEFAULT_SERVING_SIGNATURE_DEF_KEY)."
+        )
     return outputs
 
 
-def signature_def_map(receiver_tensors: dict, export_outputs: dict,
-                      alternatives: dict | None = None) -> dict:
+def signature_def_map(
+    receiver_tensors: dict, export_outputs: dict, alternatives: dict | None = None
+) -> dict:
     """The SignatureDefs of every export output over the receiver (and its alternatives).
 
     Signatures over `alternatives[name]` are keyed `"<name>:<signature>"`.
@@ -219,6 +231,5 @@ def signature_def_map(receiver_tensors: dict, export_outputs: dict,
     for name, reason in excluded.items():
         logging.warning("npu_rec: export leaves out signature %r: %s", name, reason)
     if DEFAULT_SERVING_KEY not in signatures:
-        logging.warning("npu_rec: the export has no default signature %r.",
-                        DEFAULT_SERVING_KEY)
+        logging.warning("npu_rec: the export has no default signature %r.", DEFAULT_SERVING_KEY)
     return signatures

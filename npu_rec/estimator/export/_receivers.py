@@ -16,8 +16,11 @@ import collections
 import tensorflow as tf
 
 #: The key a single tensor gets when a dict is expected, per field (as tf.estimator).
-_SINGLE_KEYS = {"features": "feature", "receiver_tensors": "input",
-                "receiver_tensors_alternatives": "input"}
+_SINGLE_KEYS = {
+    "features": "feature",
+    "receiver_tensors": "input",
+    "receiver_tensors_alternatives": "input",
+}
 _TENSOR_TYPES = (tf.Tensor, tf.SparseTensor, tf.RaggedTensor)
 
 
@@ -29,16 +32,17 @@ def _tensor_dict(tensors, field: str, allow_int_keys: bool = False) -> dict:
         is not a Tensor / SparseTensor / RaggedTensor.
     """
     if tensors is None:
-        raise ValueError(f"`{field}` must be a tensor or a dict of tensors. "
-                         f"Received: {field}=None")
+        raise ValueError(f"`{field}` must be a tensor or a dict of tensors. Received: {field}=None")
     if not isinstance(tensors, dict):
         tensors = {_SINGLE_KEYS[field]: tensors}
     for key, value in tensors.items():
         if not isinstance(key, str) and not (allow_int_keys and isinstance(key, int)):
             raise ValueError(f"`{field}` keys must be strings. Received: key {key!r}")
         if not isinstance(value, _TENSOR_TYPES):
-            raise ValueError(f"`{field}[{key!r}]` must be a Tensor, SparseTensor or "
-                             f"RaggedTensor. Received: {value!r}")
+            raise ValueError(
+                f"`{field}[{key!r}]` must be a Tensor, SparseTensor or "
+                f"RaggedTensor. Received: {value!r}"
+            )
     return tensors
 
 
@@ -46,15 +50,20 @@ def _alternatives(alternatives):
     if alternatives is None:
         return None
     if not isinstance(alternatives, dict):
-        raise ValueError("`receiver_tensors_alternatives` must be a dict of name -> tensors. "
-                         f"Received: {alternatives!r}")
-    return {name: _tensor_dict(t, "receiver_tensors_alternatives")
-            for name, t in alternatives.items()}
+        raise ValueError(
+            "`receiver_tensors_alternatives` must be a dict of name -> tensors. "
+            f"Received: {alternatives!r}"
+        )
+    return {
+        name: _tensor_dict(t, "receiver_tensors_alternatives") for name, t in alternatives.items()
+    }
 
 
-class ServingInputReceiver(collections.namedtuple(
-        "ServingInputReceiver",
-        ["features", "receiver_tensors", "receiver_tensors_alternatives"])):
+class ServingInputReceiver(
+    collections.namedtuple(
+        "ServingInputReceiver", ["features", "receiver_tensors", "receiver_tensors_alternatives"]
+    )
+):
     """What a `serving_input_receiver_fn` returns (tf.estimator.export.ServingInputReceiver).
 
     Args:
@@ -76,14 +85,20 @@ class ServingInputReceiver(collections.namedtuple(
     """
 
     def __new__(cls, features, receiver_tensors, receiver_tensors_alternatives=None):
-        return super().__new__(cls, _tensor_dict(features, "features", allow_int_keys=True),
-                               _tensor_dict(receiver_tensors, "receiver_tensors"),
-                               _alternatives(receiver_tensors_alternatives))
+        return super().__new__(
+            cls,
+            _tensor_dict(features, "features", allow_int_keys=True),
+            _tensor_dict(receiver_tensors, "receiver_tensors"),
+            _alternatives(receiver_tensors_alternatives),
+        )
 
 
-class TensorServingInputReceiver(collections.namedtuple(
+class TensorServingInputReceiver(
+    collections.namedtuple(
         "TensorServingInputReceiver",
-        ["features", "receiver_tensors", "receiver_tensors_alternatives"])):
+        ["features", "receiver_tensors", "receiver_tensors_alternatives"],
+    )
+):
     """A `ServingInputReceiver` whose single feature tensor reaches the `model_fn` as is.
 
     Args:
@@ -96,12 +111,14 @@ class TensorServingInputReceiver(collections.namedtuple(
 
     def __new__(cls, features, receiver_tensors, receiver_tensors_alternatives=None):
         if not isinstance(features, _TENSOR_TYPES):
-            raise ValueError("TensorServingInputReceiver `features` must be one Tensor, "
-                             f"SparseTensor or RaggedTensor. Received: {features!r}")
-        receiver = ServingInputReceiver(features, receiver_tensors,
-                                        receiver_tensors_alternatives)
-        return super().__new__(cls, features, receiver.receiver_tensors,
-                               receiver.receiver_tensors_alternatives)
+            raise ValueError(
+                "TensorServingInputReceiver `features` must be one Tensor, "
+                f"SparseTensor or RaggedTensor. Received: {features!r}"
+            )
+        receiver = ServingInputReceiver(features, receiver_tensors, receiver_tensors_alternatives)
+        return super().__new__(
+            cls, features, receiver.receiver_tensors, receiver.receiver_tensors_alternatives
+        )
 
 
 def build_parsing_serving_input_receiver_fn(feature_spec, default_batch_size=None):
@@ -119,8 +136,9 @@ def build_parsing_serving_input_receiver_fn(feature_spec, default_batch_size=Non
     """
 
     def serving_input_receiver_fn():
-        examples = tf.compat.v1.placeholder(tf.string, [default_batch_size],
-                                            name="input_example_tensor")
+        examples = tf.compat.v1.placeholder(
+            tf.string, [default_batch_size], name="input_example_tensor"
+        )
         features = tf.io.parse_example(examples, feature_spec)
         return ServingInputReceiver(features, {"examples": examples})
 

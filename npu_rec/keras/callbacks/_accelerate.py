@@ -40,8 +40,13 @@ class AccelerateTrain(keras.callbacks.Callback):
       ...           callbacks=[AccelerateTrain("fast1|step|0.5")])
     """
 
-    def __init__(self, accelerate_train_mode: str, *, total_step: int | None = None,
-                 final_loss: float | None = None):
+    def __init__(
+        self,
+        accelerate_train_mode: str,
+        *,
+        total_step: int | None = None,
+        final_loss: float | None = None,
+    ):
         super().__init__()
         self.mode = parse_accelerate_train_mode(accelerate_train_mode)
         self.total_step = total_step
@@ -59,13 +64,17 @@ class AccelerateTrain(keras.callbacks.Callback):
         spe = getattr(self.model, "steps_per_execution", 1) or 1
         if self.switch is None or self.switch.total_step != total:
             state = self.switch.state() if self.switch is not None else None
-            self.switch = PrecisionSwitch(self.mode, total_step=total,
-                                          final_loss=self.final_loss,
-                                          iterations_per_loop=int(spe))
+            self.switch = PrecisionSwitch(
+                self.mode,
+                total_step=total,
+                final_loss=self.final_loss,
+                iterations_per_loop=int(spe),
+            )
             if state:
                 self.switch.restore(state)
-        if self.mode.loss_scaling and not isinstance(self.model.optimizer,
-                                                     keras.optimizers.LossScaleOptimizer):
+        if self.mode.loss_scaling and not isinstance(
+            self.model.optimizer, keras.optimizers.LossScaleOptimizer
+        ):
             self.model.optimizer = _amp.wrap_loss_scale(self.model.optimizer)
             self.model.make_train_function(force=True)
         self._low = None
@@ -74,8 +83,9 @@ class AccelerateTrain(keras.callbacks.Callback):
         step = global_step(self.model)
         low = self.switch.is_low_precision(step)
         if low != self._low:
-            _amp.set_compute_dtype(self.model, self.mode.dtype if low else "float32",
-                                   keep_normalization_float32=True)
+            _amp.set_compute_dtype(
+                self.model, self.mode.dtype if low else "float32", keep_normalization_float32=True
+            )
             self.model.make_train_function(force=True)
             if self._low is not None:
                 logging.info("npu_rec: switched to full precision at step %d", step)

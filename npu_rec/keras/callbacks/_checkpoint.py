@@ -89,23 +89,38 @@ class SparseCheckpoint(keras.callbacks.Callback):
       >>> model.fit(ds, epochs=1, steps_per_epoch=300, callbacks=[SparseCheckpoint("/ckpt")])
     """
 
-    def __init__(self, directory: str, save_freq: int | None = None, *, data_source=None,
-                 reading_position=None, restore: bool | None = None, tables=None,
-                 clock: Callable[[], float] = time.monotonic, keep_checkpoint_max: int = 0,
-                 checkpoint_fallback: bool = True):
+    def __init__(
+        self,
+        directory: str,
+        save_freq: int | None = None,
+        *,
+        data_source=None,
+        reading_position=None,
+        restore: bool | None = None,
+        tables=None,
+        clock: Callable[[], float] = time.monotonic,
+        keep_checkpoint_max: int = 0,
+        checkpoint_fallback: bool = True,
+    ):
         super().__init__()
         if not isinstance(directory, (str, os.PathLike)) or not str(directory):
             raise ValueError(f"`directory` must be a path. Received: directory={directory!r}")
-        if save_freq is not None and (isinstance(save_freq, bool) or not isinstance(
-                save_freq, int) or save_freq < 1):
-            raise ValueError("`save_freq` must be None or an integer >= 1. "
-                             f"Received: save_freq={save_freq!r}")
+        if save_freq is not None and (
+            isinstance(save_freq, bool) or not isinstance(save_freq, int) or save_freq < 1
+        ):
+            raise ValueError(
+                f"`save_freq` must be None or an integer >= 1. Received: save_freq={save_freq!r}"
+            )
         if restore not in (None, True, False):
-            raise ValueError(f"`restore` must be None, True or False. Received: restore={restore!r}")
+            raise ValueError(
+                f"`restore` must be None, True or False. Received: restore={restore!r}"
+            )
         self.keep_checkpoint_max = check_int("keep_checkpoint_max", keep_checkpoint_max, 0)
         if not isinstance(checkpoint_fallback, bool):
-            raise ValueError("`checkpoint_fallback` must be True or False. Received: "
-                             f"checkpoint_fallback={checkpoint_fallback!r}")
+            raise ValueError(
+                "`checkpoint_fallback` must be True or False. Received: "
+                f"checkpoint_fallback={checkpoint_fallback!r}"
+            )
         self.checkpoint_fallback = checkpoint_fallback
         self.directory = str(directory)
         self.save_freq = save_freq
@@ -131,8 +146,9 @@ class SparseCheckpoint(keras.callbacks.Callback):
     # ---------------------------------------------------------------- helpers
     def manager(self) -> TableCheckpointManager:
         if self._manager is None:
-            self._manager = TableCheckpointManager(os.path.join(self.directory, "tables"),
-                                                   tables_of(self.model, self._tables))
+            self._manager = TableCheckpointManager(
+                os.path.join(self.directory, "tables"), tables_of(self.model, self._tables)
+            )
         return self._manager
 
     def _dense_path(self, step: int) -> str:
@@ -172,14 +188,14 @@ class SparseCheckpoint(keras.callbacks.Callback):
             the message names the file.
         """
         try:
-            found, chain = VersionLog(self.directory).select(version,
-                                                             fallback=self.checkpoint_fallback)
+            found, chain = VersionLog(self.directory).select(
+                version, fallback=self.checkpoint_fallback
+            )
         except LookupError as err:
             raise ConfigError(f"`npu_rec.init(restore_model_version={version})`: {err}") from None
         if found is None:
             raise FileNotFoundError(f"No checkpoint in {self.directory!r}.")
-        self.manager().restore_files([os.path.join(self.directory, p)
-                                      for p in table_parts(chain)])
+        self.manager().restore_files([os.path.join(self.directory, p) for p in table_parts(chain)])
         self._loads_at_save = getattr(self.model, "table_state_loads", 0)
         step = found.step
         data = _load_npz(os.path.join(self.directory, found.part("dense-")))
@@ -276,13 +292,14 @@ class SparseCheckpoint(keras.callbacks.Callback):
         parts = [os.path.basename(dense), os.path.basename(state)]
         taken = sorted(set(parts) & tdir.log.owned())
         if taken:
-            raise ValueError(f"Step {step} is already saved in {self.directory!r} ({taken}); "
-                             "a saved version is never overwritten.")
+            raise ValueError(
+                f"Step {step} is already saved in {self.directory!r} ({taken}); "
+                "a saved version is never overwritten."
+            )
         try:
             with atomic_file(dense, "wb") as f:
                 np.savez(f, **arrays)
-            save_position(state, {"step": step, "kind": kind,
-                                   "data": self.data_state(step)})
+            save_position(state, {"step": step, "kind": kind, "data": self.data_state(step)})
 
             def commit(path):
                 done = "delta" if path.endswith(".delta.nrc") else "full"
@@ -326,14 +343,18 @@ class SparseCheckpoint(keras.callbacks.Callback):
     def on_train_begin(self, logs=None):
         online = getattr(self.model, "_online", False)
         steps = None if online else self.params.get("steps")
-        resolved = check_keras_fit(epochs=1 if online else (self.params.get("epochs") or 1),
-                                   steps_per_epoch=steps, save_freq=self.save_freq,
-                                   callback_label="SparseCheckpoint")
+        resolved = check_keras_fit(
+            epochs=1 if online else (self.params.get("epochs") or 1),
+            steps_per_epoch=steps,
+            save_freq=self.save_freq,
+            callback_label="SparseCheckpoint",
+        )
         self.prepare(self.model)
         self._close()
         self._tdir = self._open_for_training()
-        self.policy = SavePolicy.from_config(get_config(), save_steps=resolved.save_steps,
-                                             clock=self._clock)
+        self.policy = SavePolicy.from_config(
+            get_config(), save_steps=resolved.save_steps, clock=self._clock
+        )
         self._start_step = global_step(self.model)
         self._begin_data()
         self.policy.start(global_step(self.model), has_full_save=self._tdir.parent is not None)
@@ -361,4 +382,5 @@ def _load_npz(path: str):
             return {k: data[k] for k in data.files}
     except (zipfile.BadZipFile, ValueError, OSError, EOFError) as err:
         raise CheckpointCorruptedError(
-            f"Checkpoint file {path!r} is corrupted (not a readable .npz: {err}).") from None
+            f"Checkpoint file {path!r} is corrupted (not a readable .npz: {err})."
+        ) from None

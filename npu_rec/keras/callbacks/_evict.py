@@ -36,10 +36,15 @@ class Evict(keras.callbacks.Callback):
       >>> model.fit(ds, epochs=1, callbacks=[Evict(evict_step_interval=100)])
     """
 
-    def __init__(self, evict_time_interval: float | None = 24 * 60 * 60,
-                 evict_step_interval: int | None = None, *, tables=None,
-                 now: Callable[[], int] | None = None,
-                 clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        evict_time_interval: float | None = 24 * 60 * 60,
+        evict_step_interval: int | None = None,
+        *,
+        tables=None,
+        now: Callable[[], int] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         super().__init__()
         self.policy = EvictPolicy(evict_time_interval, evict_step_interval, clock=clock)
         self._tables = tables
@@ -58,8 +63,11 @@ class Evict(keras.callbacks.Callback):
         """Evicts now from every table with eviction on; returns rows freed per table."""
         step = global_step(self.model) if step is None else step
         now = None if self._now is None else self._now()
-        freed = {t.name: int(t.evict(now=now)) for t in tables_of(self.model, self._tables)
-                 if t.config.eviction_threshold >= 0}
+        freed = {
+            t.name: int(t.evict(now=now))
+            for t in tables_of(self.model, self._tables)
+            if t.config.eviction_threshold >= 0
+        }
         self.policy.mark_evicted(step)
         self.evictions.append((step, freed))
         logging.evicted(step, freed)

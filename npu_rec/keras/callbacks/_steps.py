@@ -28,15 +28,18 @@ class StepConsistency(keras.callbacks.Callback):
       >>> model.fit(ds, epochs=2, steps_per_epoch=50, callbacks=[StepConsistency()])
     """
 
-    def __init__(self, save_freq: int | str | None = None,
-                 callback_label: str = "SparseCheckpoint"):
+    def __init__(
+        self, save_freq: int | str | None = None, callback_label: str = "SparseCheckpoint"
+    ):
         super().__init__()
         self.save_freq = save_freq
         self.callback_label = callback_label
         self.resolved = None
 
     def on_train_begin(self, logs=None):
-        self.resolved = check_keras_fit(epochs=self.params.get("epochs") or 1,
-                                        steps_per_epoch=self.params.get("steps"),
-                                        save_freq=self.save_freq,
-                                        callback_label=self.callback_label)
+        self.resolved = check_keras_fit(
+            epochs=self.params.get("epochs") or 1,
+            steps_per_epoch=self.params.get("steps"),
+            save_freq=self.save_freq,
+            callback_label=self.callback_label,
+        )
