@@ -14,6 +14,9 @@ equivalent:
   `Model._loss_tracker`, `Model._distribute_strategy`: `RecModel` overrides
   the first (it builds its state once, from the data's element spec, before
   tracing), calls the second and reports its loss into the third.
+* `losses.loss.unscale_loss_for_distribution`: under a multi-worker strategy
+  Keras divides a compiled loss by the replica count; `RecModel` reports each
+  replica's own batch loss (`npu_rec.keras._keras_fixes`).
 * `backend.common.global_state` (optional: the Estimator works without it):
   the layer-name counters, reset per Estimator graph (`npu_rec.estimator._keras_names`).
 
@@ -26,6 +29,7 @@ from __future__ import annotations
 import importlib
 
 import keras
+from keras.src.losses.loss import unscale_loss_for_distribution
 from keras.src.models.functional import Functional
 from keras.src.models.model import functional_init_arguments
 from keras.src.saving import object_registration
@@ -46,11 +50,13 @@ __all__ = [
     "missing",
     "object_registration",
     "register_functional_name",
+    "unscale_loss_for_distribution",
 ]
 
 #: (module, attribute path) of every private Keras name npu_rec relies on.
 REQUIRED = (
     ("keras.src.models.functional", "Functional"),
+    ("keras.src.losses.loss", "unscale_loss_for_distribution"),
     ("keras.src.models.model", "functional_init_arguments"),
     ("keras.src.saving.object_registration", "GLOBAL_CUSTOM_NAMES"),
     ("keras", "Model._maybe_symbolic_build"),

@@ -21,9 +21,9 @@ both bugs: when it fails, Keras has fixed one, and its workaround can go.
 from __future__ import annotations
 
 import tensorflow as tf
-from keras.src.losses.loss import unscale_loss_for_distribution
 
 from npu_rec import _log as logging
+from npu_rec._keras_private import unscale_loss_for_distribution
 
 
 def multi_worker(strategy) -> bool:
