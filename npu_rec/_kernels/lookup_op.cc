@@ -407,13 +407,14 @@ class TrainLookupOp : public OpKernel {
     return table->Insert(ctx, kt, rt);
   }
 
-  // Replaces the variable's tensor by a copy grown to `rows` rows (zeros appended).
+  // Replaces the variable's tensor by a copy grown to `rows` rows (zeros appended),
+  // allocated by `TableAllocator` (the outgrown buffer is returned to the system).
   static absl::Status Grow(OpKernelContext* ctx, Var* var, int64_t rows) {
     Tensor* t = var->tensor();
     TensorShape shape = t->shape();
     shape.set_dim(0, rows);
     Tensor grown;
-    TF_RETURN_IF_ERROR(ctx->allocate_temp(t->dtype(), shape, &grown));
+    TF_RETURN_IF_ERROR(AllocateTable(t->dtype(), shape, &grown));
     char* dst = static_cast<char*>(grown.data());
     if (t->TotalBytes() > 0) std::memcpy(dst, t->data(), t->TotalBytes());
     std::memset(dst + t->TotalBytes(), 0, grown.TotalBytes() - t->TotalBytes());

@@ -330,6 +330,52 @@ def test_concurrent_lookups_and_eviction_of_one_table_in_one_graph(on, rng):
             assert len(np.unique(state["keys"])) == len(state["keys"]) == sess.run(table.size())
 
 
+_GROWTH_RSS = """
+    import gc, os
+    import numpy as np, tensorflow as tf
+    import npu_rec
+
+    def rss():
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+    def make(name):
+        return npu_rec.create_table(
+            name, 64, optimizer=npu_rec.optimizers.Adagrad(0.05), capacity=1024,
+            dynamic_expansion=True, access_threshold=1, eviction_threshold=3600)
+
+    @tf.function(reduce_retracing=True)
+    def look(table, keys):
+        return tf.reduce_sum(npu_rec.sparse_lookup(table, keys)[:1])
+
+    keys = np.arange(1, 400_001, dtype=np.int64) * 7919
+    warm = make("warm")  # TensorFlow's one-time start-up memory, before the baseline
+    for s in range(0, 60_000, 20_000):
+        look(warm, tf.constant(keys[s:s + 20_000] + 1))
+    gc.collect()
+    before = rss()
+    table = make("grown")  # grows by doubling, 1024 -> 524288 rows
+    for s in range(0, len(keys), 20_000):
+        look(table, tf.constant(keys[s:s + 20_000]))
+    gc.collect()
+    held = sum(int(np.prod(tf.raw_ops.VariableShape(input=v.handle).numpy())) * v.dtype.size
+               for v in table.variables())
+    print("RATIO", (rss() - before) / held)
+"""
+
+
+@needs_kernels
+def test_a_table_grown_by_the_kernels_holds_about_its_own_size_in_memory():
+    # The kernels allocate grown buffers outside TensorFlow's pooled CPU allocator, so
+    # the buffers a table outgrows go back to the system: the process grows by about
+    # the table's variables (334 MB here; plus the key index and the step's tensors),
+    # not by every size it went through (3.1x measured when the pool kept them).
+    out = _python(_GROWTH_RSS, {"NPU_REC_KERNELS": "on"})
+    assert out.returncode == 0, out.stderr[-3000:]
+    ratio = float(out.stdout.split("RATIO")[1])
+    assert ratio < 1.5, f"RSS grew by {ratio:.2f}x the table's variables"
+
+
 # --------------------------------------------------------------- build and fallback
 def _python(code: str, env: dict, timeout: int = 240) -> subprocess.CompletedProcess:
     full_env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": ROOT, **env}
