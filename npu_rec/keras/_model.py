@@ -254,12 +254,15 @@ class RecModel(ModelStateMixin, keras.Model):
         dense_vars = list(self.trainable_variables)
         grads = tape.gradient(scaled, dense_vars + [r.embeddings for r in records])
         dense_grads, sparse_grads = grads[: len(dense_vars)], grads[len(dense_vars) :]
-        sparse_grads = [
-            None if g is None else _lookup.densify(g, tf.shape(r.rows)[0])
-            for g, r in zip(sparse_grads, records, strict=True)
-        ]
         apply_sparse = True
+        # The table gradients stay per-id `IndexedSlices`: `apply_recorded_gradients`
+        # sums them (inside the update kernel on the kernel path). Loss scaling sums
+        # them here, to unscale and check the sums.
         if isinstance(self.optimizer, keras.optimizers.LossScaleOptimizer):
+            sparse_grads = [
+                None if g is None else _lookup.densify(g, tf.shape(r.rows)[0])
+                for g, r in zip(sparse_grads, records, strict=True)
+            ]
             if not self.optimizer.built:
                 self.optimizer.build(dense_vars)
             scale = tf.convert_to_tensor(self.optimizer.dynamic_scale)
