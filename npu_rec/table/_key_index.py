@@ -28,6 +28,9 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from npu_rec._kernels import _key_map
+from npu_rec._kernels import _ops as _kernel_ops
+
 #: The kernel's reserved bucket markers (in the mixed key space).
 EMPTY_KEY = -(2**63)
 DELETED_KEY = -(2**63) + 1
@@ -93,7 +96,9 @@ class KeyIndex:
 
     def __init__(self, capacity: int, name: str = "index"):
         self.initial_buckets = buckets_for(min(capacity, START_KEYS))
-        self.map = tf.lookup.experimental.DenseHashTable(
+        # The kernels' own map when they are on (same API and checkpoint format).
+        map_class = _key_map.KeyMap if _kernel_ops.enabled() else tf.lookup.experimental.DenseHashTable
+        self.map = map_class(
             tf.int64,
             tf.int64,
             default_value=-1,
