@@ -14,9 +14,34 @@ stock map (`_build.forced(False)`).
 
 from __future__ import annotations
 
+import contextlib
+import threading
+
 import tensorflow as tf
 
 from npu_rec._kernels import _build
+
+_LOCAL = threading.local()
+
+
+def wanted() -> bool:
+    """True unless inside `dense_maps()`: new key indexes on the kernel path use `KeyMap`."""
+    return not getattr(_LOCAL, "dense", False)
+
+
+@contextlib.contextmanager
+def dense_maps():
+    """Within the block (this thread), new key indexes keep `DenseHashTable`.
+
+    For benchmarks comparing the kernel path with and without the owned map
+    in one run (`benchmarks/step_trace.py --paths kernels_dense`).
+    """
+    old = getattr(_LOCAL, "dense", False)
+    _LOCAL.dense = True
+    try:
+        yield
+    finally:
+        _LOCAL.dense = old
 
 
 class KeyMap(tf.lookup.experimental.DenseHashTable):

@@ -97,7 +97,8 @@ class KeyIndex:
     def __init__(self, capacity: int, name: str = "index"):
         self.initial_buckets = buckets_for(min(capacity, START_KEYS))
         # The kernels' own map when they are on (same API and checkpoint format).
-        map_class = _key_map.KeyMap if _kernel_ops.enabled() else tf.lookup.experimental.DenseHashTable
+        own = _kernel_ops.enabled() and _key_map.wanted()
+        map_class = _key_map.KeyMap if own else tf.lookup.experimental.DenseHashTable
         self.map = map_class(
             tf.int64,
             tf.int64,
