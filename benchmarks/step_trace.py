@@ -11,7 +11,8 @@ in a `tf.compat.v1` graph, in two layouts:
              ids (table batching, `npu_rec_one_table`)
 
 Each layout is built on the compiled table kernels and on the stock ops
-(`--paths`). For each it times `--steps` steps (wall clock, median of `--rounds` blocks,
+(`--paths`; `kernels_dense` = the kernels probing a `DenseHashTable` key
+index, as before the owned key map). For each it times `--steps` steps (wall clock, median of `--rounds` blocks,
 the runs alternating)
 and then traces `--trace_steps` steps with `RunMetadata` step stats: the
 kernel time of each op type, summed over threads. Kernel time that exceeds
@@ -25,6 +26,7 @@ Example:
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import os
 import platform
@@ -55,12 +57,14 @@ _LAYOUTS = flags.DEFINE_list("layouts", ["per_table", "one_table"], "Layouts to 
 _PATHS = flags.DEFINE_list(
     "paths",
     ["kernels", "stock"],
-    "Table op paths: `kernels` (compiled, when they load) and/or "
-    "`stock` (NPU_REC_KERNELS=off while the graph is built).",
+    "Table op paths: `kernels` (compiled, when they load), `kernels_dense` (the "
+    "kernels with TF's DenseHashTable as the key index instead of their own map) "
+    "and/or `stock` (NPU_REC_KERNELS=off while the graph is built).",
 )
 _OUT = flags.DEFINE_string("out", "step_trace.json", "JSON output path.")
 
 LAYOUTS = ("per_table", "one_table")
+PATHS = ("kernels", "kernels_dense", "stock")
 
 
 def build(layout: str):
@@ -125,7 +129,7 @@ def kernel_times(sess, ids, train, batches) -> dict[str, float]:
 def main(argv):
     del argv
     import npu_rec
-    from npu_rec._kernels import _build
+    from npu_rec._kernels import _build, _key_map
 
     npu_rec.init(bind_cpu=False, use_dynamic_expansion=True)
     batches = make_batches()
@@ -134,9 +138,10 @@ def main(argv):
         if layout not in LAYOUTS:
             raise app.UsageError(f"--layouts must name layouts of {LAYOUTS}. Received: {layout!r}")
         for path in _PATHS.value:
-            if path not in ("kernels", "stock"):
-                raise app.UsageError(f"--paths must be kernels and/or stock. Received: {path!r}")
-            with _build.forced(path == "kernels"):
+            if path not in PATHS:
+                raise app.UsageError(f"--paths must name paths of {PATHS}. Received: {path!r}")
+            dense = _key_map.dense_maps() if path == "kernels_dense" else contextlib.nullcontext()
+            with _build.forced(path != "stock"), dense:
                 runs[f"{layout}/{path}"] = build(layout)
     for sess, ids, train in runs.values():  # warm up: trace, first admissions
         for b in batches * 2:

@@ -6,23 +6,27 @@
 //                      per unique key, newest timestamp per unique key
 //                      (optionally clamped as SingleShardTable._clamp_times
 //                      does), the keys mixed and probed in the table's
-//                      DenseHashTable through TensorFlow's LookupInterface
-//                      (the two reserved mixed values routed to the
-//                      `reserved_rows` variable), the rows of the keys found
+//                      key map: npu_rec's own NpuRecKeyMap directly
+//                      (key_map.h), or a DenseHashTable (the stock path's,
+//                      or one made before) through TensorFlow's
+//                      LookupInterface; the two reserved mixed values routed
+//                      to the `reserved_rows` variable), the rows of the keys found
 //                      gathered and their counts / last-seen updated in place.
-//                      Keys without a row are returned (positions, keys,
-//                      sightings, times) for admission, which stays in stock
-//                      ops (allocation, initialiser, index insert) and runs
-//                      only when a key is admitted.
+//                      Tables that admit at once admit here; for the others
+//                      keys without a row are returned (positions, keys,
+//                      sightings, times) for admission in stock ops.
 //
 // Locks: the hash map's own (shared) lock for the probe, then the variables'
-// locks (exclusive, increasing address order), never both at once.
+// locks (exclusive, increasing address order); the in-kernel admission inserts
+// into the map (its exclusive lock) under the variables' locks. No other op
+// takes a variable's lock while holding the map's.
 
 #include <algorithm>
 #include <cstring>
 #include <string>
 #include <vector>
 
+#include "key_map.h"
 #include "kernel_util.h"
 #include "tensorflow/core/framework/lookup_interface.h"
 #include "tensorflow/core/framework/op.h"
@@ -45,6 +49,10 @@ using ::tensorflow::shape_inference::InferenceContext;
 constexpr uint64_t kMul = 0x9E3779B97F4A7C15ULL;
 constexpr int64_t kEmptyKey = INT64_MIN;
 constexpr int64_t kDeletedKey = INT64_MIN + 1;
+
+// Unique keys probed inline below this count; above, in chunks of at least kProbeChunk.
+constexpr int64_t kInlineProbe = 16384;
+constexpr int64_t kProbeChunk = 8192;
 
 // Input positions (the slots list comes last).
 enum Input {
@@ -396,14 +404,17 @@ class TrainLookupOp : public OpKernel {
     }
     if (ins_keys.empty()) return absl::OkStatus();
     const int64_t k = static_cast<int64_t>(ins_keys.size());
+    ::tensorflow::lookup::LookupInterface* table = nullptr;
+    TF_RETURN_IF_ERROR(::tensorflow::lookup::GetLookupTable("table_handle", ctx, &table));
+    ::tensorflow::core::ScopedUnref unref(table);
+    if (auto* own = dynamic_cast<NpuRecKeyMap*>(table)) {
+      return own->InsertBatch(ins_keys.data(), ins_rows.data(), k);
+    }
     Tensor kt, rt;
     TF_RETURN_IF_ERROR(ctx->allocate_temp(::tensorflow::DT_INT64, TensorShape({k}), &kt));
     TF_RETURN_IF_ERROR(ctx->allocate_temp(::tensorflow::DT_INT64, TensorShape({k}), &rt));
     std::memcpy(kt.flat<int64_t>().data(), ins_keys.data(), sizeof(int64_t) * k);
     std::memcpy(rt.flat<int64_t>().data(), ins_rows.data(), sizeof(int64_t) * k);
-    ::tensorflow::lookup::LookupInterface* table = nullptr;
-    TF_RETURN_IF_ERROR(::tensorflow::lookup::GetLookupTable("table_handle", ctx, &table));
-    ::tensorflow::core::ScopedUnref unref(table);
     return table->Insert(ctx, kt, rt);
   }
 
@@ -437,6 +448,61 @@ class TrainLookupOp : public OpKernel {
     }
     bool any_reserved = false;
     for (int64_t i = 0; i < u; ++i) any_reserved |= mixed[i] <= kDeletedKey;
+    if (auto* own = dynamic_cast<NpuRecKeyMap*>(table)) {
+      ProbeOwn(ctx, *own, mixed, any_reserved, rows);
+    } else {
+      TF_RETURN_IF_ERROR(ProbeStock(ctx, table, mixed, rows));
+    }
+    if (!any_reserved) return absl::OkStatus();
+    RefCountPtr<Var> reserved;
+    TF_RETURN_IF_ERROR(GetVar(ctx, kReserved, &reserved));
+    VarLocks lock({reserved.get()});
+    const Tensor& r = *reserved->tensor();
+    if (r.NumElements() != 2) {
+      return absl::InvalidArgumentError("npu_rec kernel: `reserved_rows` must hold 2 rows");
+    }
+    for (int64_t i = 0; i < u; ++i) {
+      if (mixed[i] <= kDeletedKey) rows[i] = r.flat<int64_t>()(mixed[i] - kEmptyKey);
+    }
+    return absl::OkStatus();
+  }
+
+  // The probe of npu_rec's own map: one cache line per key, the bucket of the
+  // key kAhead positions on prefetched. Inline for small batches (a ParallelFor
+  // from a kernel whose pool is busy with other tables' kernels only waits),
+  // else in chunks on the intra-op threads, each under the map's shared lock.
+  static void ProbeOwn(OpKernelContext* ctx, const NpuRecKeyMap& map,
+                       const std::vector<int64_t>& mixed, bool any_reserved, int64_t* rows) {
+    const int64_t u = static_cast<int64_t>(mixed.size());
+    std::vector<int64_t> routed;
+    const int64_t* q = mixed.data();
+    if (any_reserved) {  // the reserved values are looked up in `reserved_rows`
+      routed = mixed;
+      for (int64_t& k : routed) k = k <= kDeletedKey ? 0 : k;
+      q = routed.data();
+    }
+    if (u < kInlineProbe) {
+      map.FindBatch(q, u, rows, -1);
+      return;
+    }
+    const int64_t chunks = std::min<int64_t>(
+        (u + kProbeChunk - 1) / kProbeChunk,
+        ctx->device()->tensorflow_cpu_worker_threads()->num_threads);
+    const int64_t per = (u + chunks - 1) / chunks;
+    auto* workers = ctx->device()->tensorflow_cpu_worker_threads()->workers;
+    workers->ParallelFor(chunks, 1 << 20, [&](int64_t begin, int64_t end) {
+      for (int64_t c = begin; c < end; ++c) {
+        const int64_t lo = c * per, hi = std::min(u, lo + per);
+        if (lo < hi) map.FindBatch(q + lo, hi - lo, rows + lo, -1);
+      }
+    });
+  }
+
+  // The probe of a DenseHashTable index through LookupInterface::Find.
+  static absl::Status ProbeStock(OpKernelContext* ctx,
+                                 ::tensorflow::lookup::LookupInterface* table,
+                                 const std::vector<int64_t>& mixed, int64_t* rows) {
+    const int64_t u = static_cast<int64_t>(mixed.size());
     Tensor missing;
     TF_RETURN_IF_ERROR(ctx->allocate_temp(::tensorflow::DT_INT64, TensorShape({}), &missing));
     missing.scalar<int64_t>()() = -1;
@@ -468,17 +534,6 @@ class TrainLookupOp : public OpKernel {
       TF_RETURN_IF_ERROR(status[c]);
       std::memcpy(rows + c * per, found[c].flat<int64_t>().data(),
                   sizeof(int64_t) * found[c].NumElements());
-    }
-    if (!any_reserved) return absl::OkStatus();
-    RefCountPtr<Var> reserved;
-    TF_RETURN_IF_ERROR(GetVar(ctx, kReserved, &reserved));
-    VarLocks lock({reserved.get()});
-    const Tensor& r = *reserved->tensor();
-    if (r.NumElements() != 2) {
-      return absl::InvalidArgumentError("npu_rec kernel: `reserved_rows` must hold 2 rows");
-    }
-    for (int64_t i = 0; i < u; ++i) {
-      if (mixed[i] <= kDeletedKey) rows[i] = r.flat<int64_t>()(mixed[i] - kEmptyKey);
     }
     return absl::OkStatus();
   }

@@ -43,6 +43,7 @@ PS_OPS = (
     "MutableHashTableOfTensorsV2",
     "MutableDenseHashTable",
     "MutableDenseHashTableV2",
+    "NpuRecKeyMap",
     "VarHandleOp",
 )
 _DONE_QUEUE = "npu_rec_training_done"

@@ -21,6 +21,7 @@ import time
 import tensorflow as tf
 
 from npu_rec import _log as logging
+from npu_rec._kernels import _build as _kernel_build
 from npu_rec.estimator import _scaffold
 from npu_rec.estimator._graph import call_model_fn, dense_saver
 from npu_rec.estimator._spec import ModeKeys
@@ -105,6 +106,13 @@ def _copy_assets_extra(assets_extra: dict, export_dir: str) -> None:
 
 
 def _write(est, plan, serving_input_receiver_fn, export_dir, as_text):
+    # The serving graph's tables use the stock key map (`DenseHashTable`), never
+    # the kernels' `NpuRecKeyMap`: the SavedModel must load without npu_rec.
+    with _kernel_build.forced(False):
+        _write_graph(est, plan, serving_input_receiver_fn, export_dir, as_text)
+
+
+def _write_graph(est, plan, serving_input_receiver_fn, export_dir, as_text):
     graph = tf.Graph()
     with graph.as_default():
         if est.config.tf_random_seed is not None:

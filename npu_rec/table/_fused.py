@@ -2,7 +2,8 @@
 
 One kernel deduplicates the batch's ids, takes the newest time per key
 (clamped like the stock path's `_clamp_times`), probes the key index
-(`DenseHashTable`, reached through TensorFlow's lookup interface), gathers the
+(the kernels' own `NpuRecKeyMap` directly, or a `DenseHashTable` through
+TensorFlow's lookup interface), gathers the
 rows of the keys found and adds their sightings and last-seen times in place.
 A table that admits at the first sighting with the keyed initialiser also
 admits in the kernel (rows from the free list, then the high-water mark; the

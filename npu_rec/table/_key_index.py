@@ -1,10 +1,14 @@
 """`KeyIndex`: the key -> row map of one table (shard), an open-addressing hash map.
 
-It wraps TF's `DenseHashTable` kernel (`MutableDenseHashTable`: one flat
-array of 16-byte key/value buckets, probed in place) rather than
-`MutableHashTable` (a node-based `std::unordered_map`): inserts are about 4x
-faster and the map costs 16 B per bucket instead of ~40-130 B per key (see
-docs/design.md "The key index"). Two things make it safe for raw ids:
+It wraps an open-addressing map with `DenseHashTable`'s API: TF's own
+(`MutableDenseHashTable`, a flat bucket array probed in place) on the stock
+path, and the kernels' `NpuRecKeyMap` (`npu_rec/_kernels/_key_map.py`: one
+array of 16-byte {key, row} buckets, probed by the kernels directly) when the
+kernels are on at the index's creation; both take TF's lookup ops and write
+the same checkpoint tensors. Rather than `MutableHashTable` (a node-based
+`std::unordered_map`): inserts are about 4x faster and the map costs 16 B per
+bucket instead of ~40-130 B per key (see docs/design.md "The key index"). Two
+things make it safe for raw ids:
 
 * The kernel hashes integer keys by identity into a power-of-two mask, so ids
   that differ only in their high bits (`field << 32 | value`) would share
@@ -27,6 +31,9 @@ bucket array sized for the live keys.
 from __future__ import annotations
 
 import tensorflow as tf
+
+from npu_rec._kernels import _key_map
+from npu_rec._kernels import _ops as _kernel_ops
 
 #: The kernel's reserved bucket markers (in the mixed key space).
 EMPTY_KEY = -(2**63)
@@ -93,7 +100,10 @@ class KeyIndex:
 
     def __init__(self, capacity: int, name: str = "index"):
         self.initial_buckets = buckets_for(min(capacity, START_KEYS))
-        self.map = tf.lookup.experimental.DenseHashTable(
+        # The kernels' own map when they are on (same API and checkpoint format).
+        own = _kernel_ops.enabled() and _key_map.wanted()
+        map_class = _key_map.KeyMap if own else tf.lookup.experimental.DenseHashTable
+        self.map = map_class(
             tf.int64,
             tf.int64,
             default_value=-1,
@@ -200,9 +210,9 @@ class KeyIndex:
     def held_mixed(self) -> tuple[tf.Tensor, tf.Tensor]:
         """(mixed keys int64 [k], rows int64 [k]) of the held buckets.
 
-        The kernel's export hands out its live bucket arrays, not a copy: order
-        any insert or remove of this index after the returned tensors (as
-        `rebuild` does).
+        `DenseHashTable`'s export hands out its live bucket arrays, not a copy
+        (`NpuRecKeyMap` copies): order any insert or remove of this index after
+        the returned tensors (as `rebuild` does).
         """
         mixed, rows = self.map.export()
         mixed, rows = tf.reshape(mixed, [-1]), tf.reshape(rows, [-1])

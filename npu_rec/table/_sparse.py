@@ -1,7 +1,7 @@
 """`SingleShardTable`: a dynamic embedding table keyed by raw int64/int32 ids.
 
-Keys map to rows through `KeyIndex` (TF's `DenseHashTable` kernel on mixed
-keys; see docs/design.md);
+Keys map to rows through `KeyIndex` (an open-addressing map on mixed keys:
+TF's `DenseHashTable`, or the kernels' own `NpuRecKeyMap`; see docs/design.md);
 rows, optimizer slots and per-row metadata live in `RowStorage` variables;
 not-yet-admitted keys are counted in `PendingCounts`.
 

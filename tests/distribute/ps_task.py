@@ -172,7 +172,13 @@ class _Probe(tf.compat.v1.train.SessionRunHook):
     def begin(self):
         graph = tf.compat.v1.get_default_graph()
         self.tensors = tf.compat.v1.get_collection(PROBE)
-        kinds = ("VarHandleOp", "MutableDenseHashTableV2", "MutableHashTableV2", "MutexV2")
+        kinds = (
+            "VarHandleOp",
+            "MutableDenseHashTableV2",
+            "NpuRecKeyMap",
+            "MutableHashTableV2",
+            "MutexV2",
+        )
         self.devices = {op.name: op.device for op in graph.get_operations() if op.type in kinds}
 
     def end(self, session):

@@ -190,6 +190,66 @@ def test_fused_lookup_edge_cases_match_the_stock_path(access, initializer, rng):
     assert states_k[1]["keys"].size > 0 and states_k[2]["keys"].size == 0
 
 
+@needs_kernels
+@pytest.mark.parametrize("access", [1, 2], ids=["admit_in_kernel", "admit_after_counting"])
+def test_large_batches_match_the_stock_path(access, rng):
+    """Batches of >= 65536 ids (deduplicated on several threads) keep the stock order.
+
+    Rows are allocated in the order of the unique keys, so the row of every key,
+    its count and last-seen time show whether the kernel kept
+    `tf.unique_with_counts`' first-occurrence order.
+    """
+    batches = [
+        (rng.zipf(1.2, 70_000) % 30_000 + rng.integers(0, 2, 70_000) * (1 << 50)).astype(np.int64)
+        for _ in range(3)
+    ]
+
+    def run():
+        _table_registry.clear()
+        table = npu_rec.create_table(
+            "big", 2, capacity=1 << 16, access_threshold=access, dynamic_expansion=True
+        )
+        out = []
+        for i, ids in enumerate(batches):
+            stamps = tf.constant(10 + i + np.arange(ids.size) % 7, tf.int64)[:, None]
+            emb = npu_rec.sparse_lookup(table, tf.constant(ids[:, None]), timestamps=stamps)
+            out.append(emb.numpy())
+        return out, full_state(table)
+
+    results = {}
+    for on in (False, True):
+        with kernel_path(on):
+            results[on] = run()
+    for got, want in zip(results[True][0], results[False][0], strict=True):
+        np.testing.assert_allclose(got, want, atol=1e-6)
+    assert_same_states(results[True][1], results[False][1], atol=1e-6)
+
+
+@needs_kernels
+def test_large_batch_deduplication_gives_unique_with_counts_order(rng):
+    """The kernel's unique keys, index, sightings and newest times of a >= 65536-id batch."""
+    ids = (rng.zipf(1.2, 90_000) % 40_000 * 7 + rng.integers(0, 2, 90_000) * (1 << 50)).astype(
+        np.int64
+    )
+    times = rng.integers(0, 1000, ids.size).astype(np.int64)
+    with kernel_path(True):
+        _table_registry.clear()
+        table = npu_rec.create_table("dedup", 2, capacity=8, access_threshold=2)
+        out = kernel_ops.train_lookup(
+            table._index, table._storage, tf.constant(ids), None, tf.constant(times),
+            batch_time=False,
+        )
+    unique, index, counts = (t.numpy() for t in tf.unique_with_counts(ids, out_idx=tf.int64))
+    np.testing.assert_array_equal(out.unique.numpy(), unique)
+    np.testing.assert_array_equal(out.index.numpy(), index)
+    # Nothing is admitted (threshold 2): every unique key comes back as a miss, in order.
+    np.testing.assert_array_equal(out.miss_keys.numpy(), unique)
+    np.testing.assert_array_equal(out.miss_counts.numpy(), counts)
+    newest = np.full(unique.size, -1, np.int64)
+    np.maximum.at(newest, index, times)
+    np.testing.assert_array_equal(out.miss_times.numpy(), newest)
+
+
 # --------------------------------------------------------------- modes
 def _train_model(mode: str, steps: int = 5):
     """A small model (two tables, a dense layer) trained `steps` steps; returns its weights."""

@@ -1,0 +1,339 @@
+// NpuRecKeyMap and its creating op (see key_map.h).
+
+#include "key_map.h"
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "kernel_util.h"
+#include "tensorflow/core/framework/node_def_util.h"
+#include "tensorflow/core/framework/op.h"
+#include "tensorflow/core/framework/shape_inference.h"
+#include "tensorflow/core/kernels/lookup_table_op.h"
+
+namespace npu_rec {
+
+using ::tensorflow::mutex_lock;
+using ::tensorflow::OpKernel;
+using ::tensorflow::tf_shared_lock;
+using ::tensorflow::TensorShape;
+
+namespace {
+
+// Live keys plus tombstones stay below this share of the buckets (above the
+// growth load), so every probe chain ends at an empty bucket.
+inline double FullLoad(double max_load) { return (1.0 + max_load) / 2.0; }
+
+}  // namespace
+
+NpuRecKeyMap::NpuRecKeyMap(OpKernelContext* ctx, OpKernel* kernel) {
+  ::tensorflow::DataType key_type, value_type;
+  ::tensorflow::TensorShape value_shape;
+  int64_t initial = 0;
+  const auto& def = kernel->def();
+  for (const absl::Status& s :
+       {GetNodeAttr(def, "key_dtype", &key_type), GetNodeAttr(def, "value_dtype", &value_type),
+        GetNodeAttr(def, "value_shape", &value_shape),
+        GetNodeAttr(def, "initial_num_buckets", &initial),
+        GetNodeAttr(def, "max_load_factor", &max_load_)}) {
+    if (!s.ok()) {
+      ctx->SetStatus(s);
+      return;
+    }
+  }
+  if (key_type != ::tensorflow::DT_INT64 || value_type != ::tensorflow::DT_INT64 ||
+      value_shape.dims() != 0) {
+    ctx->SetStatus(absl::InvalidArgumentError(
+        "NpuRecKeyMap maps int64 keys to int64 scalar values"));
+    return;
+  }
+  if (!(max_load_ > 0.0f && max_load_ < 1.0f)) {
+    ctx->SetStatus(absl::InvalidArgumentError(
+        absl::StrCat("NpuRecKeyMap: `max_load_factor` must be in (0, 1). Received: ", max_load_)));
+    return;
+  }
+  if (initial < 1) {
+    ctx->SetStatus(absl::InvalidArgumentError(absl::StrCat(
+        "NpuRecKeyMap: `initial_num_buckets` must be >= 1. Received: ", initial)));
+    return;
+  }
+  const Tensor& empty = ctx->input(0);
+  const Tensor& deleted = ctx->input(1);
+  if (empty.NumElements() != 1 || deleted.NumElements() != 1) {
+    ctx->SetStatus(absl::InvalidArgumentError(
+        "NpuRecKeyMap: `empty_key` and `deleted_key` must be scalars"));
+    return;
+  }
+  empty_key_ = empty.flat<int64_t>()(0);
+  deleted_key_ = deleted.flat<int64_t>()(0);
+  if (empty_key_ == deleted_key_) {
+    ctx->SetStatus(absl::InvalidArgumentError(absl::StrCat(
+        "NpuRecKeyMap: `empty_key` and `deleted_key` must differ. Received: both ", empty_key_)));
+    return;
+  }
+  int64_t buckets = 8;
+  while (buckets < initial) buckets *= 2;
+  initial_buckets_ = buckets;
+  mutex_lock lock(mu_);
+  Reset(buckets);
+}
+
+int64_t NpuRecKeyMap::BucketsFor(int64_t keys) const {
+  int64_t buckets = 8;
+  while (static_cast<double>(keys) > max_load_ * static_cast<double>(buckets)) buckets *= 2;
+  return buckets;
+}
+
+void NpuRecKeyMap::Reset(int64_t buckets) {
+  buckets_.reset(new Bucket[buckets]);
+  for (int64_t i = 0; i < buckets; ++i) buckets_[i] = {empty_key_, 0};
+  num_buckets_ = buckets;
+  live_ = deleted_ = 0;
+}
+
+void NpuRecKeyMap::Rehash(int64_t buckets) {
+  std::unique_ptr<Bucket[]> old = std::move(buckets_);
+  const int64_t old_n = num_buckets_;
+  Reset(buckets);
+  for (int64_t i = 0; i < old_n; ++i) {
+    if (old[i].key != empty_key_ && old[i].key != deleted_key_) {
+      InsertLocked(old[i].key, old[i].value);
+    }
+  }
+}
+
+void NpuRecKeyMap::Reserve(int64_t extra) {
+  const int64_t grown = std::max(num_buckets_, BucketsFor(live_ + extra));
+  if (grown != num_buckets_) {
+    Rehash(grown);
+  } else if (static_cast<double>(live_ + deleted_ + extra) >
+             FullLoad(max_load_) * static_cast<double>(num_buckets_)) {
+    Rehash(num_buckets_);  // drop the tombstones
+  }
+}
+
+int64_t NpuRecKeyMap::FindLocked(int64_t key, int64_t missing) const {
+  const uint64_t mask = static_cast<uint64_t>(num_buckets_) - 1;
+  uint64_t i = static_cast<uint64_t>(key) & mask;
+  for (int64_t step = 0; step < num_buckets_; ++step) {
+    const Bucket& b = buckets_[i];
+    if (b.key == key) return b.value;
+    if (b.key == empty_key_) return missing;
+    i = (i + 1) & mask;
+  }
+  return missing;
+}
+
+void NpuRecKeyMap::InsertLocked(int64_t key, int64_t value) {
+  const uint64_t mask = static_cast<uint64_t>(num_buckets_) - 1;
+  uint64_t i = static_cast<uint64_t>(key) & mask;
+  int64_t tomb = -1;
+  for (int64_t step = 0; step < num_buckets_; ++step) {
+    Bucket& b = buckets_[i];
+    if (b.key == key) {
+      b.value = value;
+      return;
+    }
+    if (b.key == empty_key_) break;
+    if (b.key == deleted_key_ && tomb < 0) tomb = static_cast<int64_t>(i);
+    i = (i + 1) & mask;
+  }
+  // Reserve() keeps an empty bucket on every chain, so the loop ended at one.
+  if (tomb >= 0) {
+    i = static_cast<uint64_t>(tomb);
+    --deleted_;
+  }
+  buckets_[i] = {key, value};
+  ++live_;
+}
+
+absl::Status NpuRecKeyMap::CheckKeys(const int64_t* keys, int64_t n) const {
+  for (int64_t i = 0; i < n; ++i) {
+    if (keys[i] == empty_key_ || keys[i] == deleted_key_) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "NpuRecKeyMap: key ", keys[i], " is reserved (the ",
+          keys[i] == empty_key_ ? "empty" : "deleted", " bucket marker) and cannot be used"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+void NpuRecKeyMap::FindBatch(const int64_t* keys, int64_t n, int64_t* out,
+                             int64_t missing) const {
+  tf_shared_lock lock(mu_);
+  const uint64_t mask = static_cast<uint64_t>(num_buckets_) - 1;
+  const Bucket* b = buckets_.get();
+  for (int64_t i = 0; i < std::min(n, kAhead); ++i) {
+    __builtin_prefetch(b + (static_cast<uint64_t>(keys[i]) & mask));
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    if (i + kAhead < n) __builtin_prefetch(b + (static_cast<uint64_t>(keys[i + kAhead]) & mask));
+    out[i] = FindLocked(keys[i], missing);
+  }
+}
+
+absl::Status NpuRecKeyMap::InsertBatch(const int64_t* keys, const int64_t* values, int64_t n) {
+  TF_RETURN_IF_ERROR(CheckKeys(keys, n));
+  mutex_lock lock(mu_);
+  Reserve(n);
+  const uint64_t mask = static_cast<uint64_t>(num_buckets_) - 1;
+  for (int64_t i = 0; i < n; ++i) {
+    if (i + kAhead < n) {
+      __builtin_prefetch(buckets_.get() + (static_cast<uint64_t>(keys[i + kAhead]) & mask), 1);
+    }
+    InsertLocked(keys[i], values[i]);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status NpuRecKeyMap::Find(OpKernelContext* ctx, const Tensor& keys, Tensor* values,
+                                const Tensor& default_value) {
+  const int64_t n = keys.NumElements();
+  const int64_t* k = keys.flat<int64_t>().data();
+  TF_RETURN_IF_ERROR(CheckKeys(k, n));
+  FindBatch(k, n, values->flat<int64_t>().data(), default_value.flat<int64_t>()(0));
+  return absl::OkStatus();
+}
+
+absl::Status NpuRecKeyMap::Insert(OpKernelContext* ctx, const Tensor& keys,
+                                  const Tensor& values) {
+  return InsertBatch(keys.flat<int64_t>().data(), values.flat<int64_t>().data(),
+                     keys.NumElements());
+}
+
+absl::Status NpuRecKeyMap::Remove(OpKernelContext* ctx, const Tensor& keys) {
+  const int64_t n = keys.NumElements();
+  const int64_t* k = keys.flat<int64_t>().data();
+  TF_RETURN_IF_ERROR(CheckKeys(k, n));
+  mutex_lock lock(mu_);
+  const uint64_t mask = static_cast<uint64_t>(num_buckets_) - 1;
+  for (int64_t j = 0; j < n; ++j) {
+    uint64_t i = static_cast<uint64_t>(k[j]) & mask;
+    for (int64_t step = 0; step < num_buckets_; ++step) {
+      Bucket& b = buckets_[i];
+      if (b.key == empty_key_) break;
+      if (b.key == k[j]) {
+        b = {deleted_key_, 0};
+        --live_;
+        ++deleted_;
+        // A tombstone followed by an empty bucket ends no chain: empty it, and
+        // the tombstones just before it.
+        uint64_t at = i;
+        while (buckets_[(at + 1) & mask].key == empty_key_ && buckets_[at].key == deleted_key_) {
+          buckets_[at].key = empty_key_;
+          --deleted_;
+          at = (at - 1) & mask;
+        }
+        break;
+      }
+      i = (i + 1) & mask;
+    }
+  }
+  return absl::OkStatus();
+}
+
+size_t NpuRecKeyMap::size() const {
+  tf_shared_lock lock(mu_);
+  return static_cast<size_t>(live_);
+}
+
+int64_t NpuRecKeyMap::MemoryUsed() const {
+  tf_shared_lock lock(mu_);
+  return static_cast<int64_t>(sizeof(*this)) + num_buckets_ * static_cast<int64_t>(sizeof(Bucket));
+}
+
+std::string NpuRecKeyMap::DebugString() const {
+  tf_shared_lock lock(mu_);
+  return absl::StrCat("NpuRecKeyMap of ", live_, " keys in ", num_buckets_, " buckets");
+}
+
+absl::Status NpuRecKeyMap::ExportValues(OpKernelContext* ctx) {
+  mutex_lock lock(mu_);
+  Tensor* keys = nullptr;
+  Tensor* values = nullptr;
+  TF_RETURN_IF_ERROR(ctx->allocate_output("keys", TensorShape({num_buckets_, 1}), &keys));
+  TF_RETURN_IF_ERROR(ctx->allocate_output("values", TensorShape({num_buckets_, 1}), &values));
+  int64_t* k = keys->flat<int64_t>().data();
+  int64_t* v = values->flat<int64_t>().data();
+  for (int64_t i = 0; i < num_buckets_; ++i) {
+    k[i] = buckets_[i].key;
+    v[i] = buckets_[i].value;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status NpuRecKeyMap::CheckKeyAndValueTensorsForImport(const Tensor& keys,
+                                                            const Tensor& values) {
+  TF_RETURN_IF_ERROR(CheckKeyAndValueTypes(keys, values));
+  const bool keys_ok = keys.dims() == 1 || (keys.dims() == 2 && keys.dim_size(1) == 1);
+  if (!keys_ok || values.shape() != keys.shape()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "NpuRecKeyMap: import takes keys and values of one shape, [buckets] or [buckets, 1]. "
+        "Received: keys ",
+        keys.shape().DebugString(), ", values ", values.shape().DebugString()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status NpuRecKeyMap::ImportValues(OpKernelContext* ctx, const Tensor& keys,
+                                        const Tensor& values) {
+  const int64_t n = keys.dim_size(0);
+  const int64_t* k = keys.flat<int64_t>().data();
+  const int64_t* v = values.flat<int64_t>().data();
+  int64_t held = 0;
+  for (int64_t i = 0; i < n; ++i) held += k[i] != empty_key_ && k[i] != deleted_key_;
+  int64_t buckets = 8;
+  while (buckets < n) buckets *= 2;
+  mutex_lock lock(mu_);
+  Reset(std::max(buckets, BucketsFor(held)));
+  for (int64_t i = 0; i < n; ++i) {
+    if (k[i] != empty_key_ && k[i] != deleted_key_) InsertLocked(k[i], v[i]);
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+
+using ::tensorflow::shape_inference::InferenceContext;
+using ::tensorflow::shape_inference::ShapeAndType;
+using ::tensorflow::shape_inference::ShapeHandle;
+
+REGISTER_OP("NpuRecKeyMap")
+    .Input("empty_key: key_dtype")
+    .Input("deleted_key: key_dtype")
+    .Output("table_handle: resource")
+    .Attr("container: string = ''")
+    .Attr("shared_name: string = ''")
+    .Attr("use_node_name_sharing: bool = false")
+    .Attr("key_dtype: type")
+    .Attr("value_dtype: type")
+    .Attr("value_shape: shape = {}")
+    .Attr("initial_num_buckets: int = 131072")
+    .Attr("max_load_factor: float = 0.8")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) {
+      ShapeHandle key;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 0, &key));
+      ::tensorflow::DataType key_type, value_type;
+      ::tensorflow::PartialTensorShape value_shape;
+      TF_RETURN_IF_ERROR(c->GetAttr("key_dtype", &key_type));
+      TF_RETURN_IF_ERROR(c->GetAttr("value_dtype", &value_type));
+      TF_RETURN_IF_ERROR(c->GetAttr("value_shape", &value_shape));
+      ShapeHandle value;
+      TF_RETURN_IF_ERROR(c->MakeShapeFromPartialTensorShape(value_shape, &value));
+      c->set_output(0, c->Scalar());
+      c->set_output_handle_shapes_and_types(
+          0, std::vector<ShapeAndType>{{key, key_type}, {value, value_type}});
+      return absl::OkStatus();
+    });
+
+REGISTER_KERNEL_BUILDER(Name("NpuRecKeyMap")
+                            .Device(::tensorflow::DEVICE_CPU)
+                            .TypeConstraint<int64_t>("key_dtype")
+                            .TypeConstraint<int64_t>("value_dtype"),
+                        ::tensorflow::LookupTableOp<NpuRecKeyMap, int64_t, int64_t>);
+
+}  // namespace
+}  // namespace npu_rec

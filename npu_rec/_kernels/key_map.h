@@ -1,0 +1,100 @@
+// NpuRecKeyMap: the key index of npu_rec's tables on the kernel path (see
+// docs/design.md, "The key index" and "Compiled kernels").
+//
+// An int64 -> int64 open-addressing hash map behind TensorFlow's
+// LookupInterface, so the stock lookup ops (LookupTableFindV2, InsertV2,
+// RemoveV2, SizeV2, ExportV2, ImportV2) and DenseHashTable's checkpoint format
+// work on it unchanged, while npu_rec's kernels probe it directly.
+//
+// Layout: one power-of-two array of 16-byte {key, value} buckets (a probe reads
+// one cache line), linear probing from `key & mask` (keys arrive mixed by
+// KeyIndex, so the low bits are well spread), two reserved key values marking
+// empty and deleted buckets (refused as keys). The array doubles when the live
+// keys would pass `max_load_factor`; an insert reuses the first tombstone of
+// its probe chain; when live keys plus tombstones would pass
+// (1 + max_load_factor) / 2 of the array, it is rehashed at the same size
+// (dropping the tombstones), so a probe always meets an empty bucket.
+//
+// Locks: finds take the map's lock shared, inserts / removes / imports /
+// exports exclusively. Export copies the array (keys and values [buckets, 1],
+// the markers in empty and deleted buckets, as DenseHashTable exports), and
+// import rebuilds the map from such arrays.
+#ifndef NPU_REC_KERNELS_KEY_MAP_H_
+#define NPU_REC_KERNELS_KEY_MAP_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "tensorflow/core/framework/lookup_interface.h"
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/tensor.h"
+#include "tensorflow/core/platform/mutex.h"
+
+namespace npu_rec {
+
+class NpuRecKeyMap : public ::tensorflow::lookup::LookupInterface {
+ public:
+  struct alignas(16) Bucket {
+    int64_t key;
+    int64_t value;
+  };
+
+  // The creator of LookupTableOp: attributes and the empty/deleted keys of
+  // `kernel`'s node; errors go to ctx->SetStatus.
+  NpuRecKeyMap(::tensorflow::OpKernelContext* ctx, ::tensorflow::OpKernel* kernel);
+
+  // LookupInterface (the stock ops).
+  absl::Status Find(::tensorflow::OpKernelContext* ctx, const ::tensorflow::Tensor& keys,
+                    ::tensorflow::Tensor* values,
+                    const ::tensorflow::Tensor& default_value) override;
+  absl::Status Insert(::tensorflow::OpKernelContext* ctx, const ::tensorflow::Tensor& keys,
+                      const ::tensorflow::Tensor& values) override;
+  absl::Status Remove(::tensorflow::OpKernelContext* ctx,
+                      const ::tensorflow::Tensor& keys) override;
+  size_t size() const override;
+  absl::Status ExportValues(::tensorflow::OpKernelContext* ctx) override;
+  absl::Status ImportValues(::tensorflow::OpKernelContext* ctx, const ::tensorflow::Tensor& keys,
+                            const ::tensorflow::Tensor& values) override;
+  absl::Status CheckKeyAndValueTensorsForImport(const ::tensorflow::Tensor& keys,
+                                                const ::tensorflow::Tensor& values) override;
+  ::tensorflow::DataType key_dtype() const override { return ::tensorflow::DT_INT64; }
+  ::tensorflow::DataType value_dtype() const override { return ::tensorflow::DT_INT64; }
+  ::tensorflow::TensorShape key_shape() const override { return {}; }
+  ::tensorflow::TensorShape value_shape() const override { return {}; }
+  int64_t MemoryUsed() const override;
+  std::string DebugString() const override;
+
+  // The kernels' direct path. out[i] = the value of keys[i], or `missing`;
+  // keys must not be the reserved values. Takes the lock shared.
+  void FindBatch(const int64_t* keys, int64_t n, int64_t* out, int64_t missing) const;
+  // Inserts (or overwrites) keys[i] -> values[i] under the exclusive lock.
+  absl::Status InsertBatch(const int64_t* keys, const int64_t* values, int64_t n);
+  // The first reserved key among keys[0, n), as an error naming it, or OK.
+  absl::Status CheckKeys(const int64_t* keys, int64_t n) const;
+
+ private:
+  ~NpuRecKeyMap() override = default;
+
+  int64_t FindLocked(int64_t key, int64_t missing) const TF_SHARED_LOCKS_REQUIRED(mu_);
+  void InsertLocked(int64_t key, int64_t value) TF_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Room for `extra` more keys in new buckets: grow or rehash first if needed.
+  void Reserve(int64_t extra) TF_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Rehash(int64_t buckets) TF_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Reset(int64_t buckets) TF_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  int64_t BucketsFor(int64_t keys) const;
+
+  mutable ::tensorflow::mutex mu_;
+  std::unique_ptr<Bucket[]> buckets_ TF_GUARDED_BY(mu_);
+  int64_t num_buckets_ TF_GUARDED_BY(mu_) = 0;
+  int64_t live_ TF_GUARDED_BY(mu_) = 0;
+  int64_t deleted_ TF_GUARDED_BY(mu_) = 0;
+  int64_t empty_key_ = 0;
+  int64_t deleted_key_ = 0;
+  float max_load_ = 0.8f;
+  int64_t initial_buckets_ = 8;
+};
+
+}  // namespace npu_rec
+
+#endif  // NPU_REC_KERNELS_KEY_MAP_H_
