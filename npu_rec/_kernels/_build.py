@@ -55,6 +55,7 @@ _SANITIZE_FLAGS = (
 _BUILD_TIMEOUT = 600
 _LOCK = threading.Lock()
 _STATE: dict = {}
+_LOADED: dict = {}  # the op module loaded by this process (kept across `reset`)
 
 
 def mode() -> str:
@@ -156,6 +157,11 @@ def build(path: str) -> None:
 
 
 def _load():
+    # One op library per process: TensorFlow registers an op name once, so a second
+    # library (the sources edited on disk while the process runs, then a `reset`)
+    # would load without its ops.
+    if "module" in _LOADED:
+        return _LOADED["module"]
     path = library_path()
     if not os.path.exists(path):
         logging.info(
@@ -165,9 +171,10 @@ def _load():
         )
         build(path)
     try:
-        return tf.load_op_library(path)
+        _LOADED["module"] = tf.load_op_library(path)
     except (tf.errors.NotFoundError, OSError) as err:
         raise RuntimeError(f"{path} does not load: {err}") from err
+    return _LOADED["module"]
 
 
 def library():

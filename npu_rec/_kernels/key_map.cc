@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <new>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -77,7 +78,8 @@ NpuRecKeyMap::NpuRecKeyMap(OpKernelContext* ctx, OpKernel* kernel) {
   while (buckets < initial) buckets *= 2;
   initial_buckets_ = buckets;
   mutex_lock lock(mu_);
-  Reset(buckets);
+  const absl::Status status = Reset(buckets);
+  if (!status.ok()) ctx->SetStatus(status);
 }
 
 int64_t NpuRecKeyMap::BucketsFor(int64_t keys) const {
@@ -86,32 +88,45 @@ int64_t NpuRecKeyMap::BucketsFor(int64_t keys) const {
   return buckets;
 }
 
-void NpuRecKeyMap::Reset(int64_t buckets) {
-  buckets_.reset(new Bucket[buckets]);
-  for (int64_t i = 0; i < buckets; ++i) buckets_[i] = {empty_key_, 0};
+absl::Status NpuRecKeyMap::Reset(int64_t buckets) {
+  // Allocated before anything changes: out of memory leaves the map as it was.
+  std::unique_ptr<Bucket[]> fresh(new (std::nothrow) Bucket[buckets]);
+  if (fresh == nullptr) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "NpuRecKeyMap: cannot allocate ", buckets, " buckets (",
+        buckets * static_cast<int64_t>(sizeof(Bucket)), " bytes) for the key index: out of memory"));
+  }
+  for (int64_t i = 0; i < buckets; ++i) fresh[i] = {empty_key_, 0};
+  buckets_ = std::move(fresh);
   num_buckets_ = buckets;
   live_ = deleted_ = 0;
+  return absl::OkStatus();
 }
 
-void NpuRecKeyMap::Rehash(int64_t buckets) {
+absl::Status NpuRecKeyMap::Rehash(int64_t buckets) {
   std::unique_ptr<Bucket[]> old = std::move(buckets_);
   const int64_t old_n = num_buckets_;
-  Reset(buckets);
+  const absl::Status status = Reset(buckets);
+  if (!status.ok()) {
+    buckets_ = std::move(old);  // Reset changed nothing else
+    return status;
+  }
   for (int64_t i = 0; i < old_n; ++i) {
     if (old[i].key != empty_key_ && old[i].key != deleted_key_) {
       InsertLocked(old[i].key, old[i].value);
     }
   }
+  return absl::OkStatus();
 }
 
-void NpuRecKeyMap::Reserve(int64_t extra) {
+absl::Status NpuRecKeyMap::Reserve(int64_t extra) {
   const int64_t grown = std::max(num_buckets_, BucketsFor(live_ + extra));
-  if (grown != num_buckets_) {
-    Rehash(grown);
-  } else if (static_cast<double>(live_ + deleted_ + extra) >
-             FullLoad(max_load_) * static_cast<double>(num_buckets_)) {
-    Rehash(num_buckets_);  // drop the tombstones
+  if (grown != num_buckets_) return Rehash(grown);
+  if (static_cast<double>(live_ + deleted_ + extra) >
+      FullLoad(max_load_) * static_cast<double>(num_buckets_)) {
+    return Rehash(num_buckets_);  // drop the tombstones
   }
+  return absl::OkStatus();
 }
 
 int64_t NpuRecKeyMap::FindLocked(int64_t key, int64_t missing) const {
@@ -174,10 +189,15 @@ void NpuRecKeyMap::FindBatch(const int64_t* keys, int64_t n, int64_t* out,
   }
 }
 
+absl::Status NpuRecKeyMap::Prepare(int64_t extra) {
+  mutex_lock lock(mu_);
+  return Reserve(extra);
+}
+
 absl::Status NpuRecKeyMap::InsertBatch(const int64_t* keys, const int64_t* values, int64_t n) {
   TF_RETURN_IF_ERROR(CheckKeys(keys, n));
   mutex_lock lock(mu_);
-  Reserve(n);
+  TF_RETURN_IF_ERROR(Reserve(n));
   const uint64_t mask = static_cast<uint64_t>(num_buckets_) - 1;
   for (int64_t i = 0; i < n; ++i) {
     if (i + kAhead < n) {
@@ -287,7 +307,7 @@ absl::Status NpuRecKeyMap::ImportValues(OpKernelContext* ctx, const Tensor& keys
   int64_t buckets = 8;
   while (buckets < n) buckets *= 2;
   mutex_lock lock(mu_);
-  Reset(std::max(buckets, BucketsFor(held)));
+  TF_RETURN_IF_ERROR(Reset(std::max(buckets, BucketsFor(held))));
   for (int64_t i = 0; i < n; ++i) {
     if (k[i] != empty_key_ && k[i] != deleted_key_) InsertLocked(k[i], v[i]);
   }

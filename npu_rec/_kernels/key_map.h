@@ -68,6 +68,9 @@ class NpuRecKeyMap : public ::tensorflow::lookup::LookupInterface {
   // The kernels' direct path. out[i] = the value of keys[i], or `missing`;
   // keys must not be the reserved values. Takes the lock shared.
   void FindBatch(const int64_t* keys, int64_t n, int64_t* out, int64_t missing) const;
+  // Grows or rehashes now, under the exclusive lock, so that `extra` more keys
+  // fit without allocating (ResourceExhausted, the map unchanged, if they cannot).
+  absl::Status Prepare(int64_t extra);
   // Inserts (or overwrites) keys[i] -> values[i] under the exclusive lock.
   absl::Status InsertBatch(const int64_t* keys, const int64_t* values, int64_t n);
   // The first reserved key among keys[0, n), as an error naming it, or OK.
@@ -79,9 +82,11 @@ class NpuRecKeyMap : public ::tensorflow::lookup::LookupInterface {
   int64_t FindLocked(int64_t key, int64_t missing) const TF_SHARED_LOCKS_REQUIRED(mu_);
   void InsertLocked(int64_t key, int64_t value) TF_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Room for `extra` more keys in new buckets: grow or rehash first if needed.
-  void Reserve(int64_t extra) TF_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void Rehash(int64_t buckets) TF_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void Reset(int64_t buckets) TF_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Each returns ResourceExhausted, leaving the map unchanged, when the new
+  // bucket array cannot be allocated.
+  absl::Status Reserve(int64_t extra) TF_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status Rehash(int64_t buckets) TF_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status Reset(int64_t buckets) TF_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   int64_t BucketsFor(int64_t keys) const;
 
   mutable ::tensorflow::mutex mu_;

@@ -352,6 +352,12 @@ class TrainLookupOp : public OpKernel {
       TF_RETURN_IF_ERROR(PrepareWrite(ctx, v));
     }
     const int64_t n = static_cast<int64_t>(miss.size());
+    {  // Room in an owned key map first, so its insert below cannot run out of memory.
+      ::tensorflow::lookup::LookupInterface* table = nullptr;
+      TF_RETURN_IF_ERROR(::tensorflow::lookup::GetLookupTable("table_handle", ctx, &table));
+      ::tensorflow::core::ScopedUnref unref(table);
+      if (auto* own = dynamic_cast<NpuRecKeyMap*>(table)) TF_RETURN_IF_ERROR(own->Prepare(n));
+    }
     int64_t& num_free = nfree_var->tensor()->scalar<int64_t>()();
     int64_t& next_row = next_var->tensor()->scalar<int64_t>()();
     const int64_t take = std::min(n, num_free);
@@ -362,7 +368,16 @@ class TrainLookupOp : public OpKernel {
         return absl::InvalidArgumentError(full_head_ + std::to_string(needed) + full_tail_);
       }
       const int64_t new_cap = std::max(needed, 2 * cap);
-      for (Var* v : per_row) TF_RETURN_IF_ERROR(Grow(ctx, v, new_cap));
+      // Every grown buffer is allocated before any variable changes: out of memory
+      // leaves the table as it was.
+      std::vector<Tensor> grown(per_row.size());
+      for (size_t i = 0; i < per_row.size(); ++i) {
+        TF_RETURN_IF_ERROR(GrownCopy(*per_row[i]->tensor(), new_cap, &grown[i]));
+      }
+      for (size_t i = 0; i < per_row.size(); ++i) {
+        *per_row[i]->tensor() = grown[i];
+        per_row[i]->copy_on_read_mode.store(true);
+      }
     }
     for (Var* v : per_row) TF_RETURN_IF_ERROR(PrepareWrite(ctx, v));
     const int32_t* free_list = free_rows->tensor()->flat<int32_t>().data();
@@ -418,19 +433,15 @@ class TrainLookupOp : public OpKernel {
     return table->Insert(ctx, kt, rt);
   }
 
-  // Replaces the variable's tensor by a copy grown to `rows` rows (zeros appended),
-  // allocated by `TableAllocator` (the outgrown buffer is returned to the system).
-  static absl::Status Grow(OpKernelContext* ctx, Var* var, int64_t rows) {
-    Tensor* t = var->tensor();
-    TensorShape shape = t->shape();
+  // A copy of `t` grown to `rows` rows (zeros appended), allocated by
+  // `TableAllocator` (so the outgrown buffer, once replaced, returns to the system).
+  static absl::Status GrownCopy(const Tensor& t, int64_t rows, Tensor* out) {
+    TensorShape shape = t.shape();
     shape.set_dim(0, rows);
-    Tensor grown;
-    TF_RETURN_IF_ERROR(AllocateTable(t->dtype(), shape, &grown));
-    char* dst = static_cast<char*>(grown.data());
-    if (t->TotalBytes() > 0) std::memcpy(dst, t->data(), t->TotalBytes());
-    std::memset(dst + t->TotalBytes(), 0, grown.TotalBytes() - t->TotalBytes());
-    *t = grown;
-    var->copy_on_read_mode.store(true);
+    TF_RETURN_IF_ERROR(AllocateTable(t.dtype(), shape, out));
+    char* dst = static_cast<char*>(out->data());
+    if (t.TotalBytes() > 0) std::memcpy(dst, t.data(), t.TotalBytes());
+    std::memset(dst + t.TotalBytes(), 0, out->TotalBytes() - t.TotalBytes());
     return absl::OkStatus();
   }
 

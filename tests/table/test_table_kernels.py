@@ -236,7 +236,11 @@ def test_large_batch_deduplication_gives_unique_with_counts_order(rng):
         _table_registry.clear()
         table = npu_rec.create_table("dedup", 2, capacity=8, access_threshold=2)
         out = kernel_ops.train_lookup(
-            table._index, table._storage, tf.constant(ids), None, tf.constant(times),
+            table._index,
+            table._storage,
+            tf.constant(ids),
+            None,
+            tf.constant(times),
             batch_time=False,
         )
     unique, index, counts = (t.numpy() for t in tf.unique_with_counts(ids, out_idx=tf.int64))
@@ -422,6 +426,19 @@ _GROWTH_RSS = """
                for v in table.variables())
     print("RATIO", (rss() - before) / held)
 """
+
+
+@needs_kernels
+def test_a_process_keeps_the_kernel_library_it_loaded_when_the_sources_change(monkeypatch):
+    # E.g. a benchmark comparing both paths (`forced` resets the decision) while the
+    # package is edited: a second library would load without its ops (TensorFlow
+    # registers an op name once) and every later trace would fail.
+    with kernel_path(True):
+        lib = _build.library()
+        monkeypatch.setattr(_build, "library_path", lambda: "/nonexistent/other_sources.so")
+    with kernel_path(True):
+        assert _build.library() is lib
+        assert hasattr(lib, "npu_rec_train_lookup")
 
 
 @needs_kernels
