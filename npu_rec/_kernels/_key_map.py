@@ -62,8 +62,17 @@ class KeyMap(tf.lookup.experimental.DenseHashTable):
       ValueError: a dtype other than int64.
     """
 
-    def __init__(self, key_dtype, value_dtype, default_value, empty_key, deleted_key,
-                 initial_num_buckets=None, name="NpuRecKeyMap", checkpoint=True):
+    def __init__(
+        self,
+        key_dtype,
+        value_dtype,
+        default_value,
+        empty_key,
+        deleted_key,
+        initial_num_buckets=None,
+        name="NpuRecKeyMap",
+        checkpoint=True,
+    ):
         if tf.as_dtype(key_dtype) != tf.int64 or tf.as_dtype(value_dtype) != tf.int64:
             raise ValueError(
                 "KeyMap maps int64 keys to int64 values. "

@@ -202,4 +202,3 @@ def test_concurrent_lookups_inserts_removes_exports_of_one_map():
         assert not any(t.is_alive() for t in threads)
         assert not errors, errors[0]
         assert sess.run(table.size()) == len(stable)
-
