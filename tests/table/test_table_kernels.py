@@ -442,6 +442,10 @@ def test_a_process_keeps_the_kernel_library_it_loaded_when_the_sources_change(mo
 
 
 @needs_kernels
+@pytest.mark.skipif(
+    os.environ.get("NPU_REC_KERNEL_SANITIZE", "") not in ("", "0"),
+    reason="under AddressSanitizer the RSS holds its shadow memory and freed-block quarantine",
+)
 def test_a_table_grown_by_the_kernels_holds_about_its_own_size_in_memory():
     # The kernels allocate grown buffers outside TensorFlow's pooled CPU allocator, so
     # the buffers a table outgrows go back to the system: the process grows by about
