@@ -13,6 +13,9 @@ variables and mirror the stock code they replace:
   (the stock gather + scatter-assign of `SparseTable._lookup_unique`).
 * `sparse_apply` = the summation of per-id gradients into unique rows
   (`densify`) plus `SparseOptimizer.apply_sparse`, in one kernel.
+* `expand` = `tf.gather` of unique rows to the ids (axis 0, int64 [n]
+  index), with `tf.gather`'s gradient (`tf.IndexedSlices` of the per-id
+  gradients).
 """
 
 from __future__ import annotations
@@ -97,6 +100,28 @@ def train_lookup(
             raise
         message = err.message[at:].split(" [Op:")[0]
         raise tf.errors.InvalidArgumentError(None, None, message) from None
+
+
+def expand(params: tf.Tensor, index: tf.Tensor) -> tf.Tensor:
+    """float32 [n, dim]: row `index[i]` of `params` (float32 [u, dim]) at i.
+
+    `tf.gather(params, index)` for a rank-1 int64 index, in one small kernel
+    (`NpuRecExpand`) instead of TensorFlow's sharded gather; its gradient is
+    the same `tf.IndexedSlices` as `tf.gather`'s.
+    """
+    return _build.library().npu_rec_expand(params=params, index=index)
+
+
+def _expand_gradient(op, grad):
+    """`tf.gather`'s gradient: the per-id gradients as slices of the unique rows."""
+    shape = tf.shape(op.inputs[0], out_type=tf.int64)
+    return [tf.IndexedSlices(grad, op.inputs[1], tf.cast(shape, tf.int32)), None]
+
+
+try:
+    tf.RegisterGradient("NpuRecExpand")(_expand_gradient)
+except KeyError:  # this module imported a second time (e.g. reloaded): registered already
+    pass
 
 
 def gather_touch(storage, rows, add=None, times=None) -> tf.Tensor:

@@ -14,6 +14,10 @@
 //                      optimizer step (SGD, Adagrad, lazy Adam, FTRL) on the
 //                      rows and their slots, with the Python path's formulas
 //                      evaluated in the same order.
+//   NpuRecExpand       unique rows [u, dim] and an index [n] -> [n, dim], row
+//                      index[i] of the unique rows at i: `tf.gather` on axis
+//                      0, without its sharding for the few thousand ids of a
+//                      feature (its gradient is GatherV2's, see _ops.py).
 //
 // Writing in place follows TensorFlow's rule for sparse access: the variable
 // is put in copy-on-read mode, and a buffer still shared with a reader is
@@ -85,6 +89,66 @@ REGISTER_OP("NpuRecSparseApply")
     .Attr("two_l2: float = 0.0")
     .SetIsStateful()
     .SetShapeFn([](InferenceContext* c) { return absl::OkStatus(); });
+
+REGISTER_OP("NpuRecExpand")
+    .Input("params: float")
+    .Input("index: int64")
+    .Output("output: float")
+    .SetShapeFn([](InferenceContext* c) {
+      ShapeHandle params, index;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 2, &params));
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 1, &index));
+      c->set_output(0, c->Matrix(c->Dim(index, 0), c->Dim(params, 1)));
+      return absl::OkStatus();
+    });
+
+// Below this many output floats the expansion runs inline: handing a few
+// thousand rows to the intra-op pool, busy with the other tables' kernels,
+// costs more than copying them.
+constexpr int64_t kInlineExpand = 1 << 17;
+
+class ExpandOp : public OpKernel {
+ public:
+  explicit ExpandOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& params_t = ctx->input(0);
+    const Tensor& index_t = ctx->input(1);
+    OP_REQUIRES(ctx, params_t.dims() == 2 && index_t.dims() == 1,
+                absl::InvalidArgumentError(
+                    "npu_rec kernel: NpuRecExpand takes params [u, dim] and index [n]; got " +
+                    params_t.shape().DebugString() + " and " + index_t.shape().DebugString()));
+    const int64_t u = params_t.dim_size(0), dim = params_t.dim_size(1);
+    const int64_t n = index_t.NumElements();
+    const int64_t* index = index_t.flat<int64_t>().data();
+    for (int64_t i = 0; i < n; ++i) {
+      OP_REQUIRES(ctx, static_cast<uint64_t>(index[i]) < static_cast<uint64_t>(u),
+                  absl::InvalidArgumentError(
+                      "npu_rec kernel: index[" + std::to_string(i) + "] = " +
+                      std::to_string(index[i]) + " is not in [0, " + std::to_string(u) + ")"));
+    }
+    Tensor* out_t = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({n, dim}), &out_t));
+    const float* src = params_t.flat<float>().data();
+    float* dst = out_t->flat<float>().data();
+    auto copy = [&](int64_t begin, int64_t end) {
+      if (dim == 16) {  // the common width: a fixed-size copy the compiler unrolls
+        for (int64_t i = begin; i < end; ++i) {
+          std::memcpy(dst + i * 16, src + index[i] * 16, 16 * sizeof(float));
+        }
+        return;
+      }
+      for (int64_t i = begin; i < end; ++i) {
+        std::memcpy(dst + i * dim, src + index[i] * dim, dim * sizeof(float));
+      }
+    };
+    if (n * dim < kInlineExpand) {
+      copy(0, n);
+    } else {
+      ParallelRows(ctx, n, 8 * dim + 8, copy);
+    }
+  }
+};
 
 class GatherTouchOp : public OpKernel {
  public:
@@ -315,6 +379,7 @@ class SparseApplyOp : public OpKernel {
 
 REGISTER_KERNEL_BUILDER(Name("NpuRecGatherTouch").Device(DEVICE_CPU), GatherTouchOp);
 REGISTER_KERNEL_BUILDER(Name("NpuRecSparseApply").Device(DEVICE_CPU), SparseApplyOp);
+REGISTER_KERNEL_BUILDER(Name("NpuRecExpand").Device(DEVICE_CPU), ExpandOp);
 
 }  // namespace
 }  // namespace npu_rec

@@ -4,7 +4,8 @@ A training lookup deduplicates the ids once (`tf.unique_with_counts`, or
 inside the fused lookup kernel on the kernel path: `SparseTable.lookup_ids`),
 looks up only the unique keys in the hash map, gathers one row per unique key
 (the "unique-row tensor") and expands it to the ids' shape with a plain
-`tf.gather`. Autodiff of that gather sums the gradients of repeated ids, and
+`tf.gather` (on the kernel path, an equivalent kernel with the same
+gradient). Autodiff of that gather sums the gradients of repeated ids, and
 flows through the combiners, so d loss / d unique-row tensor is exactly the
 gradient the sparse optimizer needs, with no second hash lookup.
 
@@ -292,8 +293,24 @@ def sparse_lookup(
             if prepared is None:
                 uniq, idx = tf.unique(flat, out_idx=tf.int64)
             _, emb_u = table.lookup_unique(table.checked_keys(uniq), None, None, False)
-        emb = tf.gather(emb_u, idx)
-        return _shape_output(emb, ids, combiner, table.dim)
+        return _shape_output(_expand(emb_u, idx), ids, combiner, table.dim)
+
+
+def _expand(emb_u: tf.Tensor, idx: tf.Tensor) -> tf.Tensor:
+    """The unique rows expanded to the ids: `tf.gather(emb_u, idx)`.
+
+    On the kernel path the `NpuRecExpand` kernel does it (one small copy loop per
+    lookup instead of TensorFlow's sharded gather; the same gradient).
+    """
+    if (
+        _kernel_ops.enabled()
+        and emb_u.dtype == tf.float32
+        and emb_u.shape.rank == 2
+        and idx.dtype == tf.int64
+        and idx.shape.rank == 1
+    ):
+        return _kernel_ops.expand(emb_u, idx)
+    return tf.gather(emb_u, idx)
 
 
 def _training_lookup(table, prepared, flat, ids, timestamps):

@@ -25,6 +25,7 @@ from npu_rec._kernels import _ops as kernel_ops
 from npu_rec.checkpoint import TableCheckpointManager
 from npu_rec.table import _registry as _table_registry
 from tests.table.table_helpers import OPTIMIZERS, assert_same_states, full_state
+from tests.table.table_reference import keyed_uniform
 from tests.table.test_table_properties import FEATURES, _op, _run
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -252,6 +253,79 @@ def test_large_batch_deduplication_gives_unique_with_counts_order(rng):
     newest = np.full(unique.size, -1, np.int64)
     np.maximum.at(newest, index, times)
     np.testing.assert_array_equal(out.miss_times.numpy(), newest)
+
+
+@needs_kernels
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    u=st.integers(1, 40),
+    n=st.sampled_from([0, 1, 7, 300, 40_000]),  # 40,000 x dim 4+ runs on the intra-op threads
+    dim=st.sampled_from([1, 4, 16, 33]),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_expand_is_tf_gather_with_its_gradient(u, n, dim, seed):
+    """`NpuRecExpand` against `tf.gather` and NumPy: values, and the IndexedSlices gradient."""
+    rng = np.random.default_rng(seed)
+    params = tf.constant(rng.normal(size=(u, dim)).astype(np.float32))
+    index = tf.constant(rng.integers(0, u, n), tf.int64)
+    weights = tf.constant(rng.normal(size=(n, dim)).astype(np.float32))
+    grads = []
+    for expand in (kernel_ops.expand, tf.gather):
+        with tf.GradientTape() as tape:
+            tape.watch(params)
+            out = expand(params, index)
+            loss = tf.reduce_sum(out * weights)
+        np.testing.assert_array_equal(out.numpy(), params.numpy()[index.numpy()])
+        grad = tape.gradient(loss, params)
+        assert isinstance(grad, tf.IndexedSlices)
+        grads.append(grad)
+    ours, stock = grads
+    np.testing.assert_array_equal(ours.indices.numpy(), stock.indices.numpy())
+    np.testing.assert_array_equal(ours.values.numpy(), stock.values.numpy())
+    np.testing.assert_array_equal(ours.dense_shape.numpy(), [u, dim])
+    summed = np.zeros((u, dim), np.float32)
+    np.add.at(summed, index.numpy(), weights.numpy())
+    np.testing.assert_allclose(tf.convert_to_tensor(ours).numpy(), summed, rtol=1e-5, atol=1e-5)
+
+
+@needs_kernels
+def test_expand_refuses_an_index_outside_the_rows():
+    params = tf.zeros([3, 2])
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"index\[1\] = 3 is not in \[0, 3\)"):
+        kernel_ops.expand(params, tf.constant([0, 3], tf.int64))
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"index\[0\] = -1 is not in"):
+        kernel_ops.expand(params, tf.constant([-1], tf.int64))
+
+
+@needs_kernels
+def test_training_lookups_on_the_kernel_path_expand_with_the_kernel():
+    """The graph of a kernel-path training step holds NpuRecExpand and no GatherV2 of rows."""
+    with kernel_path(True):
+        _table_registry.clear()
+        table = npu_rec.create_table("expand_graph", 4, optimizer=npu_rec.optimizers.SGD(0.1))
+
+        @tf.function
+        def step(ids):
+            with tf.GradientTape() as tape, npu_rec.record_lookups(tape) as recs:
+                loss = tf.reduce_sum(npu_rec.sparse_lookup(table, ids))
+            npu_rec.apply_recorded_gradients(
+                recs, tape.gradient(loss, [r.embeddings for r in recs])
+            )
+            return loss
+
+        graph = step.get_concrete_function(tf.TensorSpec([None, 3], tf.int64)).graph
+        step(tf.constant([[1, 2, 1], [3, 3, 3]], tf.int64))
+    types = [op.type for op in graph.get_operations()]
+    assert types.count("NpuRecExpand") == 1 and "GatherV2" not in types
+    # d loss / d row = number of sightings: SGD moved row 3 by 3 * 0.1 per element, row 1 by 2 * 0.1.
+    exported = table.export()
+    rows = dict(zip(exported["keys"].tolist(), exported["values"], strict=True))
+    start = {k: keyed_uniform(k, 4, "expand_graph") for k in (1, 2, 3)}
+    np.testing.assert_allclose(rows[3], start[3] - 0.3, atol=1e-6)
+    np.testing.assert_allclose(rows[1], start[1] - 0.2, atol=1e-6)
+    np.testing.assert_allclose(rows[2], start[2] - 0.1, atol=1e-6)
 
 
 # --------------------------------------------------------------- modes
