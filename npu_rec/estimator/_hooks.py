@@ -21,6 +21,7 @@ import tensorflow as tf
 from npu_rec import _log as logging
 from npu_rec.estimator import _save
 from npu_rec.table import _registry as _table_registry
+from npu_rec.table._base import TableEvictor
 from npu_rec.training._policies import FULL, EvictPolicy
 
 #: The clock of time-based cadences (replace it in tests).
@@ -237,7 +238,7 @@ class EvictHook(SessionRunHook):
             return
         step = int(run_context.session.run(self._global_step))
         if self._policy.due(step):
-            freed = {t.name: int(t.evict(session=run_context.session)) for t in self._tables}
+            freed = TableEvictor(self._tables)(session=run_context.session)
             self.evictions.append((step, sum(freed.values())))
             self._policy.mark_evicted(step)
             logging.evicted(step, freed)

@@ -361,6 +361,10 @@ class SparseTable(abc.ABC):
             count, newest = self._session(session).run(self._graph_ops["clamped"])
         else:
             count, newest = self.clamped_report().numpy()
+        self._report_clamped(count, newest)
+
+    def _report_clamped(self, count, newest) -> None:
+        """`_warn_clamped` given the table's clamped report (count, newest)."""
         if count > self._clamped_reported:
             logging.warning(
                 "npu_rec: sparse table %r replaced %d training timestamps (%d so far) lying "
@@ -439,6 +443,55 @@ class SparseTable(abc.ABC):
                 f"and slots={desc['slots']}, but the table has dim={self.dim} and "
                 f"slots={self.slot_names} (is the optimizer the same?)."
             )
+
+
+class TableEvictor:
+    """Evicts from several tables in one call: `SparseTable.evict` for each, together.
+
+    Eagerly, one `tf.function` (compiled on the first call) runs every table's
+    eviction, side by side on TensorFlow's inter-op threads, and reads their
+    clamped-timestamp reports; in a `tf.compat.v1` graph one `session.run`
+    does. The front ends' eviction callback and hook use it: per table, the
+    call and its synchronisation cost more than a small table's scan.
+
+    Args:
+      tables: The `SparseTable`s (distinct).
+    """
+
+    def __init__(self, tables):
+        self.tables = tuple(tables)
+        self._eager = None
+
+    def __call__(self, now: int | None = None, session=None) -> dict[str, int]:
+        """Rows freed per table name, as `{t.name: t.evict(now, session)}` would give."""
+        tables = self.tables
+        now_value = NO_NOW if now is None else int(now)
+        if not tables:
+            return {}
+        if all(t._graph_mode for t in tables):
+            sess = session or tf.compat.v1.get_default_session()
+            if sess is None:  # the tables' own error, naming the first table
+                tables[0]._session(None)
+            fetches = [(t._graph_ops["evict"][1], t._graph_ops["clamped"]) for t in tables]
+            out = sess.run(fetches, {t._graph_ops["evict"][0]: now_value for t in tables})
+        elif tf.executing_eagerly() and not any(t._graph_mode for t in tables):
+            if self._eager is None:
+                self._eager = tf.function(
+                    self._evict_all, input_signature=[tf.TensorSpec([], tf.int64)]
+                )
+            freed, clamped = self._eager(tf.constant(now_value, tf.int64))
+            out = zip(freed.numpy(), clamped.numpy(), strict=True)
+        else:  # tables of different graphs, or inside a tf.function: one by one
+            return {t.name: t.evict(now=now, session=session) for t in tables}
+        result = {}
+        for table, (freed, (count, newest)) in zip(tables, out, strict=True):
+            table._report_clamped(count, newest)
+            result[table.name] = int(freed)
+        return result
+
+    def _evict_all(self, now: tf.Tensor):
+        freed = [t.build_evict(now) for t in self.tables]
+        return tf.stack(freed), tf.stack([t.clamped_report() for t in self.tables])
 
 
 def key_times(times, index, num_keys, batch_time) -> tf.Tensor:

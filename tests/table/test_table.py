@@ -422,3 +422,60 @@ def test_size_is_a_tensor_in_a_v1_graph():
             sess.run(tf.compat.v1.global_variables_initializer())
             sess.run(emb)
             assert sess.run(size) == 2
+
+
+def _evictor_tables(prefix):
+    """Three tables (one sharded, one with eviction off) with rows seen at 100 and 200,
+    and a clamped timestamp in the first."""
+    tables = [
+        npu_rec.create_table(f"{prefix}_a", 2, access_threshold=0, eviction_threshold=50),
+        npu_rec.create_table(
+            f"{prefix}_b", 2, access_threshold=0, eviction_threshold=150, num_shards=2
+        ),
+        npu_rec.create_table(f"{prefix}_c", 2, access_threshold=0, eviction_threshold=-1),
+    ]
+    lookups = []
+    for t in tables:
+        lookups.append(npu_rec.sparse_lookup(t, tf.constant([1, 2, 3], tf.int64), timestamps=100))
+        lookups.append(npu_rec.sparse_lookup(t, tf.constant([3, 4], tf.int64), timestamps=200))
+    ahead = tf.constant([2**62], tf.int64)
+    lookups.append(npu_rec.sparse_lookup(tables[0], tf.constant([9], tf.int64), timestamps=ahead))
+    return tables, lookups
+
+
+@pytest.mark.parametrize("graph", [False, True])
+def test_one_evictor_frees_what_each_tables_evict_frees(graph, caplog):
+    from npu_rec.table._base import TableEvictor
+
+    def run(prefix, together, sess=None):
+        tables, _ = _evictor_tables(prefix)
+        if sess is not None:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            sess.run(_)
+        caplog.clear()
+        with caplog.at_level("WARNING"):
+            if together:
+                freed = TableEvictor(tables)(now=260, session=sess)
+            else:
+                freed = {t.name: int(t.evict(now=260, session=sess)) for t in tables}
+        states = [
+            sorted(t.export(session=sess)["keys"].tolist()) if sess else t.export()["keys"].tolist()
+            for t in tables
+        ]
+        return list(freed.values()), states, caplog.text
+
+    if graph:
+        results = []
+        for together in (False, True):
+            with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
+                results.append(run(f"ev{together}", together, sess))
+    else:
+        results = [run(f"ev{together}", together) for together in (False, True)]
+    (freed_each, keys_each, log_each), (freed_all, keys_all, log_all) = results
+    # a: idle > 50 at 260 are the keys last seen at 100 and 200 (key 9 got the clock, 200);
+    # b: idle > 150 are those seen at 100 only; c: eviction off.
+    assert freed_all == freed_each == [5, 2, 0]
+    assert keys_all == keys_each
+    assert [sorted(k) for k in keys_all] == [[], [3, 4], [1, 2, 3, 4]]
+    assert "_a' replaced 1 training timestamps" in log_all
+    assert "_a' replaced 1 training timestamps" in log_each

@@ -9,6 +9,7 @@ import keras
 
 from npu_rec import _log as logging
 from npu_rec.keras.callbacks._common import global_step, tables_of
+from npu_rec.table._base import TableEvictor
 from npu_rec.training._policies import EvictPolicy
 
 
@@ -50,6 +51,7 @@ class Evict(keras.callbacks.Callback):
         self._tables = tables
         self._now = now
         self.evictions: list[tuple[int, dict[str, int]]] = []
+        self._evictor = TableEvictor(())
 
     def on_train_begin(self, logs=None):
         self.policy.start(global_step(self.model))
@@ -63,11 +65,12 @@ class Evict(keras.callbacks.Callback):
         """Evicts now from every table with eviction on; returns rows freed per table."""
         step = global_step(self.model) if step is None else step
         now = None if self._now is None else self._now()
-        freed = {
-            t.name: int(t.evict(now=now))
-            for t in tables_of(self.model, self._tables)
-            if t.config.eviction_threshold >= 0
-        }
+        tables = tuple(
+            t for t in tables_of(self.model, self._tables) if t.config.eviction_threshold >= 0
+        )
+        if tables != self._evictor.tables:  # one compiled eviction for these tables
+            self._evictor = TableEvictor(tables)
+        freed = self._evictor(now=now)
         self.policy.mark_evicted(step)
         self.evictions.append((step, freed))
         logging.evicted(step, freed)
