@@ -114,8 +114,7 @@ def expand(params: tf.Tensor, index: tf.Tensor) -> tf.Tensor:
 
 def _expand_gradient(op, grad):
     """`tf.gather`'s gradient: the per-id gradients as slices of the unique rows."""
-    shape = tf.shape(op.inputs[0], out_type=tf.int64)
-    return [tf.IndexedSlices(grad, op.inputs[1], tf.cast(shape, tf.int32)), None]
+    return [tf.IndexedSlices(grad, op.inputs[1], tf.shape(op.inputs[0])), None]
 
 
 try:
