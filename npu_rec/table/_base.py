@@ -76,7 +76,7 @@ class SparseTable(abc.ABC):
             self._graph_mode = not tf.executing_eagerly()
         #: Graph mode: the ops run by `size`/`evict`/... (built by the subclass at creation).
         self._graph_ops: dict[str, Any] = {}
-        self._eager_evict = None
+        self._evictor: TableEvictor | None = None  # `evict`'s, made on its first call
         self._clamped_reported = 0
 
     # ------------------------------------------------------------ description
@@ -329,42 +329,23 @@ class SparseTable(abc.ABC):
           or an int64 scalar tensor (inside `tf.function`, or graph mode without
           a session).
         """
-        now_value = NO_NOW if now is None else now
-        if self._graph_mode:
-            ph, out = self._graph_ops["evict"]
-            sess = session or tf.compat.v1.get_default_session()
-            if sess is None:
-                if now is None:
-                    return out
-                return self.build_evict(tf.cast(now_value, tf.int64))
-            freed = int(sess.run(out, {ph: int(now_value)}))
-            self._warn_clamped(sess)
-            return freed
-        if not tf.executing_eagerly():
-            return self.build_evict(tf.cast(now_value, tf.int64))
-        if self._eager_evict is None:
-            # Compiled once: a whole-table scan runs multi-threaded, and the
-            # metadata read is released before the scatters (no copy-on-write).
-            self._eager_evict = tf.function(
-                self.build_evict, input_signature=[tf.TensorSpec([], tf.int64)]
-            )
-            # One trace per table by design: without this, TF warns of "excessive
-            # retracing" of `build_evict` once a model's tables are evicted.
-            self._eager_evict._omit_frequent_tracing_warning = True
-        freed = int(self._eager_evict(tf.constant(now_value, tf.int64)))
-        self._warn_clamped()
-        return freed
-
-    def _warn_clamped(self, session=None) -> None:
-        """Logs a warning when more timestamps were clamped since the last one."""
-        if self._graph_mode:
-            count, newest = self._session(session).run(self._graph_ops["clamped"])
-        else:
-            count, newest = self.clamped_report().numpy()
-        self._report_clamped(count, newest)
+        if self._graph_mode and (session or tf.compat.v1.get_default_session()) is None:
+            if now is None:
+                return self._graph_ops["evict"][1]
+            return self.build_evict(tf.cast(now, tf.int64))
+        if not self._graph_mode and not tf.executing_eagerly():  # inside a tf.function
+            return self.build_evict(tf.cast(NO_NOW if now is None else now, tf.int64))
+        if self._evictor is None:
+            self._evictor = TableEvictor([self])
+        return self._evictor(now, session)[self.name]
 
     def _report_clamped(self, count, newest) -> None:
-        """`_warn_clamped` given the table's clamped report (count, newest)."""
+        """Logs a warning when more timestamps were clamped since the last report.
+
+        Args:
+          count, newest: The table's clamped report (`clamped_report`), as read
+            by an eviction.
+        """
         if count > self._clamped_reported:
             logging.warning(
                 "npu_rec: sparse table %r replaced %d training timestamps (%d so far) lying "
@@ -446,7 +427,7 @@ class SparseTable(abc.ABC):
 
 
 class TableEvictor:
-    """Evicts from several tables in one call: `SparseTable.evict` for each, together.
+    """Evicts from several tables in one call (`SparseTable.evict` runs one for its table).
 
     Eagerly, one `tf.function` (compiled on the first call) runs every table's
     eviction, side by side on TensorFlow's inter-op threads, and reads their
@@ -476,9 +457,14 @@ class TableEvictor:
             out = sess.run(fetches, {t._graph_ops["evict"][0]: now_value for t in tables})
         elif tf.executing_eagerly() and not any(t._graph_mode for t in tables):
             if self._eager is None:
+                # Compiled once: a whole-table scan runs multi-threaded, and the
+                # metadata read is released before the scatters (no copy-on-write).
                 self._eager = tf.function(
                     self._evict_all, input_signature=[tf.TensorSpec([], tf.int64)]
                 )
+                # One trace per evictor by design: without this, TF warns of
+                # "excessive retracing" once every table of a model has evicted.
+                self._eager._omit_frequent_tracing_warning = True
             freed, clamped = self._eager(tf.constant(now_value, tf.int64))
             out = zip(freed.numpy(), clamped.numpy(), strict=True)
         else:  # tables of different graphs, or inside a tf.function: one by one
