@@ -10,7 +10,7 @@ import tensorflow as tf
 from npu_rec import _keras_private, distribute
 from npu_rec import _log as logging
 from npu_rec._keras_private import Functional, Trainer, functional_init_arguments
-from npu_rec.keras import _amp, _finite, _keras_fixes, _online
+from npu_rec.keras import _amp, _finite, _keras_fixes, _online, _serving
 from npu_rec.keras._layers import model_tables
 from npu_rec.keras._model_state import ModelStateMixin
 from npu_rec.table import _lookup
@@ -338,6 +338,17 @@ class RecModel(ModelStateMixin, keras.Model):
 
     def _metric_results(self):
         return {"loss": _keras_private.loss_tracker(self).result()}
+
+    def export(
+        self, filepath, format="tf_saved_model", verbose=None, input_signature=None, **kwargs
+    ):
+        """Keras' serving export: a SavedModel of stock TensorFlow ops (`export_for_serving`).
+
+        Raises:
+          ValueError: a format other than "tf_saved_model" (the sparse tables only
+            export as frozen TensorFlow lookups), or an unknown option.
+        """
+        _serving.keras_export(self, filepath, format, verbose, input_signature, **kwargs)
 
     # ---------------------------------------------------------------- training
     def fit(self, *args, callbacks=None, **kwargs):

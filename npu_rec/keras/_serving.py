@@ -23,6 +23,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from npu_rec import _log as logging
 from npu_rec.keras._layers import sparse_embeddings
 
 
@@ -169,3 +170,49 @@ def export_for_serving(model: keras.Model, export_dir: str, *, input_signature=N
     sig_fn = tf.function(signature, input_signature=sig_specs).get_concrete_function()
     tf.saved_model.save(module, export_dir, signatures={"serving_default": sig_fn})
     return export_dir
+
+
+def _as_spec(x):
+    """A `tf.TypeSpec` for one leaf of a Keras `export` input signature."""
+    if isinstance(x, tf.TypeSpec):
+        return x
+    if isinstance(x, keras.InputSpec):
+        return tf.TensorSpec(x.shape, x.dtype, name=x.name)
+    if isinstance(x, keras.KerasTensor):
+        return _spec_of(x)
+    return tf.TensorSpec.from_tensor(tf.convert_to_tensor(x))
+
+
+def keras_export(
+    model, filepath, format="tf_saved_model", verbose=None, input_signature=None, **kwargs
+) -> None:
+    """`RecModel.export`: Keras' serving export, written by `export_for_serving`.
+
+    Keras' own export cannot save the sparse tables' key maps; the SavedModel
+    written here serves raw ids with stock TensorFlow ops (`.serve(inputs)`
+    and the `serving_default` signature, as in `export_for_serving`).
+
+    Raises:
+      ValueError: a format other than "tf_saved_model", or an option this
+        export does not take.
+    """
+    if format != "tf_saved_model":
+        raise ValueError(
+            "RecModel.export writes format='tf_saved_model' only (its sparse tables are "
+            "frozen into stock TensorFlow lookups; the other formats cannot hold them). "
+            f"Received: format={format!r}"
+        )
+    if kwargs:
+        raise ValueError(
+            "RecModel.export takes no options besides `verbose` and `input_signature` for "
+            f"format='tf_saved_model'. Received: {sorted(kwargs)}"
+        )
+    if input_signature is not None:
+        input_signature = tf.nest.map_structure(_as_spec, input_signature)
+    export_for_serving(model, str(filepath), input_signature=input_signature)
+    if verbose or verbose is None:
+        logging.info(
+            "Saved the serving artifact at %r: load it with tf.saved_model.load and call "
+            "`.serve(inputs)` or the 'serving_default' signature.",
+            str(filepath),
+        )

@@ -89,14 +89,24 @@ probe = {k: np.asarray(v) for k, v in json.loads(sys.argv[2]).items()}
 out = served.signatures["serving_default"](
     user=tf.constant(probe["user"], tf.int64), tags=tf.constant(probe["tags"], tf.int64),
     feats=tf.constant(probe["feats"], tf.float32))["output_0"].numpy()
-print(json.dumps({"npu_rec_imported": "npu_rec" in sys.modules, "out": out.tolist()}))
+# Keras' way to call an exported model: `.serve` with the model's input structure.
+serve_out = served.serve({
+    "user": tf.constant(probe["user"], tf.int64), "tags": tf.constant(probe["tags"], tf.int64),
+    "feats": tf.constant(probe["feats"], tf.float32)}).numpy()
+print(json.dumps({"npu_rec_imported": "npu_rec" in sys.modules, "out": out.tolist(),
+                  "serve_out": serve_out.tolist()}))
 """
 
 
-def test_exported_saved_model_serves_raw_ids_without_npu_rec(tmp_path, trained):
+@pytest.mark.parametrize("how", ["export_for_serving", "model.export"])
+def test_exported_saved_model_serves_raw_ids_without_npu_rec(tmp_path, trained, how):
     model, _, probe = trained
     expected = model.predict(probe, verbose=0)
-    export_dir = export_for_serving(model, str(tmp_path / "serving"))
+    export_dir = str(tmp_path / "serving")
+    if how == "model.export":  # Keras' own export call, as a Keras user writes it
+        model.export(export_dir)
+    else:
+        export_for_serving(model, export_dir)
     arg = json.dumps({k: v.tolist() for k, v in probe.items()})
     result = subprocess.run(
         [sys.executable, "-c", SERVE, export_dir, arg],
@@ -109,6 +119,23 @@ def test_exported_saved_model_serves_raw_ids_without_npu_rec(tmp_path, trained):
     served = json.loads(result.stdout.strip().splitlines()[-1])
     assert served["npu_rec_imported"] is False
     np.testing.assert_allclose(np.array(served["out"]), expected, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(np.array(served["serve_out"]), expected, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"format": "onnx"}, "format='tf_saved_model' only.*format='onnx'"),
+        ({"is_static": True}, r"no options.*\['is_static'\]"),
+    ],
+)
+def test_model_export_refuses_other_formats_and_options_and_writes_nothing(
+    tmp_path, trained, kwargs, match
+):
+    model, _, _ = trained
+    with pytest.raises(ValueError, match=match):
+        model.export(str(tmp_path / "out"), **kwargs)
+    assert not (tmp_path / "out").exists()
 
 
 def test_a_sharded_layer_round_trips_its_shard_count_and_trains(tmp_path):
