@@ -255,6 +255,19 @@ class SparseEmbedding(keras.layers.Layer):
             shape = shape[:-1]  # rank-1 ids are bags of one id each
         return shape + (self.dim,)
 
+    def _trackable_children(self, save_type="checkpoint", **kwargs):
+        # tf.saved_model.save of a model holding this layer: its table's key index
+        # is not a SavedModel resource, and TensorFlow's own error does not say so.
+        if save_type == "savedmodel":
+            raise ValueError(
+                f"tf.saved_model.save cannot write the sparse table of layer {self.name!r} "
+                "(its key index is not a SavedModel resource). To serve the model, export it "
+                "with model.export(path) (RecModel) or npu_rec.keras.export_for_serving(model, "
+                "path): a SavedModel of stock TensorFlow ops; to keep its training state, "
+                "model.save('model.keras'). Received: save_type='savedmodel'"
+            )
+        return super()._trackable_children(save_type, **kwargs)
+
     def get_config(self) -> dict[str, Any]:
         base_config = super().get_config()
         kw = dict(self._table_kwargs)

@@ -7,6 +7,7 @@ import sys
 import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 
 import npu_rec
 from npu_rec.keras import RecModel, SparseEmbedding, export_for_serving
@@ -136,6 +137,20 @@ def test_model_export_refuses_other_formats_and_options_and_writes_nothing(
     with pytest.raises(ValueError, match=match):
         model.export(str(tmp_path / "out"), **kwargs)
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("kind", ["RecModel", "keras.Model"])
+def test_tf_saved_model_save_explains_the_exports_and_writes_nothing(tmp_path, trained, kind):
+    model, x, _ = trained
+    if kind == "keras.Model":  # the same layers in a plain Keras model
+        model = keras.Model(model.inputs, model.outputs)
+    out = tmp_path / "sm"
+    with pytest.raises(ValueError, match=r"tf.saved_model.save cannot write.*model.export"):
+        tf.saved_model.save(model, str(out))
+    assert not (out / "saved_model.pb").exists()
+    # A checkpoint of the same model (the other traversal of its objects) still works.
+    path = tf.train.Checkpoint(model=model).write(str(tmp_path / "ckpt" / "c"))
+    assert tf.train.load_checkpoint(path).get_variable_to_shape_map()
 
 
 def test_a_sharded_layer_round_trips_its_shard_count_and_trains(tmp_path):
