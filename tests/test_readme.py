@@ -1,6 +1,7 @@
 """The README's examples and the commands of README.md and docs/scripts.md are what users
 copy: they must run as written on a fresh clone, after the README's two commands."""
 
+import concurrent.futures
 import importlib.util
 import json
 import os
@@ -114,6 +115,18 @@ def _run_scripts(invocations, tmp_path):
     return [(r[:-1], r[-1]) for r in results if r[-1]]
 
 
+def _help(argv) -> subprocess.CompletedProcess:
+    """`python argv...` (a `--help` command) for real: absl prints the flags and exits."""
+    return subprocess.run(
+        [sys.executable, *argv],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=dict(os.environ, PYTHONPATH=ROOT),
+    )
+
+
 @pytest.fixture
 def run_py(monkeypatch):
     """run.py itself, with the venv it would make being this interpreter's."""
@@ -135,21 +148,16 @@ def test_every_documented_command_runs(doc, run_py, tmp_path):
         argv = _small(shlex.split(command, comments=True)[2:], str(tmp_path))
         assert run_py.main(argv) == 0, command
     assert len(started) == len(commands(doc))
-    helps = {tuple(a) for a in started if "--help" in a}
-    for argv in sorted(helps):
-        out = subprocess.run(
-            [sys.executable, *argv],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=120,
-            env=dict(os.environ, PYTHONPATH=ROOT),
-        )
-        assert out.returncode == 0 and "--max_steps" in out.stdout, out.stderr[-2000:]
+    helps = sorted({tuple(a) for a in started if "--help" in a})
     scripts = [a for a in started if a[0] != "-m" and "--help" not in a]
     assert [a for a in started if a[0] == "-m" and a[1] != "pytest"] == []
     assert all(os.path.exists(os.path.join(ROOT, a[0])) for a in scripts)
-    failed = _run_scripts(scripts, tmp_path)
+    # The `--help` processes run beside the scripts' process (each mostly imports TensorFlow).
+    with concurrent.futures.ThreadPoolExecutor(len(helps) + 1) as pool:
+        scripts_run = pool.submit(_run_scripts, scripts, tmp_path)
+        for out in pool.map(_help, helps):
+            assert out.returncode == 0 and "--max_steps" in out.stdout, out.stderr[-2000:]
+        failed = scripts_run.result()
     assert failed == [], "\n\n".join(f"{' '.join(a)}:\n{e}" for a, e in failed)
 
 
