@@ -1,6 +1,7 @@
 """The README's examples and the commands of README.md and docs/scripts.md are what users
 copy: they must run as written on a fresh clone, after the README's two commands."""
 
+import concurrent.futures
 import importlib.util
 import json
 import os
@@ -114,42 +115,78 @@ def _run_scripts(invocations, tmp_path):
     return [(r[:-1], r[-1]) for r in results if r[-1]]
 
 
-@pytest.fixture
-def run_py(monkeypatch):
+def _help(argv) -> subprocess.CompletedProcess:
+    """`python argv...` (a `--help` command) for real: absl prints the flags and exits."""
+    return subprocess.run(
+        [sys.executable, *argv],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=dict(os.environ, PYTHONPATH=ROOT),
+    )
+
+
+def _load_run_py():
     """run.py itself, with the venv it would make being this interpreter's."""
     spec = importlib.util.spec_from_file_location("run_py", os.path.join(ROOT, "run.py"))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    monkeypatch.setattr(module, "_ensure_env", lambda extras: None)  # never pip install here
+    module._ensure_env = lambda extras: None  # never pip install here (a fresh module)
     return module
 
 
+@pytest.fixture
+def run_py():
+    return _load_run_py()
+
+
+@pytest.fixture(scope="module")
+def documented(tmp_path_factory):
+    """doc -> (run.py's `main` exit code per command, what run.py started, the futures of
+    the `--help` processes and of the scripts' process).
+
+    Each command goes through run.py's `main` (the venv step stubbed: this interpreter is
+    the venv); what run.py would start is then run: each document's scripts in one
+    process, in the documented order, `--help` for real. The processes of both documents
+    run side by side (each mostly imports TensorFlow); each test waits for its own.
+    """
+    run_py = _load_run_py()
+    planned = {}
+    for doc in DOCS:
+        tmp = str(tmp_path_factory.mktemp("doc"))
+        started = []
+        run_py._run = lambda argv, started=started: started.append(argv) or 0
+        codes = [
+            (command, run_py.main(_small(shlex.split(command, comments=True)[2:], tmp)))
+            for command in commands(doc)
+        ]
+        planned[doc] = (tmp, codes, started)
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        runs = {}
+        for doc, (tmp, codes, started) in planned.items():
+            scripts = [a for a in started if a[0] != "-m" and "--help" not in a]
+            runs[doc] = [codes, started, [], pool.submit(_run_scripts, scripts, tmp)]
+        for doc, (_, _, started) in planned.items():
+            helps = sorted({tuple(a) for a in started if "--help" in a})
+            runs[doc][2] = [pool.submit(_help, argv) for argv in helps]
+        yield runs
+
+
 @pytest.mark.parametrize("doc", DOCS)
-def test_every_documented_command_runs(doc, run_py, tmp_path):
-    """Each command goes through run.py's `main` (the venv step stubbed: this interpreter is
-    the venv); what run.py would start is then run: scripts in one process, in the
-    documented order, `--help` for real. `run.py test` starts pytest: that is this suite."""
-    started = []
-    run_py._run = lambda argv: started.append(argv) or 0
-    for command in commands(doc):
-        argv = _small(shlex.split(command, comments=True)[2:], str(tmp_path))
-        assert run_py.main(argv) == 0, command
+def test_every_documented_command_runs(doc, documented):
+    """Every command of `doc` goes through run.py and what it starts succeeds (see
+    `documented`). `run.py test` starts pytest: that is this suite."""
+    codes, started, helps, scripts_run = documented[doc]
+    for command, code in codes:
+        assert code == 0, command
     assert len(started) == len(commands(doc))
-    helps = {tuple(a) for a in started if "--help" in a}
-    for argv in sorted(helps):
-        out = subprocess.run(
-            [sys.executable, *argv],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=120,
-            env=dict(os.environ, PYTHONPATH=ROOT),
-        )
-        assert out.returncode == 0 and "--max_steps" in out.stdout, out.stderr[-2000:]
     scripts = [a for a in started if a[0] != "-m" and "--help" not in a]
     assert [a for a in started if a[0] == "-m" and a[1] != "pytest"] == []
     assert all(os.path.exists(os.path.join(ROOT, a[0])) for a in scripts)
-    failed = _run_scripts(scripts, tmp_path)
+    for out in (help_run.result() for help_run in helps):
+        assert out.returncode == 0 and "--max_steps" in out.stdout, out.stderr[-2000:]
+    failed = scripts_run.result()
     assert failed == [], "\n\n".join(f"{' '.join(a)}:\n{e}" for a, e in failed)
 
 

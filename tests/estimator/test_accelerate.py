@@ -58,15 +58,32 @@ def float32_loss(tmp_path_factory):
     return loss
 
 
-@pytest.mark.parametrize("kind, dtype", [("fast", "float16"), ("fast1", "bfloat16")])
-def test_step_trigger_runs_half_in_low_precision_then_float32(tmp_path, kind, dtype):
-    est = _estimator(tmp_path, f"{kind}|step|0.5")
+_LOW = {"fast": "float16", "fast1": "bfloat16"}
+
+
+@pytest.fixture(scope="module", params=sorted(_LOW))
+def half_low(request, tmp_path_factory):
+    """(kind, model_dir, estimator, hook) of a `kind|step|0.5` run of 40 steps.
+
+    Steps 0-19 run in low precision, 20-39 in float32; checkpoint 20 is the
+    hand-over. The tests below only read the run (one run per kind, not one per test).
+    """
+    npu_rec.shutdown()
+    model_dir = tmp_path_factory.mktemp(request.param)
+    est = _estimator(model_dir, f"{request.param}|step|0.5")
     hook = E.TellMeStepOrLossHook(step="global_step:0", total_step=40)
     est.train(_input_fn(), hooks=[hook], max_steps=40)
+    npu_rec.shutdown()
+    return request.param, model_dir, est, hook
+
+
+def test_step_trigger_runs_half_in_low_precision_then_float32(half_low):
+    kind, model_dir, est, hook = half_low
+    dtype = _LOW[kind]
     assert hook.history == [(s, dtype) for s in range(20)] + [(s, "float32") for s in range(20, 40)]
     assert est.precision_history == hook.history
     # The TensorBoard scalar npu_rec/low_precision holds the same per-step record.
-    assert _precision_scalars(tmp_path) == {s: (1.0 if s < 20 else 0.0) for s in range(40)}
+    assert _precision_scalars(model_dir) == {s: (1.0 if s < 20 else 0.0) for s in range(40)}
     assert tf.train.load_variable(est.latest_checkpoint(), "global_step") == 40
 
 
@@ -86,33 +103,28 @@ def test_step_trigger_without_hook_uses_global_step_and_max_steps(tmp_path):
     assert [d for _, d in est.precision_history] == ["bfloat16"] * 6 + ["float32"] * 14
 
 
-@pytest.mark.parametrize("kind", ["fast", "fast1"])
-def test_switch_loses_no_weight_slot_or_row(tmp_path, kind):
+def test_switch_loses_no_weight_slot_or_row(half_low, tmp_path):
     """The float32 phase starts from exactly the state the low phase ended with."""
-    est = _estimator(tmp_path, f"{kind}|step|0.5")
-    est.train(_input_fn(), max_steps=10)  # switch at step 5: checkpoint 5 is the hand-over
-    ckpt5 = str(tmp_path / "model.ckpt-5")
-    names = [n for n, _ in tf.train.list_variables(ckpt5)]
+    _, model_dir, est, _ = half_low
+    ckpt20 = str(model_dir / "model.ckpt-20")  # the switch at step 20: the hand-over
+    names = [n for n, _ in tf.train.list_variables(ckpt20)]
     assert any("Adam" in n for n in names)  # optimizer slots are in the hand-over
-    assert sorted(glob.glob(str(tmp_path / "tables" / "*.nrc")))[0].endswith("000005.full.nrc")
-    est_f32 = _estimator(tmp_path / "f32")
-    # Resuming at 5 in float32 from the hand-over checkpoint gives the same step 10.
+    assert sorted(glob.glob(str(model_dir / "tables" / "*.nrc")))[0].endswith("000020.full.nrc")
+    # Resuming at 20 in float32 from the hand-over checkpoint gives the same step 40.
     import shutil
 
     shutil.copytree(
-        tmp_path,
+        model_dir,
         tmp_path / "f32",
-        dirs_exist_ok=True,
         ignore=lambda d, names: [
-            n
-            for n in names
-            if "-10" in n or "000010" in n or n == "f32" or n == "npu_rec_precision.json"
+            n for n in names if "-40" in n or "000040" in n or n == "npu_rec_precision.json"
         ],
     )
     (tmp_path / "f32" / "checkpoint").write_text(
-        'model_checkpoint_path: "model.ckpt-5"\nall_model_checkpoint_paths: "model.ckpt-5"\n'
+        'model_checkpoint_path: "model.ckpt-20"\nall_model_checkpoint_paths: "model.ckpt-20"\n'
     )
-    est_f32.train(_input_fn(), max_steps=10)
+    est_f32 = _estimator(tmp_path / "f32")
+    est_f32.train(_input_fn(), max_steps=40)
     for name in names:
         if "loss_scale" in name:  # float16 phase only: float32 graphs have no scale
             continue

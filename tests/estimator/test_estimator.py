@@ -1,5 +1,6 @@
 """NPUEstimator end to end: train/evaluate/predict/export, resume, checkpoints, init rules."""
 
+import concurrent.futures
 import os
 import subprocess
 import sys
@@ -108,7 +109,7 @@ est.train(models.synthetic_input_fn(0, 6400, epochs=4), max_steps={max_steps})
 
 def _run(model_dir, max_steps):
     code = _RESUME.format(root=ROOT, model_dir=str(model_dir), max_steps=max_steps)
-    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
+    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, timeout=240)
 
 
 def _train_here(model_dir, max_steps):
@@ -126,11 +127,14 @@ def test_interrupt_and_resume_matches_one_run(tmp_path):
     """100 data batches repeat, so steps 100-199 see the same batches in both runs.
 
     The uninterrupted run and the first 100 steps run in this process; the
-    last 100 in a new process, which has only the checkpoint to go on.
+    last 100 in a new process, which has only the checkpoint to go on (it runs
+    while this process trains the uninterrupted run).
     """
-    _train_here(tmp_path / "once", 200)
     _train_here(tmp_path / "twice", 100)
-    _run(tmp_path / "twice", 200)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        resumed = pool.submit(_run, tmp_path / "twice", 200)
+        _train_here(tmp_path / "once", 200)
+        resumed.result()
     ckpt_a = tf.train.latest_checkpoint(str(tmp_path / "once"))
     ckpt_b = tf.train.latest_checkpoint(str(tmp_path / "twice"))
     assert ckpt_a.endswith("-200") and ckpt_b.endswith("-200")

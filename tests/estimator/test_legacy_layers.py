@@ -1,5 +1,6 @@
 """model_fns using tf.compat.v1.layers work with tf_keras and TF_USE_LEGACY_KERAS=1."""
 
+import concurrent.futures
 import os
 import subprocess
 import sys
@@ -42,26 +43,37 @@ _CODE = textwrap.dedent("""
 """)
 
 
-def test_legacy_layers_model_fn_in_subprocess(tmp_path):
-    pytest.importorskip("tf_keras")
-    env = {**os.environ, "TF_USE_LEGACY_KERAS": "1"}
-    out = subprocess.run(
+def _run(tmp_path, env) -> subprocess.CompletedProcess:
+    return subprocess.run(
         [sys.executable, "-c", _CODE.format(root=ROOT, model_dir=str(tmp_path))],
         env=env,
         capture_output=True,
         text=True,
+        timeout=240,
     )
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """The model_fn's process with TF_USE_LEGACY_KERAS=1 ("legacy") and without ("keras3"),
+    run side by side once (each mostly imports TensorFlow)."""
+    envs = {
+        "legacy": {**os.environ, "TF_USE_LEGACY_KERAS": "1"},
+        "keras3": {k: v for k, v in os.environ.items() if k != "TF_USE_LEGACY_KERAS"},
+    }
+    dirs = [tmp_path_factory.mktemp(name) for name in envs]
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        return dict(zip(envs, pool.map(_run, dirs, envs.values()), strict=True))
+
+
+def test_legacy_layers_model_fn_in_subprocess(runs):
+    pytest.importorskip("tf_keras")
+    out = runs["legacy"]
     assert out.returncode == 0, out.stderr[-2000:]
     assert "LOSS" in out.stdout
 
 
-def test_legacy_layers_without_env_var_fail_as_documented(tmp_path):
-    env = {k: v for k, v in os.environ.items() if k != "TF_USE_LEGACY_KERAS"}
-    out = subprocess.run(
-        [sys.executable, "-c", _CODE.format(root=ROOT, model_dir=str(tmp_path))],
-        env=env,
-        capture_output=True,
-        text=True,
-    )
+def test_legacy_layers_without_env_var_fail_as_documented(runs):
+    out = runs["keras3"]
     assert out.returncode != 0
     assert "not available with Keras 3" in out.stderr

@@ -1,5 +1,6 @@
 """The scripts' command line: `--help` lists each script's flags, grouped, with defaults."""
 
+import concurrent.futures
 import os
 import subprocess
 import sys
@@ -26,8 +27,17 @@ def _help(script):
     return out.stdout
 
 
-def test_train_help_lists_the_flags_by_topic_with_defaults():
-    text = _help("train")
+@pytest.fixture(scope="module")
+def helps():
+    """script -> what `scripts/<script>.py --help` printed: the processes run side by side
+    (each mostly imports TensorFlow), once for the tests below."""
+    scripts = ("train", "export", "inspect_checkpoint")
+    with concurrent.futures.ThreadPoolExecutor(len(scripts)) as pool:
+        return dict(zip(scripts, pool.map(_help, scripts), strict=True))
+
+
+def test_train_help_lists_the_flags_by_topic_with_defaults(helps):
+    text = helps["train"]
     assert text.startswith("Trains a reference model")
     for flag, default in [
         ("model", "deepfm"),
@@ -48,8 +58,8 @@ def test_train_help_lists_the_flags_by_topic_with_defaults():
 @pytest.mark.parametrize(
     "script, own", [("export", "--export_dir"), ("inspect_checkpoint", "--[no]json")]
 )
-def test_tool_help_lists_its_own_flags_first(script, own):
-    text = _help(script)
+def test_tool_help_lists_its_own_flags_first(helps, script, own):
+    text = helps[script]
     section = text.split("flags of this script:\n", 1)[1]
     assert section.lstrip().startswith(own)
     assert "--model_dir" in text

@@ -1,5 +1,6 @@
 """train.py on data smaller than one batch, and what it evaluates on (issue 13, item 2)."""
 
+import concurrent.futures
 import json
 import os
 import subprocess
@@ -49,10 +50,8 @@ def test_files_with_eval_data_evaluate_that_data(tmp_path):
     assert _rows(held.train_source)[1] + _rows(held.eval_source)[1] == 149
 
 
-@pytest.mark.parametrize("frontend", ["keras", "estimator"])
-def test_train_on_the_criteo_sample_finishes_with_the_default_batch_size(frontend, tmp_path):
-    model_dir = tmp_path / "run"
-    result = subprocess.run(
+def _train_on_the_sample(frontend, model_dir):
+    return subprocess.run(
         [
             sys.executable,
             os.path.join(ROOT, "scripts", "train.py"),
@@ -68,6 +67,21 @@ def test_train_on_the_criteo_sample_finishes_with_the_default_batch_size(fronten
         cwd=ROOT,
         env={**os.environ, "PYTHONPATH": ROOT},
     )
+
+
+@pytest.fixture(scope="module")
+def sample_runs(tmp_path_factory):
+    """frontend -> (finished process, model_dir) of train.py on the criteo sample with the
+    default --batch_size: both front ends' processes run side by side, once."""
+    dirs = {f: tmp_path_factory.mktemp(f) / "run" for f in ("keras", "estimator")}
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        done = dict(zip(dirs, pool.map(_train_on_the_sample, dirs, dirs.values()), strict=True))
+    return {f: (done[f], dirs[f]) for f in dirs}
+
+
+@pytest.mark.parametrize("frontend", ["keras", "estimator"])
+def test_train_on_the_criteo_sample_finishes_with_the_default_batch_size(frontend, sample_runs):
+    result, model_dir = sample_runs[frontend]
     output = result.stdout + result.stderr[-3000:]
     assert result.returncode == 0, output
     assert "has 180 rows, fewer than --batch_size=1024" in result.stdout, output

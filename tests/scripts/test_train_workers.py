@@ -1,16 +1,20 @@
-"""`scripts/train.py` under `python -m npu_rec.launch --workers 2`, then the same command resumes.
+"""`scripts/train.py` under `npu_rec.launch --workers 2`, then the same command resumes.
 
 One scenario, its own process groups and a hard time limit: 2 workers train DeepFM
 (Keras, admission and eviction on) to step 6 with saves every 3 steps, then the same command with
---max_steps=9 resumes both workers from step 6.
+--max_steps=9 resumes both workers from step 6. The launcher runs in this process
+(`launch.run`, what `python -m npu_rec.launch` calls; its command line is tested in
+tests/distribute/test_launch.py): a launcher process would import TensorFlow for nothing.
 """
 
+import io
 import json
 import os
-import subprocess
 import sys
 
 import pytest
+
+from npu_rec import launch
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -18,15 +22,10 @@ _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__
 def _launch(model_dir, max_steps: int, *flags):
     env = {**os.environ, "PYTHONPATH": _ROOT, "TF_CPP_MIN_LOG_LEVEL": "2"}
     env.pop("TF_CONFIG", None)
-    proc = subprocess.run(
+    out = io.BytesIO()
+    code = launch.run(
         [
             sys.executable,
-            "-m",
-            "npu_rec.launch",
-            "--workers",
-            "2",
-            "--timeout_secs",
-            "200",
             os.path.join(_ROOT, "scripts", "train.py"),
             f"--max_steps={max_steps}",
             "--save_steps=3",
@@ -35,12 +34,12 @@ def _launch(model_dir, max_steps: int, *flags):
             f"--model_dir={model_dir}",
             *flags,
         ],
+        workers=2,
+        timeout_secs=200,
+        out=out,
         env=env,
-        capture_output=True,
-        timeout=240,
-        start_new_session=True,
     )
-    assert proc.returncode == 0, proc.stdout.decode()[-5000:] + proc.stderr.decode()[-3000:]
+    assert code == 0, out.getvalue().decode()[-8000:]
     return [json.load(open(model_dir / f"worker-{r}-of-2" / "metrics.json")) for r in (0, 1)]
 
 

@@ -6,6 +6,7 @@ process (`kernel_path`) and compare them, and check the build, the cache and
 the fallback in subprocesses.
 """
 
+import concurrent.futures
 import os
 import shutil
 import subprocess
@@ -573,21 +574,21 @@ def test_without_a_compiler_tables_use_the_stock_path_with_one_log_line(tmp_path
 
 
 def test_environment_variable_forces_either_path(tmp_path):
-    off = _python(
-        _TRAIN_AND_REPORT, {"NPU_REC_KERNELS": "off", "NPU_REC_KERNEL_CACHE": str(tmp_path / "off")}
-    )
-    assert off.returncode == 0, off.stderr[-3000:]
-    assert "ENABLED False SIZE 4" in off.stdout
-    assert "table kernels" not in off.stderr  # a choice, not a failure: no warning
-    assert not os.path.exists(tmp_path / "off")  # and no build
-    must = _python(
-        _TRAIN_AND_REPORT,
+    envs = [
+        {"NPU_REC_KERNELS": "off", "NPU_REC_KERNEL_CACHE": str(tmp_path / "off")},
         {
             "NPU_REC_KERNELS": "on",
             "CXX": "/nonexistent",
             "NPU_REC_KERNEL_CACHE": str(tmp_path / "on"),
         },
-    )
+    ]
+    # Two independent processes, run side by side (each mostly imports TensorFlow).
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        off, must = pool.map(lambda env: _python(_TRAIN_AND_REPORT, env), envs)
+    assert off.returncode == 0, off.stderr[-3000:]
+    assert "ENABLED False SIZE 4" in off.stdout
+    assert "table kernels" not in off.stderr  # a choice, not a failure: no warning
+    assert not os.path.exists(tmp_path / "off")  # and no build
     assert must.returncode != 0
     assert "NPU_REC_KERNELS=on, but npu_rec's table kernels could not be built" in must.stderr
 
