@@ -208,7 +208,15 @@ def keras_export(
             f"format='tf_saved_model'. Received: {sorted(kwargs)}"
         )
     if input_signature is not None:
-        input_signature = tf.nest.map_structure(_as_spec, input_signature)
+        # Keras' form: one entry per positional argument of the model's call, i.e. one.
+        if not isinstance(input_signature, (list, tuple)) or len(input_signature) != 1:
+            raise ValueError(
+                "`input_signature` must be a list with one entry, the structure of the "
+                "model's inputs (as keras.Model.export takes it), e.g. "
+                "[{'user': tf.TensorSpec([None], tf.int64)}]. Received: "
+                f"input_signature={input_signature!r}"
+            )
+        input_signature = tf.nest.map_structure(_as_spec, input_signature[0])
     export_for_serving(model, str(filepath), input_signature=input_signature)
     if verbose or verbose is None:
         logging.info(

@@ -99,13 +99,20 @@ print(json.dumps({"npu_rec_imported": "npu_rec" in sys.modules, "out": out.tolis
 """
 
 
-@pytest.mark.parametrize("how", ["export_for_serving", "model.export"])
+@pytest.mark.parametrize("how", ["export_for_serving", "model.export", "model.export+signature"])
 def test_exported_saved_model_serves_raw_ids_without_npu_rec(tmp_path, trained, how):
     model, _, probe = trained
     expected = model.predict(probe, verbose=0)
     export_dir = str(tmp_path / "serving")
     if how == "model.export":  # Keras' own export call, as a Keras user writes it
         model.export(export_dir)
+    elif how == "model.export+signature":  # Keras' form: one entry per call argument
+        specs = {
+            "user": keras.InputSpec(shape=(None,), dtype="int64", name="user"),
+            "tags": tf.TensorSpec([None, 3], tf.int64, name="tags"),
+            "feats": next(t for t in model.inputs if t.name == "feats"),  # symbolic input
+        }
+        model.export(export_dir, input_signature=[specs])
     else:
         export_for_serving(model, export_dir)
     arg = json.dumps({k: v.tolist() for k, v in probe.items()})
@@ -128,6 +135,7 @@ def test_exported_saved_model_serves_raw_ids_without_npu_rec(tmp_path, trained, 
     [
         ({"format": "onnx"}, "format='tf_saved_model' only.*format='onnx'"),
         ({"is_static": True}, r"no options.*\['is_static'\]"),
+        ({"input_signature": {"user": None}}, "list with one entry.*Received: input_signature"),
     ],
 )
 def test_model_export_refuses_other_formats_and_options_and_writes_nothing(
