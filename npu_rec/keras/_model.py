@@ -346,7 +346,8 @@ class RecModel(ModelStateMixin, keras.Model):
 
         Raises:
           ValueError: a format other than "tf_saved_model" (the sparse tables only
-            export as frozen TensorFlow lookups), or an unknown option.
+            export as frozen TensorFlow lookups), an unknown option, or an
+            `input_signature` that is not a one-entry list (Keras' form).
         """
         _serving.keras_export(self, filepath, format, verbose, input_signature, **kwargs)
 

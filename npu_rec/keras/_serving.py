@@ -193,8 +193,8 @@ def keras_export(
     and the `serving_default` signature, as in `export_for_serving`).
 
     Raises:
-      ValueError: a format other than "tf_saved_model", or an option this
-        export does not take.
+      ValueError: a format other than "tf_saved_model", an option this export
+        does not take, or an `input_signature` that is not a one-entry list.
     """
     if format != "tf_saved_model":
         raise ValueError(
