@@ -147,12 +147,11 @@ absl::Status ProbeStock(OpKernelContext* ctx, LookupInterface* table,
 }
 
 // rows[i] = the index's row of mixed[i], or -1.
-absl::Status Probe(OpKernelContext* ctx, const TableInputs& in, const std::vector<int64_t>& mixed,
-                   int64_t* rows) {
+absl::Status Probe(OpKernelContext* ctx, const std::vector<int64_t>& mixed, int64_t* rows) {
   const int64_t u = static_cast<int64_t>(mixed.size());
   if (u == 0) return absl::OkStatus();
   LookupInterface* table = nullptr;
-  TF_RETURN_IF_ERROR(GetKeyIndex(ctx, in.table, &table));
+  TF_RETURN_IF_ERROR(GetKeyIndex(ctx, kTable, &table));
   ::tensorflow::core::ScopedUnref unref(table);
   bool any_reserved = false;
   for (int64_t i = 0; i < u; ++i) any_reserved |= mixed[i] <= kDeletedKey;
@@ -163,7 +162,7 @@ absl::Status Probe(OpKernelContext* ctx, const TableInputs& in, const std::vecto
   }
   if (!any_reserved) return absl::OkStatus();
   RefCountPtr<Var> reserved;
-  TF_RETURN_IF_ERROR(GetVar(ctx, in.reserved, &reserved));
+  TF_RETURN_IF_ERROR(GetVar(ctx, kReserved, &reserved));
   VarLocks lock({reserved.get()});
   const Tensor& r = *reserved->tensor();
   if (r.NumElements() != 2) {
@@ -191,7 +190,7 @@ struct AdmitVars {
 // it is fixed and full, before anything changes), initialised as
 // RowStorage.init_rows does (keyed uniform values, slot constants, zero
 // metadata), and inserted into the index.
-absl::Status Admit(OpKernelContext* ctx, const TableInputs& in, const TableAttrs& attrs,
+absl::Status Admit(OpKernelContext* ctx, const TableAttrs& attrs,
                    const Unique& u, const std::vector<int64_t>& miss, Var* values, Var* counts,
                    Var* seen, const AdmitVars& more, int64_t* rows) {
   std::vector<Var*> per_row = {values, counts, more.saved, seen, more.row_keys, more.free_rows};
@@ -201,7 +200,7 @@ absl::Status Admit(OpKernelContext* ctx, const TableInputs& in, const TableAttrs
   }
   const int64_t n = static_cast<int64_t>(miss.size());
   LookupInterface* table = nullptr;
-  TF_RETURN_IF_ERROR(GetKeyIndex(ctx, in.table, &table));
+  TF_RETURN_IF_ERROR(GetKeyIndex(ctx, kTable, &table));
   ::tensorflow::core::ScopedUnref unref(table);
   auto* own = dynamic_cast<NpuRecKeyMap*>(table);
   // Room in an owned key map first, so its insert below cannot run out of memory.
@@ -310,31 +309,27 @@ void Deduplicate(const int64_t* ids, int64_t n, const int64_t* weights, const in
   }
 }
 
-absl::Status LookupRows(OpKernelContext* ctx, const TableInputs& in, const TableAttrs& attrs,
-                        const Unique& u, int64_t batch, int64_t* rows, float* emb,
-                        std::vector<int64_t>* miss) {
+absl::Status LookupRows(OpKernelContext* ctx, const TableAttrs& attrs, const Unique& u,
+                        int64_t batch, int64_t* rows, float* emb, std::vector<int64_t>* miss) {
   const int64_t n = static_cast<int64_t>(u.keys.size());
-  TF_RETURN_IF_ERROR(Probe(ctx, in, u.mixed, rows));
+  TF_RETURN_IF_ERROR(Probe(ctx, u.mixed, rows));
   miss->clear();
   for (int64_t i = 0; i < n; ++i) {
     if (rows[i] < 0) miss->push_back(i);
   }
   RefCountPtr<Var> values, counts, seen;
-  TF_RETURN_IF_ERROR(GetVar(ctx, in.values, &values));
-  TF_RETURN_IF_ERROR(GetVar(ctx, in.counts, &counts));
-  TF_RETURN_IF_ERROR(GetVar(ctx, in.last_seen, &seen));
+  TF_RETURN_IF_ERROR(GetVar(ctx, kValues, &values));
+  TF_RETURN_IF_ERROR(GetVar(ctx, kCounts, &counts));
+  TF_RETURN_IF_ERROR(GetVar(ctx, kLastSeen, &seen));
   std::vector<RefCountPtr<Var>> held;  // the admission's variables
   std::vector<Var*> vars = {values.get(), counts.get(), seen.get()};
   const bool admit = attrs.admit && !miss->empty();
   AdmitVars more{};
   if (admit) {
-    const std::vector<int> inputs = {in.saved_counts, in.row_keys, in.free_rows,
-                                     in.next_row,     in.num_free, in.reserved};
+    std::vector<int> inputs = {kSavedCounts, kRowKeys, kFree, kNextRow, kNumFree, kReserved};
+    const int num_slots = static_cast<int>(attrs.slot_init.size());
+    for (int k = 0; k < num_slots; ++k) inputs.push_back(kSlots + k);
     for (int input : inputs) {
-      held.emplace_back();
-      TF_RETURN_IF_ERROR(GetVar(ctx, input, &held.back()));
-    }
-    for (int input : in.slots) {
       held.emplace_back();
       TF_RETURN_IF_ERROR(GetVar(ctx, input, &held.back()));
     }
@@ -346,7 +341,7 @@ absl::Status LookupRows(OpKernelContext* ctx, const TableInputs& in, const Table
   VarLocks locks(vars);
   if (admit) {
     TF_RETURN_IF_ERROR(
-        Admit(ctx, in, attrs, u, *miss, values.get(), counts.get(), seen.get(), more, rows));
+        Admit(ctx, attrs, u, *miss, values.get(), counts.get(), seen.get(), more, rows));
     miss->clear();
   }
   // Gather the rows; add the sightings, raise last-seen.

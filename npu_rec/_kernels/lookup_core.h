@@ -28,26 +28,17 @@
 
 namespace npu_rec {
 
-// Where one table's resources are among a kernel's (flat) inputs.
-struct TableInputs {
-  int table = 0;  // the key index (a LookupInterface resource)
-  int reserved = 0;
-  int values = 0;
-  int counts = 0;
-  int last_seen = 0;
-  int saved_counts = 0;
-  int row_keys = 0;
-  int free_rows = 0;
-  int next_row = 0;
-  int num_free = 0;
-  std::vector<int> slots;
+// NpuRecTrainLookup's input positions (the slots list comes last).
+enum LookupInput {
+  kTable, kReserved, kValues, kCounts, kLastSeen, kSavedCounts, kRowKeys, kFree, kNextRow,
+  kNumFree, kIds, kIdCounts, kTimes, kLimit, kClock, kSlots
 };
 
 // One table's settings (the kernel attributes of its lookup).
 struct TableAttrs {
   int64_t dim = 1;
   bool admit = false;  // admit every key without a row (keyed initialiser)
-  std::vector<float> slot_init;
+  std::vector<float> slot_init;  // one per slot (input kSlots + k)
   int64_t seed = 0;
   bool dynamic = false;
   std::string full_head, full_tail;  // the "table is full" message around the rows needed
@@ -65,14 +56,15 @@ struct Unique {
 void Deduplicate(const int64_t* ids, int64_t n, const int64_t* weights, const int64_t* times,
                  int64_t* index, Unique* out);
 
-// rows[i] and emb[i * dim ...] for every unique key: probed, admitted (when
-// attrs.admit), gathered (zeros where no row), counts += sightings and
+// rows[i] and emb[i * dim ...] for every unique key of the table at the
+// kernel's inputs (LookupInput): probed, admitted (when attrs.admit),
+// gathered (zeros where no row), counts += sightings and
 // last_seen = max(last_seen, time) in place. `batch` is the one time of the
 // batch when u.newest is empty. The positions of keys left without a row go
 // to `miss`.
-absl::Status LookupRows(::tensorflow::OpKernelContext* ctx, const TableInputs& in,
-                        const TableAttrs& attrs, const Unique& u, int64_t batch, int64_t* rows,
-                        float* emb, std::vector<int64_t>* miss);
+absl::Status LookupRows(::tensorflow::OpKernelContext* ctx, const TableAttrs& attrs,
+                        const Unique& u, int64_t batch, int64_t* rows, float* emb,
+                        std::vector<int64_t>* miss);
 
 }  // namespace npu_rec
 

@@ -34,12 +34,6 @@ using ::tensorflow::Tensor;
 using ::tensorflow::TensorShape;
 using ::tensorflow::shape_inference::InferenceContext;
 
-// Input positions (the slots list comes last).
-enum Input {
-  kTable, kReserved, kValues, kCounts, kLastSeen, kSavedCounts, kRowKeys, kFree, kNextRow,
-  kNumFree, kIds, kIdCounts, kTimes, kLimit, kClock, kSlots
-};
-
 REGISTER_OP("NpuRecTrainLookup")
     .Input("table_handle: resource")
     .Input("reserved_rows: resource")
@@ -108,9 +102,6 @@ class TrainLookupOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("full_tail", &attrs_.full_tail));
     OP_REQUIRES(ctx, static_cast<int>(attrs_.slot_init.size()) == num_slots,
                 absl::InvalidArgumentError("npu_rec kernel: one slot_init per slot"));
-    inputs_ = {kTable, kReserved, kValues, kCounts, kLastSeen, kSavedCounts,
-               kRowKeys, kFree, kNextRow, kNumFree, {}};
-    for (int k = 0; k < num_slots; ++k) inputs_.slots.push_back(kSlots + k);
   }
 
   void Compute(OpKernelContext* ctx) override {
@@ -175,7 +166,7 @@ class TrainLookupOp : public OpKernel {
     int64_t* rows = rows_t->flat<int64_t>().data();
     std::vector<int64_t> miss;
     OP_REQUIRES_OK(ctx,
-                   LookupRows(ctx, inputs_, attrs_, uq, batch, rows, emb_t->flat<float>().data(),
+                   LookupRows(ctx, attrs_, uq, batch, rows, emb_t->flat<float>().data(),
                               &miss));
 
     // 4. The keys left without a row, for the stock admission ops.
@@ -201,7 +192,6 @@ class TrainLookupOp : public OpKernel {
   }
 
  private:
-  TableInputs inputs_;
   TableAttrs attrs_;
   bool batch_time_;
   bool clamp_;
