@@ -5,8 +5,10 @@ against the installed TensorFlow (`tf.sysconfig` compile and link flags,
 `$CXX` or `g++`, `-O3`) into a cache directory, `$NPU_REC_KERNEL_CACHE` or
 `~/.cache/npu_rec/kernels`, under a file name keyed by the TensorFlow version
 and a hash of the sources, flags and compiler; later processes load the cached
-library (about 0.1 s) instead of building (10-30 s on 2 cores). The library is
-written to a temporary file and renamed into place, so a process never loads a
+library (about 0.1 s) instead of building. The build compiles the sources it
+hashed (copied to a temporary directory, so an edit during the build cannot
+put other code under that name), one compiler process per source at once, and
+links them into a temporary file renamed into place: a process never loads a
 half-written library, and two processes building at once both succeed.
 
 `NPU_REC_KERNELS` picks the path:
@@ -29,9 +31,11 @@ import contextlib
 import hashlib
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import threading
+import time
 
 import tensorflow as tf
 
@@ -88,34 +92,52 @@ def _compiler() -> str:
     return os.environ.get("CXX") or "g++"
 
 
-def build_command(output: str) -> list[str]:
-    """The compiler command line writing the library to `output`."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    flags = ["-O1", "-g", *_SANITIZE_FLAGS] if _sanitize() else ["-O3"]
+def _flags() -> list[str]:
+    """The compiler flags of every source (besides TensorFlow's)."""
     return [
-        _compiler(),
-        "-shared",
         "-fPIC",
-        *flags,
+        *(["-O1", "-g", *_SANITIZE_FLAGS] if _sanitize() else ["-O3"]),
         "-ffp-contract=off",  # no fused multiply-add: the stock path's float32 rounding
         "-fno-math-errno",  # sqrt without the errno branch vectorises (same IEEE results)
         "-Wno-deprecated-declarations",
-        *[os.path.join(here, s) for s in _SOURCES],
+    ]
+
+
+def compile_command(source: str, output: str) -> list[str]:
+    """The compiler command line compiling `source` into the object file `output`."""
+    return [_compiler(), *_flags(), "-c", source, "-o", output, *tf.sysconfig.get_compile_flags()]
+
+
+def link_command(objects: list[str], output: str) -> list[str]:
+    """The command line linking `objects` into the library `output`."""
+    return [
+        _compiler(),
+        "-shared",
+        *_flags(),
+        *objects,
         "-o",
         output,
-        *tf.sysconfig.get_compile_flags(),
         *tf.sysconfig.get_link_flags(),
     ]
 
 
-def library_path() -> str:
-    """Where the library for this TensorFlow, these sources and flags is cached."""
+def _read_sources() -> dict[str, bytes]:
+    """The kernel sources and headers shipped in this package: file name -> bytes."""
     here = os.path.dirname(os.path.abspath(__file__))
-    digest = hashlib.sha256()
+    files = {}
     for name in (*_SOURCES, *_HEADERS):
         with open(os.path.join(here, name), "rb") as f:
-            digest.update(f.read())
-    digest.update(" ".join(build_command("OUT")[1:]).replace(here, "").encode())
+            files[name] = f.read()
+    return files
+
+
+def _cached_name(files: dict[str, bytes]) -> str:
+    """The cache path of the library built from `files` (with this compiler and flags)."""
+    digest = hashlib.sha256()
+    for name in (*_SOURCES, *_HEADERS):
+        digest.update(files[name])
+    digest.update(" ".join(compile_command("SRC", "OUT")[1:]).encode())
+    digest.update(" ".join(link_command(["OBJ"], "OUT")[1:]).encode())
     digest.update(_compiler().encode())
     tag = "asan-" if _sanitize() else ""
     return os.path.join(
@@ -123,38 +145,90 @@ def library_path() -> str:
     )
 
 
-def build(path: str) -> None:
-    """Compiles the library into `path` atomically (temp file + rename).
+def library_path() -> str:
+    """Where the library for this TensorFlow, these sources and flags is cached."""
+    return _cached_name(_read_sources())
+
+
+def _run(commands: list[list[str]], logs: str) -> None:
+    """Runs the commands at once, within `_BUILD_TIMEOUT` seconds in all.
+
+    Each command's output goes to a file in the directory `logs` (a full pipe
+    would stall a compiler while another one is waited for).
+
+    Raises:
+      RuntimeError: a command cannot start, fails (its output) or runs out of time.
+    """
+    procs = []
+    try:
+        for i, cmd in enumerate(commands):
+            out = open(os.path.join(logs, f"command-{i}.log"), "w+")  # noqa: SIM115
+            try:
+                procs.append(
+                    (
+                        cmd,
+                        out,
+                        subprocess.Popen(
+                            cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+                        ),
+                    )
+                )
+            except OSError as err:
+                out.close()
+                raise RuntimeError(f"{cmd[0]} could not run: {err}") from err
+        deadline = time.monotonic() + _BUILD_TIMEOUT
+        running = list(procs)
+        while running:  # the first failure ends the build at once
+            for cmd, out, proc in list(running):
+                if proc.poll() is None:
+                    continue
+                running.remove((cmd, out, proc))
+                if proc.returncode != 0:
+                    out.seek(0)
+                    raise RuntimeError(
+                        f"{' '.join(cmd)} failed (exit {proc.returncode}):\n{out.read()[-4000:]}"
+                    )
+            if running and time.monotonic() > deadline:
+                raise RuntimeError(f"{running[0][0][0]} timed out after {_BUILD_TIMEOUT} s")
+            time.sleep(0.05)
+    finally:
+        for _, out, proc in procs:
+            if proc.poll() is None:  # the compiler and what it started (its own group)
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+            out.close()
+
+
+def build(path: str, files: dict[str, bytes] | None = None) -> None:
+    """Compiles `files` (default: the package's sources) into `path` atomically.
+
+    The sources are written to a temporary directory and compiled there, one
+    compiler process per source at once; the objects are linked into a
+    temporary file renamed to `path`.
 
     Raises:
       RuntimeError: the compiler is missing, fails or times out (with its output).
     """
+    files = _read_sources() if files is None else files
     os.makedirs(os.path.dirname(path), exist_ok=True)
     if shutil.which(_compiler()) is None:
         raise RuntimeError(f"no C++ compiler {_compiler()!r} (set CXX or install g++)")
-    fd, tmp = tempfile.mkstemp(prefix=".build-", suffix=".so", dir=os.path.dirname(path))
-    os.close(fd)
-    try:
-        cmd = build_command(tmp)
-        try:
-            done = subprocess.run(
-                cmd,
-                capture_output=True,
-                text=True,
-                timeout=_BUILD_TIMEOUT,
-                start_new_session=True,
-                check=False,
-            )
-        except (OSError, subprocess.TimeoutExpired) as err:
-            raise RuntimeError(f"{cmd[0]} could not run: {err}") from err
-        if done.returncode != 0:
-            raise RuntimeError(
-                f"{' '.join(cmd)} failed (exit {done.returncode}):\n{done.stderr[-4000:]}"
-            )
+    with tempfile.TemporaryDirectory(prefix=".build-", dir=os.path.dirname(path)) as work:
+        for name, data in files.items():
+            with open(os.path.join(work, name), "wb") as f:
+                f.write(data)
+        objects = [os.path.join(work, name + ".o") for name in _SOURCES]
+        _run(
+            [
+                compile_command(os.path.join(work, name), obj)
+                for name, obj in zip(_SOURCES, objects, strict=True)
+            ],
+            work,
+        )
+        tmp = os.path.join(work, "library.so")
+        _run([link_command(objects, tmp)], work)
         os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
 
 
 def _load():
@@ -163,14 +237,15 @@ def _load():
     # would load without its ops.
     if "module" in _LOADED:
         return _LOADED["module"]
-    path = library_path()
+    files = _read_sources()
+    path = _cached_name(files)
     if not os.path.exists(path):
         logging.info(
             "npu_rec: building the table kernels into %s (once per TensorFlow "
             "version and kernel source)",
             path,
         )
-        build(path)
+        build(path, files)
     try:
         _LOADED["module"] = tf.load_op_library(path)
     except (tf.errors.NotFoundError, OSError) as err:

@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import time
 
 import keras
 import numpy as np
@@ -655,3 +656,20 @@ def test_concurrent_builds_never_load_a_half_written_library(tmp_path):
         assert "ENABLED True SIZE 4" in out
     left = os.listdir(tmp_path / "cache")
     assert len(left) == 1 and left[0].endswith(".so") and not left[0].startswith(".build-")
+
+
+@needs_kernels
+def test_a_build_compiles_the_sources_it_hashed_and_stops_at_the_first_failure(tmp_path):
+    # The library is cached under the hash of the bytes read at the start; the build
+    # compiles those bytes (copied aside), not the files on disk, which an editor may
+    # change while the compilers run. One source fails at once here: the others'
+    # compilers (each a few seconds of TensorFlow headers) are stopped, not waited for.
+    files = _build._read_sources()
+    files["key_map.cc"] = b'#include "edited_after_hashing.h"\n' + files["key_map.cc"]
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match=r"key_map\.cc -o") as err:
+        _build.build(str(tmp_path / "lib.so"), files)
+    assert "edited_after_hashing.h: No such file" in str(err.value)
+    assert time.monotonic() - start < 15
+    assert os.listdir(tmp_path) == []  # neither a library nor the build directory left
+    assert _build._cached_name(files) != _build.library_path()
