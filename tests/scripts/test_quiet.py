@@ -7,6 +7,9 @@ import subprocess
 import sys
 import textwrap
 
+from npu_rec._kernels import _build
+from npu_rec._kernels import _ops as kernel_ops
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # TensorFlow's C++ logging announces itself with this line before anything runs.
 _CPP_BANNER = "WARNING: All log messages before absl::InitializeLog() is called"
@@ -56,4 +59,11 @@ def test_scripts_train_save_and_evaluate_both_front_ends_without_warnings(tmp_pa
     assert out.stdout.count("eval_auc=") == 4
     for frontend in ("keras", "estimator"):
         assert (tmp_path / frontend / "tables").is_dir()
-    assert warnings_in(out.stderr) == []
+    found = warnings_in(out.stderr)
+    if not kernel_ops.enabled() and _build.mode() == "auto":
+        # No C++ compiler here (e.g. CXX=/nonexistent): the stock path's one notice
+        # that says so (issue 17) is expected, once per process, and nothing else.
+        notices = [line for line in found if "table kernels unavailable" in line]
+        assert len(notices) == 1, found
+        found = [line for line in found if line not in notices]
+    assert found == []
