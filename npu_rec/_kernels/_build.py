@@ -164,18 +164,13 @@ def _run(commands: list[list[str]], logs: str) -> None:
         for i, cmd in enumerate(commands):
             out = open(os.path.join(logs, f"command-{i}.log"), "w+")  # noqa: SIM115
             try:
-                procs.append(
-                    (
-                        cmd,
-                        out,
-                        subprocess.Popen(
-                            cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-                        ),
-                    )
+                proc = subprocess.Popen(
+                    cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
                 )
             except OSError as err:
                 out.close()
                 raise RuntimeError(f"{cmd[0]} could not run: {err}") from err
+            procs.append((cmd, out, proc))
         deadline = time.monotonic() + _BUILD_TIMEOUT
         running = list(procs)
         while running:  # the first failure ends the build at once
