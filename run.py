@@ -2,12 +2,13 @@
 """The two commands of npu_rec: `python3 run.py train` and `python3 run.py test`.
 
 Each creates `.venv/` beside this file and installs npu_rec into it (with the
-test extras for `test`) when it is missing or `setup.cfg` (or this file) has changed since,
-then runs inside it:
+`scripts` extra, and the `test` extra for `test` and `bench`) when it is missing or
+`setup.cfg` (or this file) has changed since, then runs inside it:
 
-  python3 run.py train [FLAGS]         # scripts/train.py: a reference model on the default data
+  python3 run.py train [FLAGS]         # python -m npu_rec.scripts.train: a reference model
+                                       #   on the default data
   python3 run.py test [ARGS]           # the whole test suite (pytest ARGS)
-  python3 run.py script NAME [FLAGS]   # scripts/NAME.py: train, evaluate, export,
+  python3 run.py script NAME [FLAGS]   # python -m npu_rec.scripts.NAME: train, evaluate, export,
                                        #   inspect_checkpoint, online_train (--help: the flags)
   python3 run.py bench NAME            # benchmarks/NAME.py
 """
@@ -24,6 +25,8 @@ import venv
 ROOT = os.path.dirname(os.path.abspath(__file__))
 VENV = os.path.join(ROOT, ".venv")
 PYTHON = os.path.join(VENV, "bin", "python")
+SCRIPTS_EXTRAS = "scripts"  # setup.cfg's extras: the scripts' dependencies
+TEST_EXTRAS = "scripts,test"  # the suite runs the scripts too
 
 
 def _ensure_env(extras: str) -> None:
@@ -32,7 +35,7 @@ def _ensure_env(extras: str) -> None:
         with open(os.path.join(ROOT, name), "rb") as f:
             digest.update(f.read())
     want = digest.hexdigest()
-    stamp = os.path.join(VENV, f".npu_rec-installed-{extras or 'base'}")
+    stamp = os.path.join(VENV, f".npu_rec-installed-{extras.replace(',', '-') or 'base'}")
     if os.path.exists(stamp) and open(stamp).read() == want:
         return
     if not os.path.exists(PYTHON):
@@ -45,7 +48,7 @@ def _ensure_env(extras: str) -> None:
         cwd=ROOT,
         check=True,
     )
-    if extras == "test":
+    if "test" in extras.split(","):
         # tf_keras (for model_fns using tf.compat.v1.layers, see docs/estimator.md) declares
         # a dependency on the `tensorflow` package, which would install a second TensorFlow
         # over tensorflow-cpu: install it without dependencies, at the pin in setup.cfg.
@@ -81,8 +84,9 @@ def _run(argv: list[str]) -> int:
 
 
 def _scripts() -> list[str]:
-    """The scripts `run.py script NAME` runs: scripts/NAME.py, NAME not starting with `_`."""
-    names = os.listdir(os.path.join(ROOT, "scripts"))
+    """The scripts `run.py script NAME` runs: npu_rec/scripts/NAME.py, NAME not starting
+    with `_`."""
+    names = os.listdir(os.path.join(ROOT, "npu_rec", "scripts"))
     return sorted(n[:-3] for n in names if n.endswith(".py") and not n.startswith("_"))
 
 
@@ -92,8 +96,8 @@ def main(argv: list[str]) -> int:
         return 2
     command, rest = argv[0], argv[1:]
     if command == "train":
-        _ensure_env("")
-        return _run([os.path.join("scripts", "train.py"), *rest])
+        _ensure_env(SCRIPTS_EXTRAS)
+        return _run(["-m", "npu_rec.scripts.train", *rest])
     if command == "script":
         if not rest or rest[0] not in _scripts():
             got = f" Received: {rest[0]!r}." if rest else ""
@@ -102,15 +106,15 @@ def main(argv: list[str]) -> int:
                 f"{', '.join(_scripts())}.{got}"
             )
             return 2
-        _ensure_env("")
-        return _run([os.path.join("scripts", f"{rest[0]}.py"), *rest[1:]])
+        _ensure_env(SCRIPTS_EXTRAS)
+        return _run(["-m", f"npu_rec.scripts.{rest[0]}", *rest[1:]])
     if command == "bench":
-        _ensure_env("test")
+        _ensure_env(TEST_EXTRAS)
         if not rest:
             print("usage: python3 run.py bench NAME [FLAGS]")
             return 2
         return _run([os.path.join("benchmarks", f"{rest[0]}.py"), *rest[1:]])
-    _ensure_env("test")
+    _ensure_env(TEST_EXTRAS)
     code = _run(["-m", "pytest", *rest])
     if code == 5:
         print("pytest collected no tests: failing, since a suite that runs nothing checks nothing.")

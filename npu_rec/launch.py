@@ -1,6 +1,6 @@
 r"""Starts a multi-worker npu_rec job on one machine, each task with its own `TF_CONFIG`.
 
-    python -m npu_rec.launch --workers 2 scripts/train.py --max_steps=100
+    python -m npu_rec.launch --workers 2 -m npu_rec.scripts.train --max_steps=100
     python -m npu_rec.launch --workers 2 --ps 1 --chief -m my_package.train --flag=1
 
 Each task is one process of the same program, started with `TF_CONFIG`
@@ -301,11 +301,32 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+_VALUE_OPTIONS = ("--workers", "--ps", "--timeout_secs", "--grace_secs")
+
+
+def _split_module_args(argv: Sequence[str]) -> tuple[list[str], list[str]]:
+    """The launcher's arguments up to `-m MODULE`, and the module's own after it.
+
+    As with `python -m`, everything after the module's name is the module's (argparse
+    would read a module's `--flag=1` as one of the launcher's options).
+    """
+    argv = list(argv)
+    i = 0
+    while i < len(argv):
+        if argv[i] == "-m":
+            return argv[: i + 2], argv[i + 2 :]
+        if not argv[i].startswith("-"):  # the script: the rest is its arguments
+            break
+        i += 2 if argv[i] in _VALUE_OPTIONS else 1
+    return argv, []
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Command-line entry point; returns the exit code."""
-    args = _parser().parse_args(argv)
+    own, module_args = _split_module_args(sys.argv[1:] if argv is None else argv)
+    args = _parser().parse_args(own)
     if args.module is not None:
-        command = [sys.executable, "-m", args.module, *args.program]
+        command = [sys.executable, "-m", args.module, *args.program, *module_args]
     elif args.program:
         command = [sys.executable, *args.program]
     else:

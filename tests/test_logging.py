@@ -43,11 +43,11 @@ print("root handlers:", logging.getLogger().handlers)
 """
 
 _SCRIPT = '''
-"""A script probing the log setup of scripts/_cli.py."""
+"""A script probing the log setup of npu_rec/scripts/_cli.py."""
 import tensorflow as tf
 from absl import app
 from npu_rec import _log
-from scripts import _cli
+from npu_rec.scripts import _cli
 
 def main(argv):
     _cli.quiet_logs()

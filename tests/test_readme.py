@@ -79,25 +79,25 @@ def _small(argv: list[str], tmp: str) -> list[str]:
 
 
 _RUNNER = r"""
-import importlib, json, os, sys, traceback
+import importlib, json, sys, traceback
 from absl import flags
-from scripts import evaluate, export, inspect_checkpoint, online_train, train  # every flag
-for path, *args in json.loads(sys.argv[1]):
-    module = importlib.import_module("scripts." + os.path.basename(path)[:-3])
+from npu_rec.scripts import evaluate, export, inspect_checkpoint, online_train, train  # flags
+for name, *args in json.loads(sys.argv[1]):
+    module = importlib.import_module(name)
     flags.FLAGS.unparse_flags()
     error = None
     try:
-        module.main(flags.FLAGS([path, *args]))
+        module.main(flags.FLAGS([module.__file__, *args]))
     except SystemExit as stop:
         error = None if stop.code in (0, None) else f"exit status {stop.code}"
     except Exception:
         error = traceback.format_exc()[-3000:]
-    print("RESULT " + json.dumps([path, *args, error]), flush=True)
+    print("RESULT " + json.dumps([name, *args, error]), flush=True)
 """
 
 
 def _run_scripts(invocations, tmp_path):
-    """Runs scripts/NAME.py invocations in order in one process (one TensorFlow import),
+    """Runs `npu_rec.scripts.NAME` invocations in order in one process (one TensorFlow import),
     as `app.run` would (flags parsed from the command line, then `main`)."""
     env = dict(os.environ, PYTHONPATH=ROOT, TMPDIR=str(tmp_path), TF_CPP_MIN_LOG_LEVEL="2")
     out = subprocess.run(
@@ -136,6 +136,11 @@ def _load_run_py():
     return module
 
 
+def _is_script(argv) -> bool:
+    """Whether run.py started a script: `python -m npu_rec.scripts.NAME ...`."""
+    return argv[0] == "-m" and argv[1].startswith("npu_rec.scripts.")
+
+
 @pytest.fixture
 def run_py():
     return _load_run_py()
@@ -165,7 +170,7 @@ def documented(tmp_path_factory):
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
         runs = {}
         for doc, (tmp, codes, started) in planned.items():
-            scripts = [a for a in started if a[0] != "-m" and "--help" not in a]
+            scripts = [a[1:] for a in started if _is_script(a) and "--help" not in a]
             runs[doc] = [codes, started, [], pool.submit(_run_scripts, scripts, tmp)]
         for doc, (_, _, started) in planned.items():
             helps = sorted({tuple(a) for a in started if "--help" in a})
@@ -181,9 +186,9 @@ def test_every_documented_command_runs(doc, documented):
     for command, code in codes:
         assert code == 0, command
     assert len(started) == len(commands(doc))
-    scripts = [a for a in started if a[0] != "-m" and "--help" not in a]
-    assert [a for a in started if a[0] == "-m" and a[1] != "pytest"] == []
-    assert all(os.path.exists(os.path.join(ROOT, a[0])) for a in scripts)
+    assert [a for a in started if a[:2] != ["-m", "pytest"] and not _is_script(a)] == []
+    scripts = [a[1] for a in started if _is_script(a)]
+    assert all(importlib.util.find_spec(name) for name in scripts), scripts
     for out in (help_run.result() for help_run in helps):
         assert out.returncode == 0 and "--max_steps" in out.stdout, out.stderr[-2000:]
     failed = scripts_run.result()

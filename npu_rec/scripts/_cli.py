@@ -14,7 +14,7 @@ import textwrap
 
 from absl import app, flags, logging
 
-from scripts import _flags as F
+from npu_rec.scripts import _flags as F
 
 _HELP = ("--help", "-help", "-h", "-?", "--?")
 _WIDTH = 88

@@ -10,7 +10,7 @@ import numpy as np
 import tensorflow as tf
 
 from npu_rec import data as npd
-from scripts import _workers
+from npu_rec.scripts import _workers
 
 EVAL_START_ROW = 1 << 30  # held-out synthetic rows: far beyond anything trained on
 HOLD_OUT_EVERY = 10  # without --eval_data, one row in 10 of the files is held out

@@ -20,7 +20,7 @@ import npu_rec
 from npu_rec import estimator as E
 from npu_rec.keras import callbacks as kcb
 from npu_rec.models import TRAIN_OUTPUTS, build_rec_model, estimator_model_fn, specs_for
-from scripts import _checkpoints, _data, _report, _workers
+from npu_rec.scripts import _checkpoints, _data, _report, _workers
 
 
 @dataclasses.dataclass

@@ -15,16 +15,14 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from absl import app, flags
 
-from scripts import _checkpoints, _cli, _frontends
-from scripts import _flags as F
-from scripts.train import settings_and_plan
+from npu_rec.scripts import _checkpoints, _cli, _frontends
+from npu_rec.scripts import _flags as F
+from npu_rec.scripts.train import settings_and_plan
 
 flags.adopt_module_key_flags(F)
 

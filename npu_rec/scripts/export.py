@@ -14,10 +14,8 @@ training run recorded in --model_dir/run_flags.json.
 from __future__ import annotations
 
 import os
-import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import tensorflow as tf
 from absl import app, flags
@@ -25,9 +23,9 @@ from absl import app, flags
 from npu_rec import estimator as E
 from npu_rec.keras import callbacks as kcb
 from npu_rec.keras import export_for_serving
-from scripts import _checkpoints, _cli, _frontends
-from scripts import _flags as F
-from scripts.train import settings_and_plan
+from npu_rec.scripts import _checkpoints, _cli, _frontends
+from npu_rec.scripts import _flags as F
+from npu_rec.scripts.train import settings_and_plan
 
 _EXPORT_DIR = flags.DEFINE_string("export_dir", None, "Where to write the SavedModel.")
 

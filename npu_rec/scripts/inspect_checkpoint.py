@@ -13,14 +13,11 @@ from __future__ import annotations
 
 import json
 import os
-import sys
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from absl import app, flags
 
-from scripts import _checkpoints, _cli
-from scripts import _flags as F
+from npu_rec.scripts import _checkpoints, _cli
+from npu_rec.scripts import _flags as F
 
 flags.declare_key_flag("model_dir")
 _JSON = flags.DEFINE_bool("json", False, "Print the description as JSON.")

@@ -17,16 +17,14 @@ Examples:
 from __future__ import annotations
 
 import os
-import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from absl import app, flags
 
-from scripts import _cli, _frontends
-from scripts import _flags as F
-from scripts.train import already_complete, finish, settings_and_plan
+from npu_rec.scripts import _cli, _frontends
+from npu_rec.scripts import _flags as F
+from npu_rec.scripts.train import already_complete, finish, settings_and_plan
 
 DEFAULT_EVICTION_SECS = 24 * 3600
 

@@ -19,15 +19,13 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import tempfile
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from absl import app, flags
 
-from scripts import (
+from npu_rec.scripts import (
     _checkpoints,
     _cli,
     _data,
@@ -36,7 +34,7 @@ from scripts import (
     _run_record,
     _workers,
 )
-from scripts import _flags as F
+from npu_rec.scripts import _flags as F
 
 flags.adopt_module_key_flags(F)
 

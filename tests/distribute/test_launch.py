@@ -185,3 +185,28 @@ def test_command_line_returns_the_failing_exit_code(tmp_path):
     )
     assert proc.returncode == 4
     assert "[worker:0] rank 0 args ['--flag=1']" in proc.stdout.decode()
+
+
+@pytest.mark.parametrize(
+    "argv,own,module_args",
+    [
+        (
+            ["--workers", "2", "-m", "pkg.train", "--max_steps=5"],
+            ["--workers", "2", "-m", "pkg.train"],
+            ["--max_steps=5"],
+        ),
+        (
+            ["--chief", "-m", "pkg.train", "--ps", "1"],
+            ["--chief", "-m", "pkg.train"],
+            ["--ps", "1"],
+        ),
+        (
+            ["--workers", "2", "script.py", "-m", "x"],
+            ["--workers", "2", "script.py", "-m", "x"],
+            [],
+        ),
+    ],
+)
+def test_a_module_keeps_every_argument_after_its_name(argv, own, module_args):
+    """`-m MODULE --flag=1`: as with `python -m`, `--flag=1` is the module's, not the launcher's."""
+    assert launch._split_module_args(argv) == (own, module_args)

@@ -8,7 +8,7 @@ import sys
 import pytest
 from absl import flags
 
-from scripts import _flags as F
+from npu_rec.scripts import _flags as F
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -16,7 +16,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 def _help(script):
     env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="3")
     out = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "scripts", f"{script}.py"), "--help"],
+        [sys.executable, "-m", f"npu_rec.scripts.{script}", "--help"],
         capture_output=True,
         text=True,
         timeout=120,

@@ -1,5 +1,5 @@
-"""A small train + save + evaluate run of both front ends prints no warning (acceptance of
-issue 13: npu_rec's own code must not make TensorFlow or absl warn on a normal run)."""
+"""A small train + save + evaluate run of both front ends prints no warning: npu_rec's own
+code must not make TensorFlow or absl warn on a normal run."""
 
 import os
 import re
@@ -30,7 +30,7 @@ def test_scripts_train_save_and_evaluate_both_front_ends_without_warnings(tmp_pa
         textwrap.dedent(f'''
         """Trains (with saves and eviction) and evaluates both front ends, as the scripts do."""
         from absl.testing import flagsaver
-        from scripts import _cli, evaluate, train
+        from npu_rec.scripts import _cli, evaluate, train
 
         def main(argv):
             for frontend in ("keras", "estimator"):
@@ -62,7 +62,7 @@ def test_scripts_train_save_and_evaluate_both_front_ends_without_warnings(tmp_pa
     found = warnings_in(out.stderr)
     if not kernel_ops.enabled() and _build.mode() == "auto":
         # No C++ compiler here (e.g. CXX=/nonexistent): the stock path's one notice
-        # that says so (issue 17) is expected, once per process, and nothing else.
+        # that says so is expected, once per process, and nothing else.
         notices = [line for line in found if "table kernels unavailable" in line]
         assert len(notices) == 1, found
         found = [line for line in found if line not in notices]

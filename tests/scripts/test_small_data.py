@@ -1,4 +1,4 @@
-"""train.py on data smaller than one batch, and what it evaluates on (issue 13, item 2)."""
+"""train.py on data smaller than one batch, and what it evaluates on."""
 
 import concurrent.futures
 import json
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from npu_rec.data import read_all
-from scripts import _data
+from npu_rec.scripts import _data
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -54,7 +54,8 @@ def _train_on_the_sample(frontend, model_dir):
     return subprocess.run(
         [
             sys.executable,
-            os.path.join(ROOT, "scripts", "train.py"),
+            "-m",
+            "npu_rec.scripts.train",
             "--data=criteo_sample",
             f"--frontend={frontend}",
             "--max_steps=5",

@@ -11,7 +11,7 @@ import tensorflow as tf
 from absl import app
 from absl.testing import flagsaver
 
-from scripts import _checkpoints, evaluate, export, inspect_checkpoint, online_train, train
+from npu_rec.scripts import _checkpoints, evaluate, export, inspect_checkpoint, online_train, train
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 EST = dict(frontend="estimator", batch_size=128, eval_steps=2, save_steps=10, verbose=0)
@@ -157,7 +157,8 @@ def test_the_conflict_is_one_line_without_a_traceback(dlrm_run):
     out = subprocess.run(
         [
             sys.executable,
-            os.path.join(ROOT, "scripts", "evaluate.py"),
+            "-m",
+            "npu_rec.scripts.evaluate",
             f"--model_dir={dlrm_run}",
             "--model=wdl",
         ],

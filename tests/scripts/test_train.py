@@ -7,7 +7,7 @@ import pytest
 from absl import flags
 from absl.testing import flagsaver
 
-from scripts import _checkpoints, train
+from npu_rec.scripts import _checkpoints, train
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TINY = dict(batch_size=256, max_steps=30, eval_steps=4, save_steps=20, verbose=0)
@@ -161,7 +161,8 @@ def test_a_bad_path_is_one_line_before_any_work(tmp_path):
     out = subprocess.run(
         [
             sys.executable,
-            os.path.join(ROOT, "scripts", "train.py"),
+            "-m",
+            "npu_rec.scripts.train",
             "--data=/nonexistent.csv",
             f"--model_dir={tmp_path / 'run'}",
         ],

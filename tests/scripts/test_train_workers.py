@@ -26,7 +26,8 @@ def _launch(model_dir, max_steps: int, *flags):
     code = launch.run(
         [
             sys.executable,
-            os.path.join(_ROOT, "scripts", "train.py"),
+            "-m",
+            "npu_rec.scripts.train",
             f"--max_steps={max_steps}",
             "--save_steps=3",
             "--batch_size=32",

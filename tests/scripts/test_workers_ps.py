@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from scripts import _workers
+from npu_rec.scripts import _workers
 
 CLUSTER = {"chief": ["a:1"], "worker": ["a:2", "a:3"], "ps": ["a:4"]}
 
