@@ -40,7 +40,11 @@ _TFRECORD_ROWS = flags.DEFINE_integer(
     lower_bound=1000,
 )
 _BATCH = flags.DEFINE_integer("batch_size", 4096, "Rows per minibatch.", lower_bound=1)
-_OUT = flags.DEFINE_string("out", "data_bench.json", "Where to write the JSON results.")
+_OUT = flags.DEFINE_string(
+    "out",
+    os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "data_bench.json"),
+    "Where to write the JSON results.",
+)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Where to write the data (default: a temp dir).")
 
 NAMES = npd._csv.CRITEO_COLUMNS

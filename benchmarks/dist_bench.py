@@ -50,7 +50,11 @@ from absl import app, flags  # noqa: E402
 
 from benchmarks import keras_bench as kb  # noqa: E402  (its flags: batch_size, steps, ...)
 
-_OUT = flags.DEFINE_string("dist_out", "dist_bench.json", "JSON output path.")
+_OUT = flags.DEFINE_string(
+    "dist_out",
+    os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "dist_bench.json"),
+    "JSON output path.",
+)
 _ONE_TABLE = flags.DEFINE_bool(
     "one_table",
     False,

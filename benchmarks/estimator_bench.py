@@ -6,7 +6,7 @@ Prints a table and writes JSON. Each accelerated mode runs `<mode>|step|0.9`
 float16 AMP pass: float16 numerics computed by float32 kernels plus casts, so
 it measures the cost of that emulation, not a float16 speed-up.
 
-    python benchmarks/estimator_bench.py --steps=300 --batch_size=256 --out=bench.json
+    python benchmarks/estimator_bench.py --steps=300 --batch_size=256
 """
 
 import json
@@ -21,7 +21,11 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 _STEPS = flags.DEFINE_integer("steps", 300, "Training steps per mode.", lower_bound=10)
 _BATCH = flags.DEFINE_integer("batch_size", 256, "Batch size.", lower_bound=1)
-_OUT = flags.DEFINE_string("out", "estimator_bench.json", "JSON output path.")
+_OUT = flags.DEFINE_string(
+    "out",
+    os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "estimator_bench.json"),
+    "JSON output path.",
+)
 
 
 def _run(mode, steps, batch):

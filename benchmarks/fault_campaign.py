@@ -1,7 +1,7 @@
 r"""Fault campaign: SIGKILLs and a full disk during training and saves, then restarts.
 
 For each front end (Keras, Estimator) it trains a small DeepFM with
-`scripts/train.py` in subprocesses (each in its own process group, each with
+`npu_rec/scripts/train.py` in subprocesses (each in its own process group, each with
 a timeout), with step saves and timed full and delta saves
 (`--incremental_checkpoint`):
 
@@ -86,7 +86,8 @@ FSIZE_LIMIT = 40_000  # bytes: below a table file of the campaign's model
 def command(frontend: str, model_dir: str, save_steps: int, max_steps: int) -> list[str]:
     return [
         sys.executable,
-        os.path.join(ROOT, "scripts", "train.py"),
+        "-m",
+        "npu_rec.scripts.train",
         f"--frontend={frontend}",
         f"--model_dir={model_dir}",
         f"--max_steps={max_steps}",

@@ -96,7 +96,11 @@ _RUNS = flags.DEFINE_list(
     ["npu_rec", "npu_rec_stock", "keras", "torchrec", "torchrec_small", "tf_loop", "mlp_only"],
     "Which runs.",
 )
-_OUT = flags.DEFINE_string("out", "keras_bench.json", "JSON output path.")
+_OUT = flags.DEFINE_string(
+    "out",
+    os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "keras_bench.json"),
+    "JSON output path.",
+)
 
 DIM, NUM_CAT, NUM_DENSE, LR = 16, 26, 13, 0.05
 # Criteo's per-feature cardinalities (Kaggle display-ads), used as proportions.

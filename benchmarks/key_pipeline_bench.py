@@ -10,7 +10,7 @@ unique runs on tf.data's threads while the previous step trains. The two are
 timed in alternating blocks (a shared machine's load hits both alike).
 
 Usage:
-  python benchmarks/key_pipeline_bench.py --steps=60 --json=benchmarks/key_pipeline_bench.json
+  python benchmarks/key_pipeline_bench.py --steps=60
 """
 
 from __future__ import annotations
@@ -32,7 +32,11 @@ _BATCH = flags.DEFINE_integer("batch", 4096, "Examples per batch.", lower_bound=
 _FIELDS = flags.DEFINE_integer("fields", 26, "Id features (one table each).", lower_bound=1)
 _KEYS = flags.DEFINE_integer("keys", 100000, "Distinct ids per feature.", lower_bound=1)
 _THREADS = flags.DEFINE_integer("threads", 2, "TF intra/inter-op threads.", lower_bound=1)
-_JSON = flags.DEFINE_string("json", "benchmarks/key_pipeline_bench.json", "Output file.")
+_JSON = flags.DEFINE_string(
+    "json",
+    os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "key_pipeline_bench.json"),
+    "Output file.",
+)
 
 
 def main(argv):

@@ -20,7 +20,7 @@ the wall time ran in parallel on the inter-op threads. Prints a table and
 writes JSON.
 
 Example:
-  python benchmarks/step_trace.py --steps 20 --rounds 3 --out step_trace.json
+  python benchmarks/step_trace.py --steps 20 --rounds 3
 """
 
 from __future__ import annotations
@@ -61,7 +61,11 @@ _PATHS = flags.DEFINE_list(
     "kernels with TF's DenseHashTable as the key index instead of their own map) "
     "and/or `stock` (NPU_REC_KERNELS=off while the graph is built).",
 )
-_OUT = flags.DEFINE_string("out", "step_trace.json", "JSON output path.")
+_OUT = flags.DEFINE_string(
+    "out",
+    os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "step_trace.json"),
+    "JSON output path.",
+)
 
 LAYOUTS = ("per_table", "one_table")
 PATHS = ("kernels", "kernels_dense", "stock")

@@ -63,7 +63,11 @@ _SKIP_STOCK = flags.DEFINE_bool(
     False,
     "Skip the stock-op path's lookup and step (timed beside the kernel path's by default).",
 )
-_JSON = flags.DEFINE_string("json", "benchmarks/table_bench.json", "Where to write results.")
+_JSON = flags.DEFINE_string(
+    "json",
+    os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "table_bench.json"),
+    "Where to write results.",
+)
 
 _MUL = np.uint64(0x9E3779B97F4A7C15)
 

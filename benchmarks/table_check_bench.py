@@ -30,7 +30,11 @@ import npu_rec
 _KEYS = flags.DEFINE_integer("keys", 1_000_000, "Live keys in the table.", lower_bound=1000)
 _DIM = flags.DEFINE_integer("dim", 16, "Embedding width.", lower_bound=1)
 _ROUNDS = flags.DEFINE_integer("rounds", 5, "Timed reads of each kind.", lower_bound=1)
-_JSON = flags.DEFINE_string("json", "benchmarks/table_check_bench.json", "Where to write.")
+_JSON = flags.DEFINE_string(
+    "json",
+    os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "table_check_bench.json"),
+    "Where to write.",
+)
 _BATCH = 100_000
 
 
