@@ -247,8 +247,8 @@ class KeyIndex:
         allocates a new buffer on every run: a `tf.fill` of constants would be
         constant-folded in a graph (`tf.function`, v1) into one `Const` buffer
         that the table would adopt, fill, and hand back "empty" to the next
-        reset (the cause of issue 14: duplicate, lost and evicted keys after
-        the second rebuild). The import waits for `mixed` and `rows`, which
+        reset (duplicate, lost and evicted keys came back after the second
+        rebuild). The import waits for `mixed` and `rows`, which
         may be computed from the current arrays (`rebuild`).
         """
 

@@ -1,4 +1,4 @@
-"""Files that changed after a save, empty files, gzip text, uint64 ids (issue 14, section 6)."""
+"""Files that changed after a save, empty files, gzip text, uint64 ids."""
 
 import gzip
 import json

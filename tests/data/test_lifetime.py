@@ -15,7 +15,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 # Each round leaves a source suspended in the middle of a file (its reader generator and the
 # source refer to each other, so only the cycle collector frees them) or restores it, which
 # drops the reader mid-read. Garbage collections are made frequent, with thresholds that vary,
-# so that one sooner or later runs inside a thread's start-up, as in the CI hang of issue 13.
+# so that one sooner or later runs inside a thread's start-up, which once hung a CI run.
 _ABANDON = textwrap.dedent(
     """
     import faulthandler, gc, pathlib, sys

@@ -1,4 +1,4 @@
-"""Non-finite dense values and labels outside the label domain are malformed records (issue 14)."""
+"""Non-finite dense values and labels outside the label domain are malformed records."""
 
 import numpy as np
 import pyarrow as pa

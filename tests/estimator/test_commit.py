@@ -218,7 +218,7 @@ def test_a_rollback_retires_the_abandoned_branch(tmp_path):
 
 
 def test_keep_checkpoint_max_counts_every_train_call_of_train_and_evaluate(tmp_path):
-    """Issue 15.3: with keep_checkpoint_max=2, four intervals leave two versions."""
+    """With keep_checkpoint_max=2, four train-and-evaluate intervals leave two versions."""
     est = _est(tmp_path, keep_checkpoint_max=2)
     E.train_and_evaluate(est, E.TrainSpec(_input_fn, max_steps=20), E.EvalSpec(_input_fn, steps=1))
     assert _files(tmp_path, "model.ckpt-*") == [

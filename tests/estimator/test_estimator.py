@@ -150,7 +150,7 @@ def test_interrupt_and_resume_matches_one_run(tmp_path):
     )
 
 
-def test_issue4_seed_example_checkpoints_at_100_and_200(tmp_path):
+def test_init_settings_example_checkpoints_at_100_and_200(tmp_path):
     npu_rec.init(
         max_steps=200,
         train_steps=100,

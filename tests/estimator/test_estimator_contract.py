@@ -1,4 +1,4 @@
-"""tf.estimator behaviours a ported model_fn relies on (issue 15, item 7)."""
+"""tf.estimator behaviours a ported model_fn relies on."""
 
 import keras
 import numpy as np

@@ -1,4 +1,4 @@
-"""`npu_rec.estimator.export`: export outputs and receivers as tf.estimator.export (issue 15.6).
+"""`npu_rec.estimator.export`: export outputs and receivers as tf.estimator.export.
 
 The model_fns are written as public tf.estimator ones are (tensorflow/models'
 iris custom estimator with feature columns, official/mnist's `export_outputs`,

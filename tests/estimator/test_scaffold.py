@@ -1,4 +1,4 @@
-"""`EstimatorSpec(scaffold=...)` is honoured as tf.estimator did (issue 15, item 4)."""
+"""`EstimatorSpec(scaffold=...)` is honoured as tf.estimator did."""
 
 import numpy as np
 import pytest

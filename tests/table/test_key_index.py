@@ -124,7 +124,7 @@ def test_reserved_raw_ids_are_valid_keys_of_the_index():
 
 @pytest.mark.parametrize("mode", ["eager", "function"])
 def test_reserved_raw_ids_train_save_restore_and_evict_like_any_id(mode, tmp_path):
-    """Issue 14: such an id used to crash every resume ("Using the empty_key...")."""
+    """Such an id must not crash a resume ("Using the empty_key...")."""
     table = npu_rec.create_table(
         f"reserved_{mode}",
         2,
@@ -209,7 +209,7 @@ def _rebuild_cycles(insert, remove, rebuild, export, size):
 
 
 def test_rebuild_inside_tf_function_gives_a_fresh_array_every_call():
-    """Issue 14: the rebuild's empty array must not be one constant buffer reused."""
+    """The rebuild's empty array must not be one constant buffer reused (constant folding)."""
     index = KeyIndex(40)
 
     @tf.function

@@ -19,7 +19,7 @@ def _trained(name, **kwargs):
 
 
 def _corrupt_index(table):
-    """The index gains a key whose row holds another key (as after issue 14's bug)."""
+    """The index gains a key whose row holds another key (as a shared index buffer once caused)."""
     table._index.insert(tf.constant([99], tf.int64), tf.constant([1], tf.int64))
 
 

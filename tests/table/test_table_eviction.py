@@ -1,4 +1,4 @@
-"""Eviction churn: the reproduction of issue 14 item 1 in every execution mode.
+"""Eviction churn in every execution mode.
 
 Long training with heavy eviction rebuilds the key index many times; after
 every eviction and after every save + restore the whole table must equal the
@@ -17,7 +17,7 @@ KWARGS = {"access_threshold": 1, "eviction_threshold": 5, "dynamic_expansion": T
 
 @pytest.mark.parametrize("mode", MODES)
 def test_zipf_stream_with_eviction_every_10_steps_matches_reference(mode, tmp_path):
-    """The issue's reproduction: 200 steps, zipf ids, timestamp = step, evict every 10.
+    """200 steps, zipf ids, timestamp = step, evict every 10.
 
     Every fifth eviction is followed by a save + restore (a restore resets the index).
     """
