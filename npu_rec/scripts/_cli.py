@@ -1,8 +1,8 @@
 """What every script does around its `main`: grouped `--help`, one log handler.
 
-`python scripts/NAME.py --help` prints the script's docstring and then its
+`python -m npu_rec.scripts.NAME --help` prints the script's docstring and then its
 flags by topic, each with its default: the script's own flags first, then the
-shared flags it uses (`scripts/_flags.py` `GROUPS`). absl's `--helpshort`
+shared flags it uses (`_flags.py` `GROUPS`). absl's `--helpshort`
 and `--helpfull` still work.
 """
 

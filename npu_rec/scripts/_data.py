@@ -98,7 +98,7 @@ def plan(
     categorical=None,
     seed: int = 0,
 ) -> DataPlan:
-    """The `DataPlan` of `--data` and friends (see scripts/_flags.py).
+    """The `DataPlan` of `--data` and friends (see _flags.py).
 
     Without --eval_data, one row in `HOLD_OUT_EVERY` of the training files (or
     sample) is held out for evaluation and never trained on.
