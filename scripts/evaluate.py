@@ -22,9 +22,12 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from absl import app, flags
 
-from scripts import _checkpoints, _cli, _frontends
+from scripts import _cli
 from scripts import _flags as F
 from scripts.train import settings_and_plan
+
+_checkpoints = _cli.lazy("scripts._checkpoints")
+_frontends = _cli.lazy("scripts._frontends")
 
 flags.adopt_module_key_flags(F)
 

@@ -19,8 +19,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from absl import app, flags
 
-from scripts import _checkpoints, _cli
+from scripts import _cli
 from scripts import _flags as F
+
+_checkpoints = _cli.lazy("scripts._checkpoints")
 
 flags.declare_key_flag("model_dir")
 _JSON = flags.DEFINE_bool("json", False, "Print the description as JSON.")

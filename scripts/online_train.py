@@ -24,9 +24,11 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from absl import app, flags
 
-from scripts import _cli, _frontends
+from scripts import _cli
 from scripts import _flags as F
 from scripts.train import already_complete, finish, settings_and_plan
+
+_frontends = _cli.lazy("scripts._frontends")
 
 DEFAULT_EVICTION_SECS = 24 * 3600
 

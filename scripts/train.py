@@ -27,16 +27,14 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from absl import app, flags
 
-from scripts import (
-    _checkpoints,
-    _cli,
-    _data,
-    _frontends,
-    _report,
-    _run_record,
-    _workers,
-)
+from scripts import _cli, _run_record, _workers
 from scripts import _flags as F
+
+# TensorFlow loads with these, once the flags are parsed and checked (`--help` is immediate).
+_checkpoints = _cli.lazy("scripts._checkpoints")
+_data = _cli.lazy("scripts._data")
+_frontends = _cli.lazy("scripts._frontends")
+_report = _cli.lazy("scripts._report")
 
 flags.adopt_module_key_flags(F)
 
