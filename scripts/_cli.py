@@ -66,8 +66,8 @@ def help_text(doc: str, own: tuple[str, ...], groups) -> str:
     lines.extend(
         textwrap.wrap(
             "Every flag can also come from a file: --flagfile=run.flags "
-            "(one --name=value a line). --helpfull lists absl's and "
-            "TensorFlow's flags too. An error prints one line, `npu_rec: error: ...`; "
+            "(one --name=value a line). --helpfull lists absl's flags too. "
+            "An error prints one line, `npu_rec: error: ...`; "
             f"--verbosity=1 or {TRACEBACK_ENV}=1 in the environment prints its "
             "traceback too.",
             _WIDTH,

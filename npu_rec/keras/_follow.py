@@ -60,7 +60,10 @@ def _inner(optimizer):
 def _rate(optimizer, config):
     rate = config["learning_rate"]
     if isinstance(rate, dict):  # a serialised LearningRateSchedule: a copy of it
-        return keras.optimizers.schedules.deserialize(rate)
+        try:
+            return keras.optimizers.schedules.deserialize(rate)
+        except (TypeError, ValueError):  # a plain callable: read through the optimizer
+            pass
     return CompiledRate(optimizer)
 
 

@@ -157,3 +157,19 @@ def test_a_plain_keras_model_still_refuses_to_train_without_its_tables():
     x, y = _ratings(n=64)
     with pytest.raises(TableNotTrainedError, match="RecModel"):
         plain.fit(x, y, batch_size=32, epochs=1, verbose=0)
+
+
+def test_a_saved_model_follows_its_compile_again_and_keeps_the_slots(tmp_path):
+    model = _recommender()
+    model.compile(optimizer=keras.optimizers.Adagrad(0.5), loss="binary_crossentropy")
+    x, y = _ratings(n=512)
+    model.fit(x, y, batch_size=64, epochs=1, verbose=0)
+    model.save(str(tmp_path / "m.keras"))
+    npu_rec.table._registry.clear()
+    loaded = keras.models.load_model(str(tmp_path / "m.keras"))
+    for table, old in zip(loaded.tables, model.tables, strict=True):
+        assert isinstance(table.optimizer, npu_rec.optimizers.Adagrad)
+        got, want = table.read_state(0), old.read_state(0)
+        for key in ("keys", "values", "slot/accumulator"):
+            np.testing.assert_array_equal(got[key], want[key], err_msg=key)
+    assert loaded.layers[1].get_config()["optimizer"] is None  # not part of the config
