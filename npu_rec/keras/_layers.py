@@ -181,6 +181,16 @@ class SparseEmbedding(keras.layers.Layer):
             self._create_table()
         return self._table
 
+    @property
+    def table_created(self) -> bool:
+        """True once the table exists (a layer built from a name creates it in `build`)."""
+        return self._table is not None
+
+    @property
+    def given_optimizer(self):
+        """The `optimizer=` this layer was given (None: it follows the compiled optimizer)."""
+        return self._table_kwargs.get("optimizer")
+
     def _create_table(self) -> None:
         kwargs = dict(self._table_kwargs)
         kwargs["key_dtype"] = tf.as_dtype(kwargs.get("key_dtype") or tf.int64)

@@ -206,9 +206,9 @@ class RecModel(ModelStateMixin, keras.Model):
             if not layer.trainable:
                 continue
             owner = f"SparseEmbedding {layer.name!r}"
-            if layer._table is not None:
+            if layer.table_created:
                 _follow.bind(owner, layer.table, self.optimizer)
-            elif layer._table_kwargs.get("optimizer") is None:
+            elif layer.given_optimizer is None:
                 _follow.check(owner, layer.table_name, self.optimizer)
 
     def _trained_records(self, records):
@@ -218,7 +218,7 @@ class RecModel(ModelStateMixin, keras.Model):
         `trainable=False`. Any other table without an optimizer of its own
         follows the compiled optimizer.
         """
-        layers = [layer for layer in sparse_embeddings(self) if layer._table is not None]
+        layers = [layer for layer in sparse_embeddings(self) if layer.table_created]
         trained = {id(layer.table) for layer in layers if layer.trainable}
         owners = {id(layer.table): f"SparseEmbedding {layer.name!r}" for layer in layers}
         kept = []
