@@ -44,13 +44,15 @@ _checked = importlib.import_module("npu_rec._compat").check_installed_quietly()
 
 def __getattr__(name: str):
     global _checked
-    if name.startswith("_"):  # private modules load through the import system itself
+    if name.startswith("__"):
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    if not _checked:
+    if not _checked and not name.startswith("_"):
         importlib.import_module("npu_rec._compat").check_installed()
         _checked = True
     if name in _PUBLIC:
         value = getattr(importlib.import_module(_PUBLIC[name]), name)
+    elif name == "_table_registry":
+        value = importlib.import_module("npu_rec.table._registry")
     else:
         try:  # a subpackage or module: npu_rec.table, npu_rec.optimizers, ...
             value = importlib.import_module(f"{__name__}.{name}")

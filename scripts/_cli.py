@@ -112,6 +112,7 @@ def lazy(name: str):
 
 def _error_line(message: str) -> None:
     one_line = " ".join(str(message).split())
+    one_line = one_line.removeprefix("npu_rec: ")
     sys.stderr.write(f"npu_rec: error: {one_line}\n")
     sys.stderr.flush()
 
@@ -164,6 +165,13 @@ def one_line_errors(main):
             return main(argv)
         except KeyboardInterrupt:
             raise
+        except SystemExit as stop:
+            if not isinstance(stop.code, str):  # a status: the script said what it had to
+                raise
+            if show:
+                traceback.print_exc()
+            _error_line(stop.code)
+            sys.exit(1)
         except Exception as error:  # absl would print the whole --help, or a traceback
             if show:
                 traceback.print_exc()
