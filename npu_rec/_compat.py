@@ -54,6 +54,39 @@ def check_versions(tf_version: str, keras_version: str) -> None:
         )
 
 
+def _installed_version(module: str, distributions: tuple[str, ...]) -> str | None:
+    """`module.__version__` when it is imported, else its installed distribution's."""
+    import sys
+    from importlib import metadata
+
+    loaded = sys.modules.get(module)
+    if loaded is not None and isinstance(getattr(loaded, "__version__", None), str):
+        return loaded.__version__
+    for name in distributions:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def check_installed_quietly() -> bool:
+    """`check_installed` without importing TensorFlow; False when a version is unknown.
+
+    Reads the installed packages' metadata (the modules' own versions when they are
+    imported already), so `import npu_rec` stays fast and still fails on versions
+    npu_rec does not support.
+    """
+    tf_version = _installed_version(
+        "tensorflow", ("tensorflow", "tensorflow-cpu", "tensorflow-gpu", "tf-nightly")
+    )
+    keras_version = _installed_version("keras", ("keras", "keras-nightly"))
+    if tf_version is None or keras_version is None:
+        return False
+    check_versions(tf_version, keras_version)
+    return True
+
+
 def check_installed() -> None:
     """Checks the TensorFlow and Keras that are installed (see `check_versions`)."""
     import keras

@@ -159,7 +159,8 @@ def run(
     Args:
       command: The program and its arguments, e.g. `[sys.executable, "train.py", "--x=1"]`.
       workers: Number of `worker` tasks (>= 1).
-      ps: Number of `ps` tasks (>= 0); they are stopped once the workers finish.
+      ps: Number of `ps` tasks (>= 0); they are stopped once the workers finish. A
+        cluster with ps tasks always has a chief (added, and said, when `chief` is False).
       chief: Add a `chief` task.
       evaluator: Add an `evaluator` task (outside the cluster spec, as in tf.estimator).
       timeout_secs: Stop everything and return 124 after this many seconds (None: no limit).
@@ -177,8 +178,11 @@ def run(
     """
     _validate(command, workers, ps, timeout_secs, grace_secs)
     out = out if out is not None else sys.stdout.buffer
-    cluster = cluster_spec(workers, ps, chief)
     lock = threading.Lock()
+    if ps and not chief:  # tf.estimator's and the ps route's clusters need exactly one chief
+        chief = True
+        _say(out, lock, f"{ps} ps task(s) need a chief task: adding chief:0 (as --chief does)")
+    cluster = cluster_spec(workers, ps, chief)
     tasks: list[_Task] = []
     base = dict(os.environ if env is None else env)
     previous = _forward_signals(tasks)
@@ -271,13 +275,32 @@ def _restore_signals(previous) -> None:
         signal.signal(s, h)
 
 
+#: Set to 1 to see the traceback of the launcher's own errors.
+TRACEBACK_ENV = "NPU_REC_TRACEBACK"
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, whose errors are one line: `npu_rec: error: <message>` (exit status 2)."""
+
+    def error(self, message):
+        sys.stderr.write(f"npu_rec: error: {message} (--help lists the options)\n")
+        sys.exit(2)
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="python -m npu_rec.launch",
         description="Runs a program once per task of a local TF_CONFIG cluster.",
+        epilog=f"An error of the launcher prints one line, `npu_rec: error: ...`; "
+        f"{TRACEBACK_ENV}=1 in the environment prints its traceback too.",
     )
     p.add_argument("--workers", type=int, default=2, help="worker tasks (default 2)")
-    p.add_argument("--ps", type=int, default=0, help="parameter-server tasks (default 0)")
+    p.add_argument(
+        "--ps",
+        type=int,
+        default=0,
+        help="parameter-server tasks (default 0); a chief task is added with them",
+    )
     p.add_argument("--chief", action="store_true", help="add a chief task")
     p.add_argument("--evaluator", action="store_true", help="add an evaluator task")
     p.add_argument(
@@ -346,6 +369,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except _Interrupted as stop:
         logging.warning("npu_rec.launch: interrupted; every task was stopped.")
         return stop.code
+    except Exception as err:  # e.g. OSError: a task's program cannot start
+        if os.environ.get(TRACEBACK_ENV, "0") not in ("", "0"):
+            raise
+        sys.stderr.write(f"npu_rec: error: {' '.join(str(err).split())}\n")
+        return 1
     return 1  # not reached: parser.error exits
 
 

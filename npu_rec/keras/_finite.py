@@ -6,6 +6,12 @@ earlier: its train step checks the loss of the batch before any update, so the
 failing step changes no dense weight, optimizer slot, table row or step
 counter, and no callback (checkpoints, backups) runs after it. The model keeps
 the state of the last finite step.
+
+With `keras.callbacks.TerminateOnNaN` among the callbacks of `fit`, the run
+stops as Keras stops it instead: the failing batch's logs carry the non-finite
+loss, `TerminateOnNaN` sets `stop_training`, the epoch and the run end and
+`on_train_end` runs; the failing step still updated nothing, so whatever the
+callbacks save is the finite state of the last step.
 """
 
 from __future__ import annotations
@@ -14,6 +20,8 @@ import functools
 
 import numpy as np
 import tensorflow as tf
+
+from npu_rec import _log as logging
 
 #: Marks the train step's assertion in the `InvalidArgumentError` TensorFlow raises.
 _MARKER = "npu_rec: non-finite training loss"
@@ -51,6 +59,8 @@ def stop_on_nan(model, train_function):
             if _MARKER not in str(err):
                 raise
             step = model.global_step
+            if getattr(model, "nan_stops_gracefully", False):
+                return _stopped_logs(model, step)
             raise NanLossDuringTrainingError(
                 f"NaN loss during training: the loss of training step {step + 1} is not "
                 f"finite (NaN or inf). Training stopped before that step changed any weight "
@@ -60,6 +70,20 @@ def stop_on_nan(model, train_function):
             ) from None
 
     return function
+
+
+def _stopped_logs(model, step: int) -> dict:
+    """The logs of a batch whose loss was not finite, for `TerminateOnNaN` to stop on."""
+    logging.warning(
+        "npu_rec: the loss of training step %d is not finite (NaN or inf); that step updated "
+        "nothing, and TerminateOnNaN stops training with the state after step %d.",
+        step + 1,
+        step,
+    )
+    model.stop_training = True
+    logs = dict(model.get_metrics_result())
+    logs["loss"] = float("nan")
+    return logs
 
 
 def check_finite_state(model, action: str) -> None:

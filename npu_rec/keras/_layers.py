@@ -18,6 +18,7 @@ import tensorflow as tf
 from npu_rec import _keras_private, optimizers
 from npu_rec._compat import shown_as_raised
 from npu_rec._validation import check_int
+from npu_rec.keras import _follow
 from npu_rec.table import _lookup
 from npu_rec.table import _registry as _table_registry
 from npu_rec.table._base import SparseTable
@@ -39,7 +40,7 @@ class TableNotTrainedError(RuntimeError):
 
 
 def _serialize_optimizer(opt) -> dict | None:
-    if opt is None:
+    if opt is None or _follow.follows_compiled(opt):  # follows the compile again when loaded
         return None
     return {"class_name": type(opt).__name__, "config": opt.get_config()}
 
@@ -179,6 +180,16 @@ class SparseEmbedding(keras.layers.Layer):
         if self._table is None:
             self._create_table()
         return self._table
+
+    @property
+    def table_created(self) -> bool:
+        """True once the table exists (a layer built from a name creates it in `build`)."""
+        return self._table is not None
+
+    @property
+    def given_optimizer(self):
+        """The `optimizer=` this layer was given (None: it follows the compiled optimizer)."""
+        return self._table_kwargs.get("optimizer")
 
     def _create_table(self) -> None:
         kwargs = dict(self._table_kwargs)

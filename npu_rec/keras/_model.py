@@ -10,8 +10,8 @@ import tensorflow as tf
 from npu_rec import _keras_private, distribute
 from npu_rec import _log as logging
 from npu_rec._keras_private import Functional, Trainer, functional_init_arguments
-from npu_rec.keras import _amp, _finite, _keras_fixes, _online, _serving
-from npu_rec.keras._layers import model_tables
+from npu_rec.keras import _amp, _finite, _follow, _keras_fixes, _online, _serving
+from npu_rec.keras._layers import model_tables, sparse_embeddings
 from npu_rec.keras._model_state import ModelStateMixin
 from npu_rec.table import _lookup
 
@@ -194,6 +194,42 @@ class RecModel(ModelStateMixin, keras.Model):
         super().compile(optimizer, loss, *args, jit_compile=False, **kwargs)
         if self._resolved_amp == "O2":
             self.optimizer = _amp.wrap_loss_scale(self.optimizer)
+        self._follow_compiled_optimizer()
+
+    def _follow_compiled_optimizer(self):
+        """Tables without a sparse optimizer of their own follow the compiled one (`_follow`).
+
+        A table not created yet (a subclassed model's layer) is bound at the
+        first trace of the train step; its error, if any, is raised here.
+        """
+        for layer in sparse_embeddings(self):
+            if not layer.trainable:
+                continue
+            owner = f"SparseEmbedding {layer.name!r}"
+            if layer.table_created:
+                _follow.bind(owner, layer.table, self.optimizer)
+            elif layer.given_optimizer is None:
+                _follow.check(owner, layer.table_name, self.optimizer)
+
+    def _trained_records(self, records):
+        """The lookups to update: frozen tables' dropped, the others' optimizers bound.
+
+        A table is frozen when every `SparseEmbedding` that looks it up has
+        `trainable=False`. Any other table without an optimizer of its own
+        follows the compiled optimizer.
+        """
+        layers = [layer for layer in sparse_embeddings(self) if layer.table_created]
+        trained = {id(layer.table) for layer in layers if layer.trainable}
+        owners = {id(layer.table): f"SparseEmbedding {layer.name!r}" for layer in layers}
+        kept = []
+        for r in records:
+            if id(r.table) in owners and id(r.table) not in trained:
+                continue
+            if r.table.optimizer is None:
+                owner = owners.get(id(r.table), f"A lookup in model {self.name!r}")
+                _follow.bind(owner, r.table, self.optimizer)
+            kept.append(r)
+        return kept
 
     def compile_from_config(self, config):
         """Re-compiles a loaded model from its saved compile config."""
@@ -250,7 +286,7 @@ class RecModel(ModelStateMixin, keras.Model):
                 _keras_fixes.unscale_loss(loss), sample_weight=_batch_size(x)
             )
             scaled = self.optimizer.scale_loss(loss)
-        records = [r for r in records if r.table.optimizer is not None]
+        records = self._trained_records(records)
         dense_vars = list(self.trainable_variables)
         grads = tape.gradient(scaled, dense_vars + [r.embeddings for r in records])
         dense_grads, sparse_grads = grads[: len(dense_vars)], grads[len(dense_vars) :]
@@ -355,6 +391,11 @@ class RecModel(ModelStateMixin, keras.Model):
     def fit(self, *args, callbacks=None, **kwargs):
         """`keras.Model.fit`; also checks `npu_rec.init`'s step settings (`StepConsistency`).
 
+        A non-finite loss raises `NanLossDuringTrainingError`, or, with
+        `keras.callbacks.TerminateOnNaN` among `callbacks`, stops training as
+        Keras does (`stop_training`, `on_train_end` runs); either way the
+        failing step updates no weight, table row or step counter.
+
         Raises:
           ValueError: `steps_per_execution > 1` under a multi-worker strategy.
           npu_rec.distribute.WorkerLostError: a worker was lost (names it).
@@ -373,6 +414,10 @@ class RecModel(ModelStateMixin, keras.Model):
             isinstance(c, StepConsistency) for c in callbacks
         ):
             callbacks.append(StepConsistency())
+        # Keras' graceful stop (see `_finite`): without TerminateOnNaN a NaN loss raises.
+        self.nan_stops_gracefully = any(
+            isinstance(c, keras.callbacks.TerminateOnNaN) for c in callbacks
+        )
         try:
             return super().fit(*args, callbacks=callbacks, **kwargs)
         except distribute.PEER_ERRORS as err:
@@ -380,6 +425,7 @@ class RecModel(ModelStateMixin, keras.Model):
                 raise distribute.explain_peer_error(err) from err
             raise
         finally:  # Keras skips on_train_end when training raises: free checkpoint locks
+            self.nan_stops_gracefully = False
             for c in callbacks:
                 if callable(getattr(c, "release", None)):
                     c.release()

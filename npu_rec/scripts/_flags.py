@@ -9,11 +9,18 @@ from __future__ import annotations
 
 import difflib
 import glob
+import math
+import os
 
 from absl import flags
 
 from npu_rec._paths import file_in_the_way
-from npu_rec.estimator import ExperimentalConfig
+
+#: Step counts are int64 in TensorFlow (global step, checkpoint versions).
+MAX_STEP = 2**63 - 1
+#: Examples per step: a larger batch of the reference models' features exceeds
+#: TensorFlow's 2 GB limit on one tensor in the input pipeline.
+MAX_BATCH = 2**20
 
 DATA_NAMES = ("synthetic", "criteo_sample", "avazu_sample", "movielens_sample")
 PRECISION_MODES = (
@@ -55,16 +62,25 @@ DENSE_FEATURES = flags.DEFINE_list(
 CATEGORICAL_FEATURES = flags.DEFINE_list(
     "categorical_features", None, "Categorical columns of --data files (criteo format: C1-C26)."
 )
-BATCH_SIZE = flags.DEFINE_integer("batch_size", 1024, "Examples per step.", lower_bound=1)
-MAX_STEPS = flags.DEFINE_integer(
-    "max_steps", 300, "Global step at which training stops (resumed runs included).", lower_bound=1
+BATCH_SIZE = flags.DEFINE_integer(
+    "batch_size", 1024, "Examples per step.", lower_bound=1, upper_bound=MAX_BATCH
 )
-EVAL_STEPS = flags.DEFINE_integer("eval_steps", 40, "Evaluation batches.", lower_bound=1)
+MAX_STEPS = flags.DEFINE_integer(
+    "max_steps",
+    300,
+    "Global step at which training stops (resumed runs included).",
+    lower_bound=1,
+    upper_bound=MAX_STEP,
+)
+EVAL_STEPS = flags.DEFINE_integer(
+    "eval_steps", 40, "Evaluation batches.", lower_bound=1, upper_bound=MAX_STEP
+)
 SAVE_STEPS = flags.DEFINE_integer(
     "save_steps",
     1000,
     "Steps between full checkpoints (npu_rec.init(save_steps)); training's end always saves.",
     lower_bound=1,
+    upper_bound=MAX_STEP,
 )
 MODEL_DIR = flags.DEFINE_string(
     "model_dir",
@@ -96,7 +112,11 @@ TABLE_PER_FEATURE = flags.DEFINE_bool(
     "table shared by all, keys salted per feature, as FeatureSpec sharing does).",
 )
 EVICT_STEPS = flags.DEFINE_integer(
-    "evict_steps", 100, "Steps between evictions when --eviction_threshold is set.", lower_bound=1
+    "evict_steps",
+    100,
+    "Steps between evictions when --eviction_threshold is set.",
+    lower_bound=1,
+    upper_bound=MAX_STEP,
 )
 INCREMENTAL = flags.DEFINE_bool(
     "incremental_checkpoint",
@@ -108,6 +128,7 @@ FULL_SECS = flags.DEFINE_integer(
     60,
     "Seconds between full saves with --incremental_checkpoint.",
     lower_bound=1,
+    upper_bound=2**31 - 1,
 )
 DELTA_SECS = flags.DEFINE_integer(
     "save_delta_checkpoints_secs",
@@ -131,6 +152,7 @@ RESTORE_VERSION = flags.DEFINE_integer(
     None,
     "Resume from this checkpoint version (a global step) of --model_dir instead of the latest.",
     lower_bound=0,
+    upper_bound=MAX_STEP,
 )
 KEEP = flags.DEFINE_integer(
     "keep_checkpoint_max",
@@ -138,8 +160,11 @@ KEEP = flags.DEFINE_integer(
     "Checkpoint versions kept in --model_dir (0 = all): "
     "NPURunConfig(keep_checkpoint_max) / SparseCheckpoint(keep_checkpoint_max).",
     lower_bound=0,
+    upper_bound=2**31 - 1,
 )
-SEED = flags.DEFINE_integer("seed", 0, "Seeds the data and the model.", lower_bound=0)
+SEED = flags.DEFINE_integer(
+    "seed", 0, "Seeds the data and the model.", lower_bound=0, upper_bound=2**32 - 1
+)
 LEARNING_RATE = flags.DEFINE_float(
     "learning_rate", 1e-3, "Adam learning rate (dense).", lower_bound=0.0
 )
@@ -221,6 +246,8 @@ def _delta_before_full(v):
 def _accelerate_format(value):
     if value is None:
         return True
+    from npu_rec.estimator import ExperimentalConfig  # TensorFlow: not for --help
+
     try:
         ExperimentalConfig(accelerate_train_mode=value)
     except ValueError as e:
@@ -271,9 +298,18 @@ def _matches_no_file(value: str, names: tuple[str, ...] = ()) -> str | None:
     return f"{value!r} matches no file. Give an existing file or glob{also}."
 
 
+def _is_directory(name: str, value: str) -> str | None:
+    if value is None or not os.path.isdir(value):
+        return None
+    return (
+        f"--{name}={value!r} is a directory; --{name} names data files: give a file or "
+        f"a glob pattern such as --{name}={os.path.join(value, '*.csv')!r}"
+    )
+
+
 @flags.validator("data")
 def _data_exists(value):
-    why = _matches_no_file(value, DATA_NAMES)
+    why = _is_directory("data", value) or _matches_no_file(value, DATA_NAMES)
     if why:
         raise flags.ValidationError(why)
     return True
@@ -281,10 +317,25 @@ def _data_exists(value):
 
 @flags.validator("eval_data")
 def _eval_data_exists(value):
-    why = _matches_no_file(value)
+    why = _is_directory("eval_data", value) or _matches_no_file(value)
     if why:
         raise flags.ValidationError(why)
     return True
+
+
+def _finite_positive(name: str):
+    def check(value):
+        if value is not None and not (math.isfinite(value) and value > 0):
+            raise flags.ValidationError(
+                f"--{name} must be a finite number > 0. Received: --{name}={value!r}"
+            )
+        return True
+
+    flags.register_validator(name, check)
+
+
+_finite_positive("learning_rate")
+_finite_positive("sparse_learning_rate")
 
 
 @flags.validator("model_dir")

@@ -149,13 +149,15 @@ def run_keras(s: RunSettings, plan: _data.DataPlan, *, train: bool = True):
     if s.accelerate_train_mode:
         callbacks.append(kcb.AccelerateTrain(s.accelerate_train_mode, total_step=s.max_steps))
     start = time.perf_counter()
-    if train:
-        model.online_train(ds, callbacks=callbacks, dataset_sink_mode=False)
-    else:
-        ckpt.prepare(model)
+    try:  # an error prints on a line of its own, after the closed progress bar
+        if train:
+            model.online_train(ds, callbacks=callbacks, dataset_sink_mode=False)
+        else:
+            ckpt.prepare(model)
+    finally:
+        log.close()
     log.start = ckpt.restored_step or 0
     seconds = time.perf_counter() - start
-    log.close()
     results = model.evaluate(
         _data.eval_dataset(plan, s.batch_size, s.eval_steps), return_dict=True, verbose=0
     )
@@ -251,10 +253,12 @@ def run_estimator(s: RunSettings, plan: _data.DataPlan, *, train: bool = True):
             )
         )
     start = time.perf_counter()
-    if train and start_step < s.max_steps:
-        est.train(_data.train_input_fn(plan, s.batch_size), max_steps=s.max_steps, hooks=hooks)
+    try:  # an error prints on a line of its own, after the closed progress bar
+        if train and start_step < s.max_steps:
+            est.train(_data.train_input_fn(plan, s.batch_size), max_steps=s.max_steps, hooks=hooks)
+    finally:
+        log.close()
     seconds = time.perf_counter() - start
-    log.close()
     results = est.evaluate(
         lambda: _data.eval_dataset(plan, s.batch_size, s.eval_steps), steps=s.eval_steps
     )

@@ -20,9 +20,12 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from absl import app, flags
 
-from npu_rec.scripts import _checkpoints, _cli, _frontends
+from npu_rec.scripts import _cli
 from npu_rec.scripts import _flags as F
 from npu_rec.scripts.train import settings_and_plan
+
+_checkpoints = _cli.lazy("npu_rec.scripts._checkpoints")
+_frontends = _cli.lazy("npu_rec.scripts._frontends")
 
 flags.adopt_module_key_flags(F)
 

@@ -17,17 +17,29 @@ import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import tensorflow as tf
 from absl import app, flags
 
-from npu_rec import estimator as E
-from npu_rec.keras import callbacks as kcb
-from npu_rec.keras import export_for_serving
-from npu_rec.scripts import _checkpoints, _cli, _frontends
+from npu_rec._paths import file_in_the_way
+from npu_rec.scripts import _cli
 from npu_rec.scripts import _flags as F
 from npu_rec.scripts.train import settings_and_plan
 
+_checkpoints = _cli.lazy("npu_rec.scripts._checkpoints")
+_frontends = _cli.lazy("npu_rec.scripts._frontends")
+
 _EXPORT_DIR = flags.DEFINE_string("export_dir", None, "Where to write the SavedModel.")
+
+
+@flags.validator("export_dir")
+def _export_dir_is_a_directory(value):
+    blocker = value and file_in_the_way(value)
+    if blocker:
+        raise flags.ValidationError(
+            f"--export_dir={value!r}: {blocker!r} is a file, not a directory: give another "
+            "--export_dir (or move the file away)."
+        )
+    return True
+
 
 flags.adopt_module_key_flags(F)
 
@@ -42,6 +54,12 @@ def run() -> str:
             f"Received: --model_dir={F.MODEL_DIR.value!r}"
         )
     settings, plan = settings_and_plan()
+    import tensorflow as tf
+
+    from npu_rec import estimator as E
+    from npu_rec.keras import callbacks as kcb
+    from npu_rec.keras import export_for_serving
+
     _frontends.init_npu_rec(settings)
     if settings.frontend == "keras":
         model = _frontends.keras_model(settings, plan)

@@ -16,8 +16,10 @@ import os
 
 from absl import app, flags
 
-from npu_rec.scripts import _checkpoints, _cli
+from npu_rec.scripts import _cli
 from npu_rec.scripts import _flags as F
+
+_checkpoints = _cli.lazy("npu_rec.scripts._checkpoints")
 
 flags.declare_key_flag("model_dir")
 _JSON = flags.DEFINE_bool("json", False, "Print the description as JSON.")

@@ -22,9 +22,11 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from absl import app, flags
 
-from npu_rec.scripts import _cli, _frontends
+from npu_rec.scripts import _cli
 from npu_rec.scripts import _flags as F
 from npu_rec.scripts.train import already_complete, finish, settings_and_plan
+
+_frontends = _cli.lazy("npu_rec.scripts._frontends")
 
 DEFAULT_EVICTION_SECS = 24 * 3600
 

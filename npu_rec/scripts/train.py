@@ -25,16 +25,14 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from absl import app, flags
 
-from npu_rec.scripts import (
-    _checkpoints,
-    _cli,
-    _data,
-    _frontends,
-    _report,
-    _run_record,
-    _workers,
-)
+from npu_rec.scripts import _cli, _run_record, _workers
 from npu_rec.scripts import _flags as F
+
+# TensorFlow loads with these, once the flags are parsed and checked (`--help` is immediate).
+_checkpoints = _cli.lazy("npu_rec.scripts._checkpoints")
+_data = _cli.lazy("npu_rec.scripts._data")
+_frontends = _cli.lazy("npu_rec.scripts._frontends")
+_report = _cli.lazy("npu_rec.scripts._report")
 
 flags.adopt_module_key_flags(F)
 

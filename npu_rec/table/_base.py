@@ -257,6 +257,50 @@ class SparseTable(abc.ABC):
         with tf.control_dependencies([check]):
             return tf.identity(keys)
 
+    def bind_optimizer(self, optimizer) -> None:
+        """Gives a table created without an optimizer its sparse optimizer.
+
+        The optimizer's slots are allocated beside the rows, at the optimizer's
+        initial values for every row (rows already trained keep their values).
+        The Keras front end binds the counterpart of the compiled optimizer to
+        tables that have none of their own (`RecModel.compile`).
+
+        Raises:
+          TypeError: `optimizer` is not an `npu_rec.optimizers` sparse optimizer.
+          ValueError: the table has an optimizer already, or lives in a v1 graph
+            (pass `optimizer=` to `create_table` there).
+        """
+        import dataclasses
+
+        from npu_rec.optimizers import SparseOptimizer
+
+        if not isinstance(optimizer, SparseOptimizer):
+            raise TypeError(
+                "`optimizer` must be an npu_rec.optimizers sparse optimizer. "
+                f"Received: optimizer={optimizer!r}"
+            )
+        if self.optimizer is not None:
+            raise ValueError(
+                f"Sparse table {self.name!r} has an optimizer already: {self.optimizer!r}. "
+                f"Received: optimizer={optimizer!r}"
+            )
+        if self._graph_mode:
+            raise ValueError(
+                f"Sparse table {self.name!r} was created in a v1 graph, where its ops are "
+                "built at creation: pass `optimizer=` to npu_rec.create_table. "
+                f"Received: optimizer={optimizer!r}"
+            )
+        self._bind_slots(optimizer)
+        self.optimizer = optimizer
+        self.config = dataclasses.replace(self.config, optimizer=optimizer)
+
+    def _bind_slots(self, optimizer) -> None:
+        """Allocates `optimizer`'s slots (every shard binds it)."""
+        if self.shards == [self]:
+            raise NotImplementedError(f"{type(self).__name__} cannot bind an optimizer")
+        for shard in self.shards:
+            shard.bind_optimizer(optimizer)
+
     def _require_optimizer(self) -> None:
         if self.optimizer is None:
             raise ValueError(

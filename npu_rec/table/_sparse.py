@@ -72,6 +72,10 @@ class SingleShardTable(FusedLookupMixin, TableStateMixin, SparseTable):
                 if self._graph_mode:
                     self._graph_ops = self._build_graph_ops()
 
+    def _bind_slots(self, optimizer) -> None:
+        with tf.init_scope(), tf.name_scope(f"npu_rec_table_{self.name}"):
+            self._storage.add_slots(optimizer.slot_specs)
+
     @property
     def num_shards(self) -> int:
         return 1

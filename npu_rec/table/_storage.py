@@ -61,6 +61,19 @@ class RowStorage:
         self.next_row = var("next_row", tf.constant(0, tf.int64), [])
         self.num_free = var("num_free", tf.constant(0, tf.int64), [])
 
+    def add_slots(self, slot_specs) -> None:
+        """Allocates slots after creation, at their initial value for every row."""
+        lead = None if self.dynamic else self.initial_capacity
+        capacity = self.capacity()
+        for name, init in slot_specs:
+            self.slot_init[name] = init
+            self.slots[name] = tf.Variable(
+                tf.fill(tf.stack([capacity, self.dim]), tf.constant(init, tf.float32)),
+                trainable=False,
+                name=f"slot_{name}",
+                shape=tf.TensorShape([lead, self.dim]),
+            )
+
     def per_row_variables(self) -> list[tf.Variable]:
         """Every variable whose first dimension is the capacity."""
         return [

@@ -63,6 +63,18 @@ def test_ps_tasks_are_stopped_once_the_workers_finish(tmp_path):
     assert time.monotonic() - start < 30
 
 
+def test_ps_without_chief_adds_the_chief_and_says_so(tmp_path):
+    """A cluster with ps tasks has exactly one chief (tf.estimator's RunConfig rule)."""
+    cmd = _script(tmp_path, "print(json.dumps(cfg['cluster']), flush=True)\n")
+    out = io.BytesIO()
+    assert launch.run(cmd, workers=1, ps=1, out=out, timeout_secs=60) == 0
+    lines = _lines(out)
+    assert lines[0] == "[launch] 1 ps task(s) need a chief task: adding chief:0 (as --chief does)"
+    clusters = [json.loads(x.partition("] ")[2]) for x in lines[1:]]
+    assert {x.partition("]")[0] for x in lines[1:]} == {"[chief:0", "[worker:0", "[ps:0"}
+    assert all(sorted(c) == ["chief", "ps", "worker"] and len(c["chief"]) == 1 for c in clusters)
+
+
 def test_a_failing_task_stops_the_others_and_gives_its_exit_code(tmp_path):
     marker = tmp_path / "survivor_finished"
     cmd = _script(

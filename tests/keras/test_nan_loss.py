@@ -116,3 +116,52 @@ def test_train_on_batch_and_online_train_stop_too():
         online.online_train(_dataset(), dataset_sink_mode=True, sink_size=3)
     assert online.global_step == BAD_BATCH  # the sink of steps 4-6 stopped at step 5
     assert _finite(online)
+
+
+class _Ends(keras.callbacks.Callback):
+    def __init__(self):
+        super().__init__()
+        self.train_end, self.batches = 0, []
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.batches.append(float(logs["loss"]))
+
+    def on_train_end(self, logs=None):
+        self.train_end += 1
+
+
+def test_terminate_on_nan_stops_gracefully_without_a_non_finite_save(tmp_path):
+    """Keras' TerminateOnNaN: `stop_training`, `on_train_end` runs, `fit` returns."""
+    model = _model()
+    ends = _Ends()
+    ckpt = SparseCheckpoint(str(tmp_path / "ckpt"), save_freq=1)
+    keras_ckpt = keras.callbacks.ModelCheckpoint(str(tmp_path / "m-{batch}.keras"), save_freq=1)
+    history = model.fit(
+        _dataset(),
+        epochs=3,
+        verbose=0,
+        callbacks=[keras.callbacks.TerminateOnNaN(), ckpt, keras_ckpt, ends],
+    )
+    assert model.stop_training
+    assert ends.train_end == 1  # on_train_end ran once
+    assert len(ends.batches) == BAD_BATCH + 1 and np.isnan(ends.batches[-1])
+    assert len(history.history["loss"]) == 1  # the first epoch was the last
+    # The failing step updated nothing; every table, weight and checkpoint is finite.
+    assert model.global_step == int(model.optimizer.iterations) == BAD_BATCH
+    assert _finite(model)
+    for path in glob.glob(str(tmp_path / "m-*.keras")):
+        npu_rec.table._registry.clear()
+        assert _finite(keras.models.load_model(path)), path
+    assert ckpt.saves and max(s for s, _ in ckpt.saves) == BAD_BATCH
+    for path in glob.glob(str(tmp_path / "ckpt" / "dense-*.npz")):
+        dense = np.load(path)
+        assert all(np.isfinite(dense[k]).all() for k in dense.files), path
+    restored = _model()
+    reader = SparseCheckpoint(str(tmp_path / "ckpt"), restore=True)
+    reader.set_model(restored)
+    assert reader.restore_version() == BAD_BATCH  # the newest table checkpoint: finite
+    assert restored.tables[0].size() > 0 and _finite(restored)
+
+    # Without TerminateOnNaN the same run raises, as before.
+    with pytest.raises(NanLossDuringTrainingError):
+        _model("nan_raise").fit(_dataset(), epochs=1, verbose=0)

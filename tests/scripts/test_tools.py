@@ -171,7 +171,7 @@ def test_the_conflict_is_one_line_without_a_traceback(dlrm_run):
     assert out.returncode == 1
     lines = [x for x in out.stderr.splitlines() if x.strip() and "--model" in x]
     assert lines == [
-        f"Error: --model=wdl conflicts with --model=dlrm of the training run in "
+        f"npu_rec: error: --model=wdl conflicts with --model=dlrm of the training run in "
         f"--model_dir={dlrm_run} (run_flags.json): leave --model out to use the "
         "run's value, or give another --model_dir."
     ], out.stderr[-3000:]

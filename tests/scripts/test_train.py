@@ -174,7 +174,8 @@ def test_a_bad_path_is_one_line_before_any_work(tmp_path):
     )
     assert out.returncode != 0
     lines = [x for x in out.stderr.splitlines() if x.strip()]
-    assert "'/nonexistent.csv' matches no file" in lines[-2], out.stderr[-3000:]
+    assert lines[-1].startswith("npu_rec: error: flag --data=/nonexistent.csv: "), out.stderr
+    assert "'/nonexistent.csv' matches no file" in lines[-1], out.stderr[-3000:]
     assert "Traceback" not in out.stderr and "categorical_features" not in out.stderr
     assert not (tmp_path / "run").exists()
 
