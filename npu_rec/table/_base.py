@@ -40,6 +40,7 @@ import numpy as np
 import tensorflow as tf
 
 from npu_rec import _log as logging
+from npu_rec._compat import quiet_retracing
 from npu_rec.table import _registry
 from npu_rec.table._config import TableConfig
 from npu_rec.table._key_pipeline import flat_keys
@@ -473,7 +474,7 @@ class TableEvictor:
                 )
                 # One trace per evictor by design: without this, TF warns of
                 # "excessive retracing" once every table of a model has evicted.
-                self._eager._omit_frequent_tracing_warning = True
+                quiet_retracing(self._eager)
             freed, clamped = self._eager(tf.constant(now_value, tf.int64))
             out = zip(freed.numpy(), clamped.numpy(), strict=True)
         else:  # tables of different graphs, or inside a tf.function: one by one

@@ -59,6 +59,11 @@ class LookupRecord(NamedTuple):
     embeddings: tf.Tensor
 
 
+def recording() -> bool:
+    """Whether a `record_lookups` block is open (in this thread)."""
+    return bool(_recorders())
+
+
 def _recorders() -> list:
     if not hasattr(_STATE, "stack"):
         _STATE.stack = []
