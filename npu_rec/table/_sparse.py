@@ -106,7 +106,7 @@ class SingleShardTable(SparseTable):
         """float32 [k, dim]: the first rows of newly admitted `keys` (the initializer's)."""
         return self._initial_values(keys)
 
-    def memory_stats(self) -> dict[str, tf.Tensor]:
+    def build_memory_stats(self) -> dict[str, tf.Tensor]:
         """int64 scalars: live keys and bytes held (`TableBackend.memory_stats`)."""
         return self.backend.memory_stats(self)
 

@@ -106,7 +106,7 @@ def test_memory_stats_count_the_bytes_the_table_holds():
         "m", 8, optimizer=npu_rec.optimizers.Adam(0.1), capacity=64, dynamic_expansion=True
     )
     npu_rec.sparse_lookup(table, tf.range(100, dtype=tf.int64))
-    stats = {k: int(v) for k, v in table.memory_stats().items()}
+    stats = {k: int(v) for k, v in table.build_memory_stats().items()}
     rows = 128  # 64 doubled once for 100 keys
     assert stats == {
         "live_keys": 100,
