@@ -31,6 +31,7 @@ Usage:
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import os
@@ -146,7 +147,7 @@ def bench_table(tf, npu_rec, n_keys, dim, mode, rng, baseline):
     )
     # The index's bucket array (16 B per bucket), as the kernel has grown it (the
     # export hands out its arrays without a copy; only the length is read).
-    index_bytes = 16 * int(table._index.map.export()[0].shape[0])
+    index_bytes = 16 * int(table.key_index.map.export()[0].shape[0])
     rss_per_key = rss_per_key_bytes / live
 
     batches = []
@@ -171,12 +172,10 @@ def bench_table(tf, npu_rec, n_keys, dim, mode, rng, baseline):
 
     cases = {}
     if not _SKIP_STOCK.value:
-        # The same functions traced on the stock ops (the path is fixed at tracing).
-        from npu_rec._kernels import _build  # noqa: PLC0415
-
+        # The same functions traced on the stock ops, over the same table state.
         stock_lookup = tf.function(lookup_only.python_function)
         stock_step = tf.function(train_step.python_function)
-        with _build.forced(False):
+        with _stock_backend(table):
             stock_lookup.get_concrete_function(*batches[0])
             stock_step.get_concrete_function(*batches[0])
     every = _EVICT_EVERY.value
@@ -189,7 +188,7 @@ def bench_table(tf, npu_rec, n_keys, dim, mode, rng, baseline):
         cases["stock_lookup"] = (stock_lookup, batches, None)
         cases["stock_step"] = (stock_step, batches, evict)
     if not _SKIP_NUMPY.value:
-        values = table._storage.values.numpy()[:n_keys]
+        values = table.storage.values.numpy()[:n_keys]
         cases["numpy"] = (lambda r: np.take(values, r, axis=0), rows, None)
     if baseline is not None:
         cases["baseline"] = baseline
@@ -210,7 +209,7 @@ def bench_table(tf, npu_rec, n_keys, dim, mode, rng, baseline):
         "stock_step_keys_per_s": (
             ids_per_batch * steps / spent["stock_step"] if "stock_step" in spent else None
         ),
-        "kernels": _kernels_on(),
+        "kernels": table.backend.name == "kernels",
         "numpy_take_rows_per_s": (
             ids_per_batch * steps / spent["numpy"] if "numpy" in spent else None
         ),
@@ -229,16 +228,27 @@ def bench_table(tf, npu_rec, n_keys, dim, mode, rng, baseline):
     return result
 
 
-def _kernels_on() -> bool:
-    from npu_rec._kernels import _ops  # noqa: PLC0415
+@contextlib.contextmanager
+def _stock_backend(table):
+    """Within the block, `table` builds its ops with the stock backend.
 
-    return _ops.enabled()
+    The ops work on the same state: the kernels' key map takes TensorFlow's
+    lookup ops, and the path of a function is fixed when it is traced.
+    """
+    from npu_rec.table._stock import StockBackend  # noqa: PLC0415
+
+    chosen = table.backend
+    table.backend = StockBackend()
+    try:
+        yield
+    finally:
+        table.backend = chosen
 
 
 def _release(tf, table):
     """Frees a table's big buffers now (function caches may outlive the object)."""
-    table._index.reset(tf.zeros([0], tf.int64), tf.zeros([0], tf.int64))
-    for v in table._storage.per_row_variables():
+    table.key_index.reset(tf.zeros([0], tf.int64), tf.zeros([0], tf.int64))
+    for v in table.storage.per_row_variables():
         shape = tf.concat([[0], tf.shape(v)[1:]], 0)
         v.assign(tf.zeros(shape, v.dtype), read_value=False)
 

@@ -1,4 +1,11 @@
-"""Import-time checks of the TensorFlow and Keras versions npu_rec runs on."""
+"""Import-time checks of the TensorFlow and Keras versions npu_rec runs on, and the
+private TensorFlow names npu_rec uses (fenced here; Keras' are in `_keras_private`).
+
+`TF_PRIVATE` lists each private TensorFlow name used here and why;
+tests/test_compat.py checks them against the installed TensorFlow and fails,
+naming the version, when one disappears or stops behaving as relied on.
+(The multi-worker ones are fenced in `npu_rec.distribute._tf_private`.)
+"""
 
 from __future__ import annotations
 
@@ -96,6 +103,45 @@ def check_installed() -> None:
 
 
 # ----------------------------------------------------------------- private APIs fenced here
+#: (owner, private name): every private TensorFlow/Keras attribute this module touches.
+TF_PRIVATE = (
+    # `shown_as_raised`: Keras re-raises a layer's error unchanged when it carries this.
+    ("Exception (read by keras.src.utils.traceback_utils)", "_keras_call_info_injected"),
+    # `keep_out_of_meta_graphs`: the registry of graph collections' proto functions.
+    ("tensorflow.python.framework.ops", "register_proto_function"),
+    # `saver_variables`: the variables a `tf.compat.v1.train.Saver` was built over.
+    ("tf.compat.v1.train.Saver", "_var_list"),
+    # `create_v1_slots`: a v1 optimizer's slot creation, outside `apply_gradients`.
+    ("tf.compat.v1.train.Optimizer", "_create_slots"),
+    # `quiet_retracing`: a `tf.function`'s switch of the "excessive retracing" warning.
+    ("tf.function", "_omit_frequent_tracing_warning"),
+)
+
+
+def saver_variables(saver) -> list:
+    """The variables `saver` (a `tf.compat.v1.train.Saver` built with `var_list=`) saves."""
+    return list(saver._var_list)
+
+
+def create_v1_slots(optimizer, variables) -> None:
+    """Creates the slots of a `tf.compat.v1.train.Optimizer` for `variables` now.
+
+    Other optimizers (Keras 3 ones) create their state themselves: nothing happens.
+    """
+    import tensorflow as tf
+
+    if isinstance(optimizer, tf.compat.v1.train.Optimizer):
+        optimizer._create_slots(variables)
+
+
+def quiet_retracing(function) -> None:
+    """Stops `function` (a `tf.function`) from warning about "excessive retracing".
+
+    For functions traced once per object by design (one per table evictor).
+    """
+    function._omit_frequent_tracing_warning = True
+
+
 def shown_as_raised(error: Exception) -> Exception:
     """Marks `error`, raised inside a Keras layer's `call`, to reach the user unchanged.
 

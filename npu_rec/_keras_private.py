@@ -13,15 +13,29 @@ equivalent:
 * `Model._maybe_symbolic_build`, `Model._symbolic_build`,
   `Model._loss_tracker`, `Model._distribute_strategy`: `RecModel` overrides
   the first (it builds its state once, from the data's element spec, before
-  tracing), calls the second and reports its loss into the third.
+  tracing), calls the second, reports its loss into the third and reads the
+  fourth (the strategy the model was created under, None without one: the
+  public `distribute_strategy` falls back to the default strategy).
+* `TFEpochIterator._distributed_dataset`: the element spec of the data `fit`
+  iterates, which that build needs (`iterator_element_spec`).
+* `Functional._inputs_struct`: a functional model's inputs in the structure
+  they were given (a dict stays a dict), for serving signatures (`inputs_struct`).
+* `KerasTensor._keras_history`: the layer that produced a model's output
+  (`producing_layer`), kept float32 by `amp_level`.
+* `Layer._trackable_children` (TensorFlow's `Trackable` hook): `SparseEmbedding`
+  overrides it to refuse `tf.saved_model.save` with a message that says what
+  to use instead.
 * `losses.loss.unscale_loss_for_distribution`: under a multi-worker strategy
   Keras divides a compiled loss by the replica count; `RecModel` reports each
   replica's own batch loss (`npu_rec.keras._keras_fixes`).
 * `backend.common.global_state` (optional: the Estimator works without it):
   the layer-name counters, reset per Estimator graph (`npu_rec.estimator._keras_names`).
 
-`REQUIRED` lists them; `tests/test_keras_private.py` fails, naming the
-installed Keras version and the missing names, when a release drops one.
+`REQUIRED` lists them (`HOOKS`: the ones npu_rec overrides);
+`tests/test_keras_private.py` fails, naming the installed Keras version and
+the missing names, when a release drops one, checks what each accessor below
+returns on real Keras objects, and walks npu_rec's source for private names
+used outside this module and `npu_rec._compat` (TensorFlow's).
 """
 
 from __future__ import annotations
@@ -29,6 +43,7 @@ from __future__ import annotations
 import importlib
 
 import keras
+from keras.src.backend.tensorflow.trainer import TFEpochIterator
 from keras.src.losses.loss import unscale_loss_for_distribution
 from keras.src.models.functional import Functional
 from keras.src.models.model import functional_init_arguments
@@ -41,17 +56,29 @@ except ImportError:  # a Keras 3 release that moved it: see `has_global_state()`
     global_state = None
 
 __all__ = [
+    "HOOKS",
+    "REQUIRED",
     "Functional",
+    "TFEpochIterator",
     "Trainer",
     "flatten_layers",
     "functional_init_arguments",
     "global_state",
     "has_global_state",
+    "inputs_struct",
+    "iterator_element_spec",
+    "loss_tracker",
     "missing",
     "object_registration",
+    "producing_layer",
     "register_functional_name",
+    "strategy_of",
+    "symbolic_build",
     "unscale_loss_for_distribution",
 ]
+
+#: Private Keras methods npu_rec's classes override (each is also in `REQUIRED`).
+HOOKS = ("Model._maybe_symbolic_build", "Layer._trackable_children")
 
 #: (module, attribute path) of every private Keras name npu_rec relies on.
 REQUIRED = (
@@ -62,6 +89,9 @@ REQUIRED = (
     ("keras", "Model._maybe_symbolic_build"),
     ("keras", "Model._symbolic_build"),
     ("keras", "Model._flatten_layers"),
+    ("keras", "Layer._trackable_children"),
+    ("keras.src.backend.tensorflow.trainer", "TFEpochIterator"),
+    ("keras.src.ops.node", "KerasHistory.operation"),
     ("keras.src.backend.common.global_state", "get_global_attribute"),
     ("keras.src.backend.common.global_state", "set_global_attribute"),
 )
@@ -88,6 +118,31 @@ def flatten_layers(model, include_self: bool = True) -> list:
 def loss_tracker(model):
     """The `keras.metrics.Mean` in which a Keras model reports its loss."""
     return model._loss_tracker
+
+
+def symbolic_build(model, data_batch) -> None:
+    """Keras' own build of a model's optimizer, loss and metric state from a batch's spec."""
+    model._symbolic_build(data_batch=data_batch)
+
+
+def strategy_of(model):
+    """The `tf.distribute.Strategy` `model` was created under, or None (no strategy scope)."""
+    return model._distribute_strategy
+
+
+def iterator_element_spec(iterator):
+    """The element spec of the dataset a Keras TensorFlow `TFEpochIterator` iterates."""
+    return iterator._distributed_dataset.element_spec
+
+
+def inputs_struct(model):
+    """A model's symbolic inputs: as given to a functional model (dict, list), else `inputs`."""
+    return model._inputs_struct if isinstance(model, Functional) else model.inputs
+
+
+def producing_layer(tensor):
+    """The layer (operation) whose output the symbolic `keras.KerasTensor` `tensor` is."""
+    return tensor._keras_history.operation
 
 
 def register_functional_name(sub: type, cls: type) -> None:

@@ -79,7 +79,7 @@ def test_keras_evict_logs_one_line_only_when_rows_were_freed(caplog):
     npu_rec.sparse_lookup(tables[0], tf.constant([1, 2, 3], tf.int64), timestamps=100)
     npu_rec.sparse_lookup(tables[1], tf.constant([4], tf.int64), timestamps=100)
     callback = Evict(None, 1, tables=tables, now=lambda: 105)
-    callback.set_model(types.SimpleNamespace(_global_step=tf.Variable(7, dtype=tf.int64)))
+    callback.set_model(types.SimpleNamespace(global_step=7))  # a RecModel's step
     assert _evict_logs(caplog, callback.evict) == []
     callback._now = lambda: 200
     assert _evict_logs(caplog, callback.evict) == [

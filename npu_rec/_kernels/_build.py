@@ -289,11 +289,11 @@ def reset() -> None:
 
 @contextlib.contextmanager
 def forced(on: bool):
-    """Within the block, ops built by tables use the kernels (True) or the stock ops.
+    """Within the block, tables created use the kernels (True) or the stock ops.
 
-    For tests and benchmarks that compare the paths in one process: the path
-    is fixed when a table's ops are built (traced), so build both variants'
-    functions inside their own block.
+    For tests and benchmarks that compare the paths in one process: a table's
+    path (its backend, `npu_rec.table._backend`) is fixed when it is created,
+    so create each variant's tables inside their own block.
     """
     old = os.environ.get("NPU_REC_KERNELS")
     os.environ["NPU_REC_KERNELS"] = "on" if on else "off"

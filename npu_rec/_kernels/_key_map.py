@@ -23,6 +23,22 @@ from npu_rec._kernels import _build
 
 _LOCAL = threading.local()
 
+#: The private members of TensorFlow's `DenseHashTable` that `KeyMap` overrides
+#: (`_create_resource`) or reads to create its resource with the same arguments
+#: (tests/test_keras_private.py checks them on the installed TensorFlow).
+TF_PRIVATE = (
+    "_create_resource",
+    "_empty_key",
+    "_deleted_key",
+    "_shared_name",
+    "_checkpoint",
+    "_value_dtype",
+    "_value_shape",
+    "_initial_num_buckets",
+    "_name",
+    "_table_name",
+)
+
 
 def wanted() -> bool:
     """True unless inside `dense_maps()`: new key indexes on the kernel path use `KeyMap`."""

@@ -1,7 +1,8 @@
 """Python wrappers of the fused table kernels, used by the table when they load.
 
 `enabled()` says whether the kernel path is on (see `_build` for the build,
-the cache and `NPU_REC_KERNELS`). The wrappers take a table's `RowStorage`
+the cache and `NPU_REC_KERNELS`); only the kernel backend of the tables asks
+it (`npu_rec.table._fused.select_backend`, once per new table). The wrappers take a table's `RowStorage`
 variables and mirror the stock code they replace:
 
 * `train_lookup` = the whole training lookup of one shard's ids up to

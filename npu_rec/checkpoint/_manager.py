@@ -80,6 +80,11 @@ class TableCheckpointManager:
         self._last_step: int | None = None
         os.makedirs(directory, exist_ok=True)
 
+    @property
+    def base_step(self) -> int | None:
+        """The step a delta save would build on (the last save or restore), or None."""
+        return self._last_step
+
     def versions(self) -> list[CheckpointVersion]:
         """Saved versions in this directory, by increasing step."""
         found = []

@@ -53,13 +53,14 @@ class ReadingPosition:
         self._consumed = 0
         self._initial = None
 
-    def _start(self, state: dict) -> None:
+    def start(self, state: dict) -> None:
         """Notes the state before the first batch (until a batch has been produced)."""
         with self._lock:
             if self._produced == 0:
                 self._initial = state
 
-    def _record(self, state: dict) -> None:
+    def record(self, state: dict) -> None:
+        """Notes the state after one more batch (called by the dataset's generator)."""
         with self._lock:
             self._produced += 1
             self._states[self._produced] = state
@@ -206,7 +207,7 @@ def as_dataset(
 
     def generate():
         start = source.get_checkpoint_state()
-        position._start(start)
+        position.start(start)
         sweeps = 0
         # This worker's rows and batches in the current sweep, counted only over a whole
         # sweep (one read from its start): one that yields no batch would spin forever.
@@ -227,7 +228,7 @@ def as_dataset(
             batches += 1
             if end:
                 whole, rows, batches = True, 0, 0
-            position._record(source.get_checkpoint_state())
+            position.record(source.get_checkpoint_state())
             feats = {}
             for s, d in mb.items():
                 if s.name == label:
@@ -238,7 +239,7 @@ def as_dataset(
                     feats[s.name] = d.data
             yield feats, np.asarray(mb[source.stream(label)].data, np.float32)
 
-    position._start(source.get_checkpoint_state())
+    position.start(source.get_checkpoint_state())
     ds = tf.data.Dataset.from_generator(generate, output_signature=(features_spec, label_spec))
     ds = ds.prefetch(prefetch)
     ds.reading_position = position

@@ -73,8 +73,10 @@ def placed_num_ps() -> int:
     return getattr(_placement, "num_ps", 0)
 
 
-def table_for_ps(config):
+def table_for_ps(config, backend):
     """The table `create_table` makes for `config` inside `table_placement`, else None.
+
+    `backend` is the new table's `TableBackend` (`create_table` chose it).
 
     A `ShardedTable` of `max(config.num_shards, P)` shards, shard `s` on ps
     task `s mod P`; with one ps task and one shard, a single-shard table there.
@@ -88,9 +90,9 @@ def table_for_ps(config):
     shards = max(config.num_shards, num_ps)
     if shards == 1:
         with tf.compat.v1.device(ps_device(0)):
-            return SingleShardTable(config)
+            return SingleShardTable(config, backend)
     config = dataclasses.replace(config, num_shards=shards)
-    return ShardedTable(config, devices=[ps_device(s % num_ps) for s in range(shards)])
+    return ShardedTable(config, backend, devices=[ps_device(s % num_ps) for s in range(shards)])
 
 
 def device_setter(cluster_spec: tf.train.ClusterSpec, task_type: str, task_id: int):
@@ -137,9 +139,9 @@ def start_server(cluster_spec: tf.train.ClusterSpec, task_type: str, task_id: in
     key = (repr(sorted(cluster_spec.as_dict().items())), task_type, task_id)
     server = _servers.get(key)
     if server is None:
-        from npu_rec._kernels import _ops  # noqa: PLC0415
+        from npu_rec.table import _fused  # noqa: PLC0415
 
-        _ops.enabled()
+        _fused.load_kernels()
         server = tf.distribute.Server(
             cluster_spec,
             job_name=task_type,

@@ -77,11 +77,14 @@ def current_exchange() -> Exchange | None:
     return Exchange(workers, worker_rank(strategy), communication_options(timeout))
 
 
-def table_for_strategy(config):
-    """A `WorkerShardedTable` for `config` under a multi-worker strategy, else None."""
+def table_for_strategy(config, backend):
+    """A `WorkerShardedTable` for `config` under a multi-worker strategy, else None.
+
+    `backend` is the new table's `TableBackend` (`create_table` chose it).
+    """
     exchange = current_exchange()
     if exchange is None:
         return None
     from npu_rec.distribute._worker_table import WorkerShardedTable  # noqa: PLC0415
 
-    return WorkerShardedTable(config, exchange)
+    return WorkerShardedTable(config, exchange, backend)

@@ -80,14 +80,14 @@ class WorkerShardedTable(SparseTable):
       (2, 0)
     """
 
-    def __init__(self, config: TableConfig, exchange: Exchange):  # noqa: D107
-        super().__init__(config)
+    def __init__(self, config: TableConfig, exchange: Exchange, backend):  # noqa: D107
+        super().__init__(config, backend)
         self._exchange = exchange
         local_cfg = dataclasses.replace(
             config, name=f"{config.name}_worker{exchange.rank}", num_shards=1
         )
         with _tf_private.outside_strategy():
-            self.local = SingleShardTable(local_cfg, register=False, seed_name=config.name)
+            self.local = SingleShardTable(local_cfg, backend, register=False, seed_name=config.name)
         if self._graph_mode:
             with tf.init_scope():
                 self._graph_ops = self._graph_ops_common(f"{config.name}_evict_now")

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from npu_rec._compat import saver_variables
 from npu_rec.estimator._graph import checkpoint_step
 
 Scaffold = tf.compat.v1.train.Scaffold
@@ -46,7 +47,9 @@ def _warm_start_saver(path: str, saver) -> tf.compat.v1.train.Saver:
     """A Saver over the variables of `saver` that the checkpoint `path` holds."""
     names = {n for n, _ in tf.train.list_variables(path)}
     return tf.compat.v1.train.Saver(
-        var_list=[v for v in saver._var_list if v.op.name in names and v.op.name != "global_step"]
+        var_list=[
+            v for v in saver_variables(saver) if v.op.name in names and v.op.name != "global_step"
+        ]
     )
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from npu_rec import _log as logging
+from npu_rec._compat import create_v1_slots
 from npu_rec.table._lookup import LOOKUP_COLLECTION, apply_recorded_gradients
 
 APPLIED_COLLECTION = "npu_rec_estimator_applied_lookups"
@@ -160,10 +161,9 @@ def _create_slots_outside_cond(optimizer, variables):
     hand-over checkpoint. Made here, the names are the ones a float32 graph
     gives them; the call in the cond then reuses them.
     """
-    create = getattr(optimizer, "_create_slots", None)
-    if create is not None and variables:
+    if variables:
         with tf.init_scope():
-            create(variables)
+            create_v1_slots(optimizer, variables)
 
 
 def _unscale(g, scale):

@@ -43,9 +43,8 @@ def resolve_amp_level(level: str) -> str:
 def _output_layers(model) -> set[int]:
     out = set()
     for t in getattr(model, "outputs", None) or []:
-        history = getattr(t, "_keras_history", None)
-        if history is not None:
-            out.add(id(history[0]))
+        if isinstance(t, keras.KerasTensor):
+            out.add(id(_keras_private.producing_layer(t)))
     return out
 
 

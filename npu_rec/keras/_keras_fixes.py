@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from npu_rec import _keras_private
 from npu_rec import _log as logging
 from npu_rec._keras_private import unscale_loss_for_distribution
 
@@ -51,7 +52,7 @@ def symbolic_build(model, strategy, spec) -> None:
     with strategy.scope():
         if spec is not None:
             try:
-                model._symbolic_build(data_batch=spec)
+                _keras_private.symbolic_build(model, spec)
             except Exception as err:  # noqa: BLE001 - the optimizer is built below
                 logging.info("npu_rec: symbolic build from the data spec failed (%s).", err)
         # Variables made at the first trace would be made inside Keras' `tf.cond` over the

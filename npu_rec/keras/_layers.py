@@ -209,7 +209,7 @@ class SparseEmbedding(keras.layers.Layer):
         if self._serving is not None:
             return self._serve(inputs)
         training = bool(training)
-        if training and not _lookup._recorders():
+        if training and not _lookup.recording():
             raise shown_as_raised(
                 TableNotTrainedError(
                     f"SparseEmbedding {self.name!r} (table {self.table_name!r}) ran with "

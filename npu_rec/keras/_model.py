@@ -155,8 +155,12 @@ class RecModel(ModelStateMixin, keras.Model):
     # ------------------------------------------------------------------ basics
     @property
     def global_step(self) -> int:
-        """Training steps run so far (restored by `SparseCheckpoint`)."""
+        """Training steps run so far (restored by `SparseCheckpoint`, which sets it)."""
         return int(self._global_step.numpy())
+
+    @global_step.setter
+    def global_step(self, step: int) -> None:
+        self._global_step.assign(int(step))
 
     @property
     def tables(self) -> list:
@@ -247,17 +251,18 @@ class RecModel(ModelStateMixin, keras.Model):
         costly to trace, so the state is built here from the data's element
         spec (no batch is read) and the step is traced once.
         """
-        if _keras_fixes.multi_worker(self._distribute_strategy):
+        strategy = _keras_private.strategy_of(self)
+        if _keras_fixes.multi_worker(strategy):
             spec = _element_spec(iterator) if data_batch is None else data_batch
-            return _keras_fixes.symbolic_build(self, self._distribute_strategy, spec)
-        if self._distribute_strategy is not None:
+            return _keras_fixes.symbolic_build(self, strategy, spec)
+        if strategy is not None:
             return super()._maybe_symbolic_build(iterator=iterator, data_batch=data_batch)
         if data_batch is None:
             data_batch = _element_spec(iterator)
             if data_batch is None:
                 return None
         try:
-            self._symbolic_build(data_batch=data_batch)
+            _keras_private.symbolic_build(self, data_batch)
         except Exception as err:  # Keras builds at the first trace instead
             logging.debug("npu_rec: symbolic build skipped (%s); building at the first trace.", err)
         return None
@@ -401,6 +406,7 @@ class RecModel(ModelStateMixin, keras.Model):
           npu_rec.distribute.WorkerLostError: a worker was lost (names it).
         """
         from npu_rec.keras.callbacks import StepConsistency
+        from npu_rec.keras.callbacks._common import in_online_training
 
         callbacks = list(callbacks or [])
         if _keras_fixes.multi_worker(self.distribute_strategy) and self.steps_per_execution > 1:
@@ -410,7 +416,7 @@ class RecModel(ModelStateMixin, keras.Model):
                 f"). Compile with steps_per_execution=1. Received: steps_per_execution="
                 f"{self.steps_per_execution}"
             )
-        if not getattr(self, "_online", False) and not any(
+        if not in_online_training(self) and not any(
             isinstance(c, StepConsistency) for c in callbacks
         ):
             callbacks.append(StepConsistency())
@@ -537,8 +543,10 @@ def _sparse_update(records, grads):
 
 def _element_spec(iterator):
     """The `tf.TensorSpec` structure of an epoch iterator's batches, or None."""
-    spec = getattr(getattr(iterator, "_distributed_dataset", None), "element_spec", None)
-    if spec is None or not all(isinstance(s, tf.TensorSpec) for s in tf.nest.flatten(spec)):
+    if iterator is None:
+        return None
+    spec = _keras_private.iterator_element_spec(iterator)
+    if not all(isinstance(s, tf.TensorSpec) for s in tf.nest.flatten(spec)):
         return None  # ragged/sparse inputs: let Keras build at the first trace
     return spec
 

@@ -29,6 +29,7 @@ from npu_rec.keras import _keras_fixes
 
 def online_train(model, train_dataset, callbacks, dataset_sink_mode, sink_size):
     from npu_rec.keras.callbacks import Evict, SparseCheckpoint
+    from npu_rec.keras.callbacks._common import online_training
 
     if not isinstance(dataset_sink_mode, bool):
         raise ValueError(
@@ -77,19 +78,18 @@ def online_train(model, train_dataset, callbacks, dataset_sink_mode, sink_size):
     saved = (model.steps_per_execution, model.train_function)
     model.steps_per_execution = per_call
     model.train_function = None
-    model._online = True
     try:
-        return model.fit(
-            train_dataset,
-            epochs=1,
-            steps_per_epoch=remaining,
-            callbacks=callbacks,
-            verbose=0,
-            shuffle=False,
-        )
+        with online_training(model):
+            return model.fit(
+                train_dataset,
+                epochs=1,
+                steps_per_epoch=remaining,
+                callbacks=callbacks,
+                verbose=0,
+                shuffle=False,
+            )
     finally:
         for cb in callbacks:
             if isinstance(cb, SparseCheckpoint):
                 cb.release()
-        model._online = False
         model.steps_per_execution, model.train_function = saved[0], None

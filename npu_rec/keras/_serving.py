@@ -23,6 +23,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from npu_rec import _keras_private
 from npu_rec import _log as logging
 from npu_rec.keras._layers import sparse_embeddings
 
@@ -38,9 +39,7 @@ def _flat_names(model, input_signature, flat_specs) -> list[str]:
     """A distinct signature name per flat input: the spec's or Keras input's name, or input_<i>."""
     sources = flat_specs
     if input_signature is None:
-        sources = tf.nest.flatten(
-            model._inputs_struct if hasattr(model, "_inputs_struct") else model.inputs
-        )
+        sources = tf.nest.flatten(_keras_private.inputs_struct(model))
     names = [getattr(s, "name", None) or f"input_{i}" for i, s in enumerate(sources)]
     if len(set(names)) != len(names):
         names = [f"input_{i}" for i in range(len(flat_specs))]
@@ -82,9 +81,7 @@ def _input_specs(model, input_signature):
     if input_signature is not None:
         specs = input_signature
     elif getattr(model, "inputs", None):
-        specs = tf.nest.map_structure(
-            _spec_of, model._inputs_struct if hasattr(model, "_inputs_struct") else model.inputs
-        )
+        specs = tf.nest.map_structure(_spec_of, _keras_private.inputs_struct(model))
     else:
         raise ValueError(
             "export_for_serving needs `input_signature` for a model without "

@@ -3,7 +3,9 @@
 Two sibling classes implement it: `SingleShardTable` (`_sparse`: one hash
 map, one row storage) and `ShardedTable` (`_sharded`: single-shard tables
 chosen by key hash). `create_table` (`_create`) returns one of them; users
-see `npu_rec.SparseTable`.
+see `npu_rec.SparseTable`. Every table holds the `TableBackend` (`_backend`)
+chosen when it was created (`backend`); a single-shard table builds its ops
+through it, and the lookup functions ask it how to expand unique rows.
 
 The public methods here (`size`, `evict`, `apply_gradients`, `export`,
 `save`, `restore`, `describe`) use only the attributes this base sets and
@@ -18,7 +20,7 @@ Protocol (shapes: u unique keys, dim the row width):
   -> (rows int64 [u], -1 = no row; embeddings float32 [u, dim]).
 * `lookup_ids(ids, times, from_feature, batch_time)` -> (unique keys, index,
   rows, embeddings): a training lookup of a batch's raw ids (deduplicated
-  here, or inside the fused kernel of `_fused`).
+  here, or inside the fused kernel of the kernel backend, `_fused`).
 * `find_rows(keys)` -> rows int64 [u] (reads the hash map only).
 * `apply_rows(rows, grads, all_rows=False, current=None)` -> update op.
 * `read_state(min_period=0, session=None, check=True)` -> dict of NumPy
@@ -26,6 +28,7 @@ Protocol (shapes: u unique keys, dim the row width):
   `end_period(session)` (a checkpoint save starts a new delta period).
 * `build_size()`, `build_evict(now)`, `clock()`, `clamped_report()`: the
   tensors behind `size`, `evict` and the clamped-timestamp warning.
+* `sums_slices`: `apply_rows` takes per-id gradients as `tf.IndexedSlices`.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ import numpy as np
 import tensorflow as tf
 
 from npu_rec import _log as logging
-from npu_rec._kernels import _ops as _kernel_ops
+from npu_rec._compat import quiet_retracing
 from npu_rec.table import _registry
 from npu_rec.table._config import TableConfig
 from npu_rec.table._key_pipeline import flat_keys
@@ -64,8 +67,10 @@ class SparseTable(abc.ABC):
       >>> emb = npu_rec.sparse_lookup(table, tf.constant([3, 7, 3], tf.int64))  # [3, 8]
     """
 
-    def __init__(self, config: TableConfig, *, register: bool = True):
+    def __init__(self, config: TableConfig, backend, *, register: bool = True):
         self.config = config
+        #: The `TableBackend` (`_backend`) chosen at creation: stock ops or the kernels.
+        self.backend = backend
         self.name = config.name
         self.dim = config.dim
         self.key_dtype = tf.as_dtype(config.key_dtype)
@@ -108,6 +113,11 @@ class SparseTable(abc.ABC):
             f"eviction_threshold={c.eviction_threshold}, "
             f"dynamic_expansion={c.dynamic_expansion}{shards})"
         )
+
+    @property
+    def sums_slices(self) -> bool:
+        """`apply_rows` takes per-id gradients as `tf.IndexedSlices` and sums them itself."""
+        return False
 
     @property
     def admits_at_once(self) -> bool:
@@ -211,7 +221,7 @@ class SparseTable(abc.ABC):
             "clamped": self.clamped_report(),
         }
 
-    def _default_now(self) -> tf.Tensor:
+    def default_now(self) -> tf.Tensor:
         """The table's clock: newest timestamp seen, or the wall clock without a feature."""
         seen, from_feature = self.clock()
         return tf.where(from_feature, seen, tf.cast(tf.timestamp(), tf.int64))
@@ -336,7 +346,7 @@ class SparseTable(abc.ABC):
         uniq, idx = tf.unique(flat_ids, out_idx=tf.int64)
         uniq = self.checked_keys(uniq)
         summed = tf.IndexedSlices(grads, idx)
-        if not _kernel_ops.enabled() or self.num_shards > 1:
+        if not self.sums_slices:
             summed = tf.math.unsorted_segment_sum(grads, idx, tf.size(uniq, out_type=tf.int64))
         op = self.apply_rows(self.find_rows(uniq), summed)
         return None if tf.executing_eagerly() else op
@@ -508,7 +518,7 @@ class TableEvictor:
                 )
                 # One trace per evictor by design: without this, TF warns of
                 # "excessive retracing" once every table of a model has evicted.
-                self._eager._omit_frequent_tracing_warning = True
+                quiet_retracing(self._eager)
             freed, clamped = self._eager(tf.constant(now_value, tf.int64))
             out = zip(freed.numpy(), clamped.numpy(), strict=True)
         else:  # tables of different graphs, or inside a tf.function: one by one

@@ -4,7 +4,7 @@ A single-shard table (`SingleShardTable`) keeps one state in three places: the
 row storage (`counts`, `row_keys`, values, slots, free list), the allocator
 counters (`next_row - num_free`, i.e. `size()`) and the key index. Before
 every save (`SparseTable.save`, `TableCheckpointManager.save`, a Keras
-`.keras` file) `TableStateMixin.read_state` computes, in the same graph run
+`.keras` file) `SingleShardTable.read_state` computes, in the same graph run
 as the state it reads:
 
 * live rows (`counts > 0`) == `size()` == keys held by the index (the

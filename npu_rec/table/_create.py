@@ -17,6 +17,7 @@ from npu_rec.table._config import (
     TableConfig,
     global_use_dynamic_expansion,
 )
+from npu_rec.table._fused import select_backend
 from npu_rec.table._sharded import ShardedTable
 from npu_rec.table._sparse import SingleShardTable
 
@@ -107,11 +108,14 @@ def create_table(
     from npu_rec.distribute._ps import table_for_ps  # noqa: PLC0415
     from npu_rec.distribute._strategy import table_for_strategy  # noqa: PLC0415
 
-    table = table_for_strategy(config)  # sharded across workers under a multi-worker strategy
+    backend = select_backend()  # stock ops or the compiled kernels, for the table's life
+    table = table_for_strategy(config, backend)  # sharded across workers (multi-worker strategy)
     if table is None:
-        table = table_for_ps(config)  # shards on the ps tasks (Estimator, TF_CONFIG with ps)
+        table = table_for_ps(
+            config, backend
+        )  # shards on the ps tasks (Estimator, TF_CONFIG with ps)
     if table is not None:
         return table
     if num_shards > 1:
-        return ShardedTable(config)
-    return SingleShardTable(config)
+        return ShardedTable(config, backend)
+    return SingleShardTable(config, backend)

@@ -1,11 +1,11 @@
 """`KeyIndex`: the key -> row map of one table (shard), an open-addressing hash map.
 
-It wraps an open-addressing map with `DenseHashTable`'s API: TF's own
-(`MutableDenseHashTable`, a flat bucket array probed in place) on the stock
-path, and the kernels' `NpuRecKeyMap` (`npu_rec/_kernels/_key_map.py`: one
-array of 16-byte {key, row} buckets, probed by the kernels directly) when the
-kernels are on at the index's creation; both take TF's lookup ops and write
-the same checkpoint tensors. Rather than `MutableHashTable` (a node-based
+It wraps an open-addressing map with `DenseHashTable`'s API, the class the
+table's backend gives it: TF's own (`MutableDenseHashTable`, a flat bucket
+array probed in place) on the stock path, and the kernels' `NpuRecKeyMap`
+(`npu_rec/_kernels/_key_map.py`: one array of 16-byte {key, row} buckets,
+probed by the kernels directly) on the kernel path; both take TF's lookup ops
+and write the same checkpoint tensors. Rather than `MutableHashTable` (a node-based
 `std::unordered_map`): inserts are about 4x faster and the map costs 16 B per
 bucket instead of ~40-130 B per key (see docs/design.md "The key index"). Two
 things make it safe for raw ids:
@@ -31,9 +31,6 @@ bucket array sized for the live keys.
 from __future__ import annotations
 
 import tensorflow as tf
-
-from npu_rec._kernels import _key_map
-from npu_rec._kernels import _ops as _kernel_ops
 
 #: The kernel's reserved bucket markers (in the mixed key space).
 EMPTY_KEY = -(2**63)
@@ -96,13 +93,17 @@ class KeyIndex:
       capacity: The table's capacity: the bucket array (16 B per bucket) is
         allocated for `min(capacity, START_KEYS)` keys and grows with the keys.
       name: Kernel resource name.
+      map_class: The hash map: `tf.lookup.experimental.DenseHashTable` or a class
+        with its API and checkpoint format (the kernels' `KeyMap`).
     """
 
-    def __init__(self, capacity: int, name: str = "index"):
+    def __init__(
+        self,
+        capacity: int,
+        name: str = "index",
+        map_class=tf.lookup.experimental.DenseHashTable,
+    ):
         self.initial_buckets = buckets_for(min(capacity, START_KEYS))
-        # The kernels' own map when they are on (same API and checkpoint format).
-        own = _kernel_ops.enabled() and _key_map.wanted()
-        map_class = _key_map.KeyMap if own else tf.lookup.experimental.DenseHashTable
         self.map = map_class(
             tf.int64,
             tf.int64,

@@ -12,13 +12,12 @@ eviction) interleaved and could hand one row to two keys.
 In a v1 graph every table therefore owns a `tf.CriticalSection` (a mutex
 resource: `MutexLock` waits without blocking a thread), and each training
 lookup and each eviction runs inside it: they may run in either order, never
-interleaved. Measured cost: one `MutexLock` and one `ConsumeMutexLock` per
+interleaved (`run_locked`, called through `ShardState.locked` by the table's
+backend). Measured cost: one `MutexLock` and one `ConsumeMutexLock` per
 lookup (a few microseconds).
 """
 
 from __future__ import annotations
-
-import functools
 
 import tensorflow as tf
 
@@ -39,29 +38,8 @@ def _in_v1_graph() -> bool:
     return not tf.executing_eagerly() and not tf.compat.v1.get_default_graph().building_function
 
 
-def serialised(training_arg: int | None = None):
-    """Decorates a table method whose ops must run inside the table's critical section.
-
-    Args:
-      training_arg: index of a positional `training` argument (or keyword
-        `training`): calls with training False (inference reads) take no lock.
-    """
-
-    def wrap(method):
-        @functools.wraps(method)
-        def run(self, *args, **kwargs):
-            lock = getattr(self, "_lock", None)
-            training = True
-            if training_arg is not None:
-                training = kwargs.get(
-                    "training", args[training_arg] if len(args) > training_arg else True
-                )
-            if lock is None or not training or not _in_v1_graph():
-                return method(self, *args, **kwargs)
-            return lock.execute(
-                lambda: method(self, *args, **kwargs), exclusive_resource_access=False
-            )
-
-        return run
-
-    return wrap
+def run_locked(lock: tf.CriticalSection | None, fn):
+    """`fn()`'s tensors, built inside `lock` in a v1 graph (as they are without one)."""
+    if lock is None or not _in_v1_graph():
+        return fn()
+    return lock.execute(fn, exclusive_resource_access=False)

@@ -31,7 +31,6 @@ from typing import Any, NamedTuple
 import tensorflow as tf
 
 from npu_rec._compat import keep_out_of_meta_graphs
-from npu_rec._kernels import _ops as _kernel_ops
 from npu_rec.table._base import SparseTable, key_times
 from npu_rec.table._key_pipeline import PreparedIds
 from npu_rec.table._key_pipeline import flat_keys as _flat_keys
@@ -58,6 +57,11 @@ class LookupRecord(NamedTuple):
     keys: tf.Tensor
     rows: tf.Tensor
     embeddings: tf.Tensor
+
+
+def recording() -> bool:
+    """Whether a `record_lookups` block is open (in this thread)."""
+    return bool(_recorders())
 
 
 def _recorders() -> list:
@@ -115,7 +119,7 @@ def apply_recorded_gradients(records, grads) -> tf.Operation | None:
     for rec, grad in zip(records, grads, strict=True):
         if grad is None:
             continue
-        if isinstance(grad, tf.IndexedSlices) and not _fused_sum(rec.table):
+        if isinstance(grad, tf.IndexedSlices) and not rec.table.sums_slices:
             grad = densify(grad, tf.shape(rec.rows, out_type=tf.int64)[0])
         entry = by_table.setdefault(id(rec.table), (rec.table, [], [], []))
         entry[1].append(rec.rows)
@@ -153,11 +157,6 @@ def apply_recorded_gradients(records, grads) -> tf.Operation | None:
         else:
             ops.append(updates[0][0].apply_rows_together(updates))
     return None if tf.executing_eagerly() else tf.group(*ops)
-
-
-def _fused_sum(table: SparseTable) -> bool:
-    """True when the table kernel sums per-id gradients itself (unsharded, kernel path)."""
-    return table.num_shards == 1 and _kernel_ops.enabled()
 
 
 #: Up to this many gradient rows, `densify` sums with `tf.scatter_nd`, above it with
@@ -293,24 +292,9 @@ def sparse_lookup(
             if prepared is None:
                 uniq, idx = tf.unique(flat, out_idx=tf.int64)
             _, emb_u = table.lookup_unique(table.checked_keys(uniq), None, None, False)
-        return _shape_output(_expand(emb_u, idx), ids, combiner, table.dim)
-
-
-def _expand(emb_u: tf.Tensor, idx: tf.Tensor) -> tf.Tensor:
-    """The unique rows expanded to the ids: `tf.gather(emb_u, idx)`.
-
-    On the kernel path the `NpuRecExpand` kernel does it (one small copy loop per
-    lookup instead of TensorFlow's sharded gather; the same gradient).
-    """
-    if (
-        _kernel_ops.enabled()
-        and emb_u.dtype == tf.float32
-        and emb_u.shape.rank == 2
-        and idx.dtype == tf.int64
-        and idx.shape.rank == 1
-    ):
-        return _kernel_ops.expand(emb_u, idx)
-    return tf.gather(emb_u, idx)
+        # The table's backend expands (on the kernel path `NpuRecExpand`: the same
+        # values and gradient as `tf.gather`).
+        return _shape_output(table.backend.expand(emb_u, idx), ids, combiner, table.dim)
 
 
 def _training_lookup(table, prepared, flat, ids, timestamps):

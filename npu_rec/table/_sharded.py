@@ -72,9 +72,10 @@ class ShardedTable(SparseTable):
       >>> emb = npu_rec.sparse_lookup(table, tf.constant([[3, 7]], tf.int64))  # [1, 2, 16]
     """
 
-    def __init__(self, config: TableConfig, devices=None):
-        """`devices[s]` (optional): the device of shard `s`'s state (`tf.compat.v1.device`)."""
-        super().__init__(config)
+    def __init__(self, config: TableConfig, backend, devices=None):
+        """`backend`: the shards' `TableBackend`; `devices[s]` (optional): the device of
+        shard `s`'s state (`tf.compat.v1.device`)."""
+        super().__init__(config, backend)
         n = config.num_shards
         shard_cfg = dataclasses.replace(
             config,
@@ -89,6 +90,7 @@ class ShardedTable(SparseTable):
                 self._shards.append(
                     SingleShardTable(
                         dataclasses.replace(shard_cfg, name=f"{config.name}_shard{s}"),
+                        backend,
                         register=False,
                         seed_name=config.name,
                     )
@@ -182,7 +184,7 @@ class ShardedTable(SparseTable):
     def build_evict(self, now: tf.Tensor) -> tf.Tensor:
         if not self.config.eviction:
             return tf.constant(0, tf.int64)
-        now = tf.where(tf.equal(now, NO_NOW), self._default_now(), now)
+        now = tf.where(tf.equal(now, NO_NOW), self.default_now(), now)
         return tf.add_n([s.build_evict(now) for s in self._shards])
 
     # -------------------------------------------------------------- state

@@ -8,12 +8,13 @@ import npu_rec
 from npu_rec.distribute import Exchange, NotInReplicaStepError, WorkerShardedTable
 from npu_rec.table import _registry as _table_registry
 from npu_rec.table._config import TableConfig
+from npu_rec.table._fused import select_backend
 from npu_rec.table._sharded import shard_of_numpy
 
 
 def _worker_table(rank, workers=2, name="w"):
     config = TableConfig(name=name, dim=4, optimizer=npu_rec.optimizers.SGD(0.1), capacity=1024)
-    return WorkerShardedTable(config, Exchange(workers, rank))
+    return WorkerShardedTable(config, Exchange(workers, rank), select_backend())
 
 
 def test_restoring_keeps_only_the_keys_this_worker_owns(tmp_path):

@@ -69,9 +69,9 @@ class TableInvariantError(ValueError):
 @pytest.fixture
 def failing_table_save(monkeypatch):
     """Makes reading a table's state for a save at or after `fail_from[0]` raise."""
-    from npu_rec.table._state import TableStateMixin
+    from npu_rec.table._sparse import SingleShardTable
 
-    real = TableStateMixin.read_state
+    real = SingleShardTable.read_state
     fail = {"on": False}
 
     def read_state(self, *args, **kwargs):
@@ -79,7 +79,7 @@ def failing_table_save(monkeypatch):
             raise TableInvariantError(f"table {self.name!r}: index size != live rows")
         return real(self, *args, **kwargs)
 
-    monkeypatch.setattr(TableStateMixin, "read_state", read_state)
+    monkeypatch.setattr(SingleShardTable, "read_state", read_state)
     return fail
 
 

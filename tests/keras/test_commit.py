@@ -149,7 +149,7 @@ def test_keep_checkpoint_max_counts_every_save_across_fit_calls(tmp_path):
 
 
 def test_a_failed_table_write_publishes_nothing(trained, monkeypatch):
-    from npu_rec.table._state import TableStateMixin
+    from npu_rec.table._sparse import SingleShardTable
 
     before = sorted(str(p.relative_to(trained)) for p in trained.rglob("*") if p.is_file())
 
@@ -157,7 +157,7 @@ def test_a_failed_table_write_publishes_nothing(trained, monkeypatch):
         raise ValueError(f"TableInvariantError: table {self.name!r}: duplicate keys")
 
     model, ckpt = _resume(trained, save_steps=2)
-    monkeypatch.setattr(TableStateMixin, "read_state", broken)
+    monkeypatch.setattr(SingleShardTable, "read_state", broken)
     with pytest.raises(ValueError, match="TableInvariantError"):
         model.fit(stream(), epochs=1, steps_per_epoch=2, verbose=0, callbacks=[ckpt])
     after = sorted(str(p.relative_to(trained)) for p in trained.rglob("*") if p.is_file())

@@ -77,9 +77,9 @@ class ChurnDriver:
         self._step_out = self._train(self._ids, self._ts, self._grads)
         self._infer_ids = ph(tf.int64, [None])
         self._infer_out = self._read(self._infer_ids)
-        self._removed = self.table._index.removed.read_value()
-        self._index_size = self.table._index.size()
-        self._index_export = self.table._index.export()
+        self._removed = self.table.key_index.removed.read_value()
+        self._index_size = self.table.key_index.size()
+        self._index_export = self.table.key_index.export()
 
     # ------------------------------------------------------------------ ops
     def step(self, ids, ts, grads) -> np.ndarray:
@@ -127,19 +127,19 @@ class ChurnDriver:
     def index_size(self) -> int:
         if self.mode == "graph":
             return int(self.sess.run(self._index_size))
-        return int(self.table._index.size())
+        return int(self.table.key_index.size())
 
     def index_export(self) -> tuple[np.ndarray, np.ndarray]:
         """(keys, rows) held by the table's key index."""
         if self.mode == "graph":
             return self.sess.run(self._index_export)
-        return tuple(t.numpy() for t in self.table._index.export())
+        return tuple(t.numpy() for t in self.table.key_index.export())
 
     def removed(self) -> int:
         """Keys removed from the index since its last rebuild (0 right after one)."""
         if self.mode == "graph":
             return int(self.sess.run(self._removed))
-        return int(self.table._index.removed.numpy())
+        return int(self.table.key_index.removed.numpy())
 
     def close(self):
         if self.sess is not None:

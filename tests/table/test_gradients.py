@@ -59,4 +59,4 @@ def test_tables_admitting_at_once_train_every_key_from_its_first_sighting(thresh
     np.testing.assert_array_equal(out["counts"], [2, 1])
     # d loss / d row = number of occurrences; SGD(1.0) from zeros.
     np.testing.assert_allclose(out["values"], [[-2.0, -2.0], [-1.0, -1.0]])
-    assert int(table._pending.map.size()) == 0  # nothing waits for admission
+    assert int(table.state.pending.map.size()) == 0  # nothing waits for admission

@@ -163,7 +163,7 @@ def test_table_restore_leaves_no_stale_keys_in_the_index(tmp_path):
     table.save(str(tmp_path / "t"))
     npu_rec.sparse_lookup(table, tf.constant([4, 5], tf.int64))
     table.restore(str(tmp_path / "t"))
-    assert int(table._index.size()) == 3
+    assert int(table.key_index.size()) == 3
     got = npu_rec.sparse_lookup(table, tf.constant([4], tf.int64), is_training=False)
     np.testing.assert_array_equal(got, [[0.0, 0.0]])
 
@@ -180,8 +180,8 @@ def test_table_eviction_cycles_rebuild_the_index_and_keep_rows_right():
         )
         assert sorted(table.export()["keys"].tolist()) == keys.numpy().tolist()
         assert table.evict(now=1000 * cycle + 100) == 10
-        rebuilt |= int(table._index.removed.numpy()) == 0
-        assert int(table.size()) == 0 and int(table._index.size()) == 0
+        rebuilt |= int(table.key_index.removed.numpy()) == 0
+        assert int(table.size()) == 0 and int(table.key_index.size()) == 0
     assert rebuilt
     np.testing.assert_array_equal(
         npu_rec.sparse_lookup(table, tf.constant([5, 305], tf.int64), is_training=False),

@@ -13,8 +13,10 @@ import tensorflow as tf
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import npu_rec
 from npu_rec._kernels import _build
 from npu_rec._kernels._key_map import KeyMap
+from npu_rec.table import _registry as _table_registry
 from npu_rec.table._key_index import DELETED_KEY, EMPTY_KEY, KeyIndex
 from tests.table.test_table_kernels import needs_kernels
 
@@ -151,12 +153,17 @@ def test_checkpoints_restore_between_the_two_maps(to_dense, tmp_path):
 
 
 def test_key_index_uses_the_kernels_map_only_on_the_kernel_path():
+    _table_registry.clear()
     with _build.forced(True):
-        assert isinstance(KeyIndex(100, name="a").map, KeyMap)
+        table = npu_rec.create_table("a", 2)
+        assert table.backend.name == "kernels"
+        assert isinstance(table.key_index.map, KeyMap)
     with _build.forced(False):
-        index = KeyIndex(100, name="b")
-        assert not isinstance(index.map, KeyMap)
-        assert isinstance(index.map, tf.lookup.experimental.DenseHashTable)
+        table = npu_rec.create_table("b", 2)
+        assert table.backend.name == "stock"
+        assert not isinstance(table.key_index.map, KeyMap)
+        assert isinstance(table.key_index.map, tf.lookup.experimental.DenseHashTable)
+    assert not isinstance(KeyIndex(100, name="c").map, KeyMap)  # the default map class
 
 
 def test_concurrent_lookups_inserts_removes_exports_of_one_map():

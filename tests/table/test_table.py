@@ -93,7 +93,7 @@ def test_dynamic_expansion_grows_inside_tf_function_and_keeps_rows():
     first = look(tf.constant([10, 11], tf.int64)).numpy()
     look(tf.constant(np.arange(100, 150), tf.int64))
     assert int(table.size()) == 52
-    assert int(table._storage.capacity()) == 52  # max(needed, 2 * capacity)
+    assert int(table.storage.capacity()) == 52  # max(needed, 2 * capacity)
     np.testing.assert_array_equal(look(tf.constant([10, 11], tf.int64)).numpy(), first)
 
 

@@ -20,30 +20,30 @@ def _trained(name, **kwargs):
 
 def _corrupt_index(table):
     """The index gains a key whose row holds another key (as a shared index buffer once caused)."""
-    table._index.insert(tf.constant([99], tf.int64), tf.constant([1], tf.int64))
+    table.key_index.insert(tf.constant([99], tf.int64), tf.constant([1], tf.int64))
 
 
 def _duplicate_key(table):
     """Row 3 (key 13's) claims key 3: two live rows with one key, key 13 without its row."""
-    table._storage.row_keys.scatter_update(
+    table.storage.row_keys.scatter_update(
         tf.IndexedSlices(tf.constant([3], tf.int64), tf.constant([3], tf.int64))
     )
 
 
 def _nan_value(table):
-    table._storage.values.scatter_update(
+    table.storage.values.scatter_update(
         tf.IndexedSlices(tf.constant([[np.nan, 0.0, 0.0]]), tf.constant([2], tf.int64))
     )
 
 
 def _inf_slot(table):
-    table._storage.slots["accumulator"].scatter_update(
+    table.storage.slots["accumulator"].scatter_update(
         tf.IndexedSlices(tf.constant([[0.0, np.inf, 0.0]]), tf.constant([0], tf.int64))
     )
 
 
 def _size_off(table):
-    table._storage.num_free.assign(1)
+    table.storage.num_free.assign(1)
 
 
 @pytest.mark.parametrize(
@@ -93,7 +93,7 @@ def test_export_reads_a_broken_table_for_inspection():
 def test_sharded_table_check_names_the_shard(tmp_path):
     table = _trained("sh", num_shards=2)
     shard = next(s for s in table.shards if int(s.size()) > 0)
-    _nan_value_of = shard._storage.values
+    _nan_value_of = shard.storage.values
     _nan_value_of.scatter_update(
         tf.IndexedSlices(tf.constant([[np.inf, 0.0, 0.0]]), tf.constant([0], tf.int64))
     )

@@ -239,8 +239,8 @@ def test_large_batch_deduplication_gives_unique_with_counts_order(rng):
         _table_registry.clear()
         table = npu_rec.create_table("dedup", 2, capacity=8, access_threshold=2)
         out = kernel_ops.train_lookup(
-            table._index,
-            table._storage,
+            table.key_index,
+            table.storage,
             tf.constant(ids),
             None,
             tf.constant(times),

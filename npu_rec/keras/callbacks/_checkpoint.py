@@ -21,7 +21,12 @@ from npu_rec.distribute import _worker_versions
 from npu_rec.distribute._agreement import agree_max
 from npu_rec.keras import _keras_fixes
 from npu_rec.keras._finite import check_finite_state
-from npu_rec.keras.callbacks._common import global_step, tables_of
+from npu_rec.keras.callbacks._common import (
+    global_step,
+    in_online_training,
+    set_global_step,
+    tables_of,
+)
 from npu_rec.training._data_position import ConsumedBatches, load_position, save_position
 from npu_rec.training._policies import DELTA, FULL, SavePolicy
 from npu_rec.training._steps import check_keras_fit
@@ -265,8 +270,7 @@ class SparseCheckpoint(keras.callbacks.Callback):
             for i, v in enumerate(opt.variables):
                 if f"o{i}" in data:
                     v.assign(data[f"o{i}"])
-        if hasattr(self.model, "_global_step"):
-            self.model._global_step.assign(int(data["global_step"]))
+        set_global_step(self.model, int(data["global_step"]))
         self._restore_data(group, rank if same_layout else None)
         self._restored, self._restored_model = found, self.model
         self.restored_step = step
@@ -393,7 +397,7 @@ class SparseCheckpoint(keras.callbacks.Callback):
         tdir = TrainingDir(self.own_directory, keep=self.keep_checkpoint_max).open()
         try:
             tdir.start_from(self._restored, None if self._restored else self._start_reason)
-            if self._restored is not None and self.manager()._last_step is None:
+            if self._restored is not None and self.manager().base_step is None:
                 tdir.parent = None  # no table base in this process: the next save is full
         except BaseException:
             tdir.close()
@@ -412,7 +416,7 @@ class SparseCheckpoint(keras.callbacks.Callback):
 
     # -------------------------------------------------------------- callbacks
     def on_train_begin(self, logs=None):
-        online = getattr(self.model, "_online", False)
+        online = in_online_training(self.model)
         steps = None if online else self.params.get("steps")
         resolved = check_keras_fit(
             epochs=1 if online else (self.params.get("epochs") or 1),
