@@ -50,10 +50,13 @@ PART = re.compile(
     r"|state-(?P<s3>\d+)\.json|data_position-(?P<s4>\d+)\.json"
     r"|tables/ckpt-(?P<s5>\d{12})\.(?:full|delta)\.nrc)$"
 )
-# Temporary files of interrupted writes (ours, TF's Saver and checkpoint-state writer).
+# Temporary files of interrupted writes: ours (`atomic_file`: `<name>.tmp-<pid>`), TF's
+# Saver (`model.ckpt-<step>_temp/`), and TF's atomic writers (`tf.io.write_graph`, the
+# checkpoint-state file: `<name>.tmp<32 hex digits>`, e.g. `graph.pbtxt.tmp<hex>`).
 TEMPORARY = re.compile(
-    r"^(?:model\.ckpt-|dense-|state-|data_position-|checkpoint|ckpt-"
+    r"^(?:(?:model\.ckpt-|dense-|state-|data_position-|checkpoint|ckpt-"
     r"|version-).*(?:\.tmp|\.tempstate|_temp)"
+    r"|.+\.tmp-\d+$|.+\.tmp[0-9a-f]{32}$)"
 )
 _CHUNK = 1 << 24
 
