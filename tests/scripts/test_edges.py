@@ -1,16 +1,26 @@
 """Scripts at the edges the fault campaign found: requests that cannot be met, read-only dirs."""
 
+import json
 import os
+import resource
 import subprocess
 import sys
 
 import pytest
 
+from npu_rec.checkpoint._versions import TEMPORARY
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def _script(name, *args, cwd, timeout=180):
+def _script(name, *args, cwd, timeout=180, file_size_limit=None):
+    """Runs scripts/NAME.py; `file_size_limit` (bytes) makes its disk "full" (EFBIG)."""
     env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="3")
+
+    def limit():
+        if file_size_limit is not None:
+            resource.setrlimit(resource.RLIMIT_FSIZE, (file_size_limit, file_size_limit))
+
     return subprocess.run(
         [sys.executable, os.path.join(ROOT, "scripts", f"{name}.py"), *args],
         capture_output=True,
@@ -18,7 +28,17 @@ def _script(name, *args, cwd, timeout=180):
         timeout=timeout,
         env=env,
         cwd=str(cwd),
+        preexec_fn=limit,
     )
+
+
+def _temporary_files(model_dir):
+    return [
+        os.path.join(folder, name)
+        for folder, dirs, files in os.walk(model_dir)
+        for name in files + dirs
+        if TEMPORARY.match(name)
+    ]
 
 
 @pytest.mark.parametrize(("frontend", "version"), [("keras", 5), ("estimator", 100)])
@@ -42,3 +62,23 @@ def test_restore_model_version_on_an_empty_model_dir_fails_naming_version_and_di
     assert "Traceback" not in out.stderr
     assert not (model_dir / "metrics.json").exists()
     assert not any(n.startswith(("dense-", "model.ckpt-")) for n in os.listdir(model_dir))
+
+
+def test_no_temporary_file_survives_a_full_disk_run_and_a_resume(tmp_path):
+    model_dir = tmp_path / "run"
+    flags = [
+        "--frontend=estimator",
+        f"--model_dir={model_dir}",
+        "--max_steps=8",
+        "--save_steps=4",
+        "--batch_size=32",
+        "--eval_steps=1",
+        "--embedding_dim=4",
+        "--verbose=0",
+    ]
+    full = _script("train", *flags, cwd=tmp_path, file_size_limit=40_000)
+    assert full.returncode != 0  # the graph (TensorFlow's atomic writer) did not fit
+    resumed = _script("train", *flags, cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert _temporary_files(model_dir) == []
+    assert json.loads((model_dir / "metrics.json").read_text())["global_step"] == 8
