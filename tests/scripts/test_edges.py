@@ -82,3 +82,38 @@ def test_no_temporary_file_survives_a_full_disk_run_and_a_resume(tmp_path):
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert _temporary_files(model_dir) == []
     assert json.loads((model_dir / "metrics.json").read_text())["global_step"] == 8
+
+
+@pytest.fixture
+def read_only(tmp_path):
+    """Makes a directory read-only for root too (a read-only bind mount), where permitted."""
+    mounted = []
+
+    def make(path):
+        done = subprocess.run(["mount", "--bind", str(path), str(path)], capture_output=True)
+        if done.returncode != 0:
+            if os.geteuid() == 0:
+                pytest.skip("a read-only directory needs a bind mount here (not permitted)")
+            path.chmod(0o555)
+            return
+        mounted.append(path)
+        subprocess.run(["mount", "-o", "remount,bind,ro", str(path)], check=True)
+
+    yield make
+    for path in mounted:
+        subprocess.run(["umount", str(path)], check=False)
+
+
+def test_evaluate_on_a_read_only_model_dir_prints_the_metrics_and_warns(tmp_path, read_only):
+    model_dir = tmp_path / "run"
+    flags = [f"--model_dir={model_dir}", "--batch_size=32", "--eval_steps=1", "--embedding_dim=4"]
+    trained = _script(
+        "train", *flags, "--max_steps=4", "--save_steps=4", "--verbose=0", cwd=tmp_path
+    )
+    assert trained.returncode == 0, trained.stderr[-2000:]
+    read_only(model_dir)
+    out = _script("evaluate", *flags, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "eval_loss=" in out.stdout and "eval_auc=" in out.stdout
+    assert "eval_metrics.json" in out.stderr and "Traceback" not in out.stderr
+    assert not (model_dir / "eval_metrics.json").exists()
