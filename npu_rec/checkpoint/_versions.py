@@ -246,27 +246,42 @@ class VersionLog:
           CheckpointCorruptedError: naming the file and what is wrong with it.
         """
         for v in chain:
-            for rel, expected in v.parts.items():
-                path = self.path(rel)
-                if not os.path.exists(path):
-                    raise CheckpointCorruptedError(
-                        f"Checkpoint file {path!r} of version step {v.step} is missing."
-                    )
-                if v.legacy:
-                    check_part(path)
-                    continue
-                size = os.path.getsize(path)
-                if size != expected["bytes"]:
-                    kind = "truncated" if size < expected["bytes"] else "has extra bytes"
-                    raise CheckpointCorruptedError(
-                        f"Checkpoint file {path!r} is corrupted ({kind}: {size} bytes, "
-                        f"committed with {expected['bytes']})."
-                    )
-                if file_sha256(path) != expected["sha256"]:
-                    raise CheckpointCorruptedError(
-                        f"Checkpoint file {path!r} is corrupted (SHA-256 checksum mismatch "
-                        "with its commit record)."
-                    )
+            for rel in v.parts:
+                self.verify_part(v, rel)
+
+    def verify_part(self, version: Version, rel: str) -> None:
+        """Checks one part of `version` as `verify` does.
+
+        Raises:
+          CheckpointCorruptedError: naming the file and what is wrong with it.
+        """
+        path = self.path(rel)
+        if not os.path.exists(path):
+            raise CheckpointCorruptedError(
+                f"Checkpoint file {path!r} of version step {version.step} is missing."
+            )
+        try:
+            if version.legacy:
+                check_part(path)
+                return
+            expected = version.parts[rel]
+            size = os.path.getsize(path)
+            if size != expected["bytes"]:
+                kind = "truncated" if size < expected["bytes"] else "has extra bytes"
+                raise CheckpointCorruptedError(
+                    f"Checkpoint file {path!r} is corrupted ({kind}: {size} bytes, "
+                    f"committed with {expected['bytes']})."
+                )
+            digest = file_sha256(path)
+        except OSError as err:
+            raise CheckpointCorruptedError(
+                f"Checkpoint file {path!r} cannot be read ({err.strerror or err})."
+            ) from None
+        if digest != expected["sha256"]:
+            raise CheckpointCorruptedError(
+                f"Checkpoint file {path!r} is corrupted (SHA-256 checksum mismatch "
+                "with its commit record)."
+            )
 
     def select(
         self, step: int | None = None, fallback: bool = True
