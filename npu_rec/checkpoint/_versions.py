@@ -261,6 +261,8 @@ class VersionLog:
                 f"Checkpoint file {path!r} of version step {version.step} is missing."
             )
         try:
+            if not os.path.isfile(path):
+                raise IsADirectoryError(21, "not a regular file")
             if version.legacy:
                 check_part(path)
                 return
