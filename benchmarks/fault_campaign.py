@@ -85,8 +85,9 @@ _CAMPAIGN = flags.DEFINE_enum(
 _RESTARTS = flags.DEFINE_integer(
     "restarts",
     None,
-    "Corruption: damage kinds per front end and round that are restarted (the others are "
-    "inspected and checked against a restore in-process); default 2 (short) or all (long).",
+    "Corruption: damage kinds per front end and round that are restarted (a deleted commit "
+    "record first, then random ones; the others are inspected in-process and checked against "
+    "a restore); default 2 (short) or all (long).",
     lower_bound=0,
 )
 _KILLS = flags.DEFINE_integer(
@@ -607,7 +608,12 @@ def corruption_campaign(
             result["failed_restarts"].append(f"base run {outcome}: {err}")
             continue
         kinds = list(DAMAGE_KINDS)
-        restarted = set(kinds if restarts is None else rng.sample(kinds, min(restarts, len(kinds))))
+        if restarts is None:
+            restarted = set(kinds)
+        else:  # a lost commit record first: the one whose restart moves files aside
+            others = [k for k in kinds if k != "delete_commit_record"]
+            picked = ["delete_commit_record"] + rng.sample(others, len(others))
+            restarted = set(picked[:restarts])
         for kind in kinds:
             model_dir = os.path.join(work, f"{frontend}_{kind}_{r}")
             shutil.rmtree(model_dir, ignore_errors=True)
