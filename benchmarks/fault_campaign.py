@@ -27,11 +27,29 @@ Then it checks:
   equals the reference's at that step;
 * leftovers: temporary files or uncommitted parts left in the model_dir.
 
+With `--campaign=corruption` it damages committed checkpoints instead: for
+each front end it trains a run (step saves and timed full and delta saves),
+then, for every kind of damage (`DAMAGE_KINDS`: a truncated, bit-flipped,
+deleted, emptied or unreadable part, the newest delta's table file deleted, an
+edited data position, a deleted commit record) in a copy of that model_dir:
+
+* inspect: `python -m npu_rec.scripts.inspect_checkpoint` describes the damaged directory
+  without failing, names the damaged file (or lists the parts left without a
+  record), and lists as restorable exactly the versions a restore accepts
+  (`VersionLog.select(step)`), the newest of them the one a restart takes;
+* restart: the same training command resumes from that newest intact version
+  (its first commit record's `origin`), every committed version then verifies,
+  nothing intact is deleted (the damaged version's other files are still in
+  the model_dir or under `retired/`) and no temporary file or uncommitted part
+  is left.
+
 It prints a table and writes JSON (`--out`).
 
 Usage:
   python benchmarks/fault_campaign.py --mode=short            # a few kills (CI)
   python benchmarks/fault_campaign.py --mode=long --kills=100 --out=fault_campaign.json
+  python benchmarks/fault_campaign.py --campaign=corruption --mode=short   # (CI)
+  python benchmarks/fault_campaign.py --campaign=corruption --mode=long --rounds=3
 """
 
 from __future__ import annotations
@@ -54,10 +72,24 @@ from absl import app, flags
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from npu_rec.checkpoint import VersionLog, read_file  # noqa: E402
+from npu_rec.checkpoint import Version, VersionLog, read_file  # noqa: E402
 from npu_rec.checkpoint._versions import PART, RETIRED, TEMPORARY, table_parts, unseal  # noqa: E402
 
 _MODE = flags.DEFINE_enum("mode", "short", ["short", "long"], "short: a few kills (CI).")
+_CAMPAIGN = flags.DEFINE_enum(
+    "campaign",
+    "kills",
+    ["kills", "corruption"],
+    "kills: SIGKILLs and a full disk; corruption: damaged checkpoints, inspected and restarted.",
+)
+_RESTARTS = flags.DEFINE_integer(
+    "restarts",
+    None,
+    "Corruption: damage kinds per front end and round that are restarted (a deleted commit "
+    "record first, then random ones; the others are inspected in-process and checked against "
+    "a restore); default 2 (short) or all (long).",
+    lower_bound=0,
+)
 _KILLS = flags.DEFINE_integer(
     "kills",
     None,
@@ -401,8 +433,324 @@ def check(result: dict, model_dir: str, ref_dir: str, expected: dict) -> None:
     result["leftovers"] += leftovers(model_dir)
 
 
+# ------------------------------------------------------------------ corruption
+DAMAGE_KINDS = (
+    "truncate",
+    "flip",
+    "delete_part",
+    "delete_newest_delta",
+    "edit_state",
+    "delete_commit_record",
+    "empty_file",
+    "unreadable",
+)
+
+
+def damage(model_dir: str, kind: str, rng: random.Random) -> dict | None:
+    """Damages one committed version of `model_dir`; None where `kind` does not apply.
+
+    Returns `{"kind", "step", "id", "file"}`: the version and the file damaged.
+    """
+    found = VersionLog(model_dir).versions()
+    newest = found[-1]
+    version = newest
+    if kind == "delete_newest_delta":
+        deltas = [v for v in found if v.kind == "delta"]
+        if not deltas:
+            return None
+        version = deltas[-1]
+        rel = table_parts([version])[0]
+    elif kind == "delete_commit_record":
+        rel = f"commits/version-{version.seq:012d}.json"
+    elif kind == "edit_state":
+        rel = version.part("state-") or version.part("data_position-")
+        if rel is None:
+            return None
+    elif kind == "delete_part":
+        rel = rng.choice(sorted(p for p in version.parts if not p.startswith("tables/")))
+    else:
+        if kind == "flip":
+            version = rng.choice(found)
+        rel = rng.choice(sorted(version.parts))
+    path = os.path.join(model_dir, rel)
+    if kind in ("delete_newest_delta", "delete_commit_record", "delete_part"):
+        os.remove(path)
+    elif kind == "truncate":
+        with open(path, "r+b") as f:
+            f.truncate(rng.randint(1, max(1, os.path.getsize(path) - 1)))
+    elif kind == "flip":
+        with open(path, "r+b") as f:
+            at = rng.randrange(os.path.getsize(path))
+            f.seek(at)
+            byte = f.read(1)[0]
+            f.seek(at)
+            f.write(bytes([byte ^ (1 << rng.randrange(8))]))
+    elif kind == "edit_state":
+        with open(path) as f:
+            data = json.load(f)
+        payload = data.get("payload", data)
+        payload["edited_by_hand"] = True  # valid JSON, not what was committed
+        with open(path, "w") as f:
+            json.dump(data, f)
+    elif kind == "empty_file":
+        open(path, "wb").close()
+    elif kind == "unreadable":
+        if os.geteuid() == 0:  # root reads any mode: a directory in the file's place
+            os.remove(path)
+            os.mkdir(path)
+        else:
+            os.chmod(path, 0)
+    return {"kind": kind, "step": version.step, "id": version.id, "file": rel}
+
+
+def inspect(model_dir: str, timeout: float, script: bool) -> tuple[dict | None, str]:
+    """inspect_checkpoint's description (`--json`): the script, or its function in-process."""
+    if not script:
+        from npu_rec.scripts import _checkpoints  # noqa: PLC0415
+
+        try:
+            return _checkpoints.describe(model_dir), ""
+        except Exception as err:  # a crash is what the campaign counts
+            return None, f"{type(err).__name__}: {err}"
+    done = subprocess.run(
+        [sys.executable, "-m", "npu_rec.scripts.inspect_checkpoint"]
+        + [f"--model_dir={model_dir}", "--json"],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    if done.returncode != 0:
+        return None, f"exit status {done.returncode}: {done.stderr[-1000:]}"
+    return json.loads(done.stdout), ""
+
+
+def restorable_by_restore(model_dir: str) -> tuple[list[Version], Version | None]:
+    """The committed versions a restore accepts (`select(step)`), and the one a restart takes."""
+    log = VersionLog(model_dir)
+    ok = []
+    for v in log.versions():
+        try:
+            log.select(v.step)
+            ok.append(v)
+        except Exception:  # damaged: the restore refuses it
+            pass
+    try:
+        newest = log.select()[0]
+    except Exception:  # every version damaged
+        newest = None
+    return ok, newest
+
+
+def named(info: dict, hurt: dict) -> bool:
+    """Whether the description names the damaged file at the damaged version."""
+    for v in info["versions"]:
+        if v["step"] != hurt["step"]:
+            continue
+        if hurt["kind"] == "delete_commit_record":
+            if v["status"] == "uncommitted":
+                return True
+        elif v["status"] == "damaged" and hurt["file"] in v.get("problem", ""):
+            return True
+    return False
+
+
+def kept_intact(model_dir: str, parts: dict, hurt: dict) -> bool:
+    """Whether every part of the damaged version but the damaged file still exists somewhere."""
+    retired = os.path.join(model_dir, RETIRED)
+    batches = os.listdir(retired) if os.path.isdir(retired) else []
+    for rel in parts:
+        if rel == hurt["file"]:
+            continue
+        if not os.path.exists(os.path.join(model_dir, rel)) and not any(
+            os.path.exists(os.path.join(retired, b, rel)) for b in batches
+        ):
+            return False
+    return True
+
+
+def corruption_campaign(
+    frontend: str,
+    rounds: int,
+    work: str,
+    rng: random.Random,
+    max_steps: int,
+    timeout: float,
+    restarts: int | None,
+) -> dict:
+    """Every damage kind in a copy of a trained model_dir, per round: inspected, restarted."""
+    result = {
+        "frontend": frontend,
+        "rounds": rounds,
+        "damaged_dirs": 0,
+        "not_applicable": [],
+        "inspect_runs": 0,
+        "inspect_crashes": 0,
+        "damage_named": 0,
+        "inspect_agrees_with_restore": 0,
+        "restarts": 0,
+        "resumed_from_newest_intact": 0,
+        "intact_files_kept": 0,
+        "versions_verified_after": 0,
+        "corrupt_after": 0,
+        "leftovers": [],
+        "failed_restarts": [],
+        "damage": [],
+    }
+    start = time.monotonic()
+    for r in range(rounds):
+        base = os.path.join(work, f"{frontend}_corruption_base_{r}")
+        shutil.rmtree(base, ignore_errors=True)
+        # Timed saves only (full every 3 s, delta every second) and the final full save,
+        # so the directory holds deltas.
+        outcome, _, err = run(command(frontend, base, 100 * max_steps, max_steps), timeout)
+        if outcome != "done":
+            result["failed_restarts"].append(f"base run {outcome}: {err}")
+            continue
+        kinds = list(DAMAGE_KINDS)
+        if restarts is None:
+            restarted = set(kinds)
+        else:  # a lost commit record first: the one whose restart moves files aside
+            others = [k for k in kinds if k != "delete_commit_record"]
+            picked = ["delete_commit_record"] + rng.sample(others, len(others))
+            restarted = set(picked[:restarts])
+        for kind in kinds:
+            model_dir = os.path.join(work, f"{frontend}_{kind}_{r}")
+            shutil.rmtree(model_dir, ignore_errors=True)
+            shutil.copytree(base, model_dir)
+            before = {v.id: v for v in VersionLog(model_dir).versions()}
+            hurt = damage(model_dir, kind, rng)
+            if hurt is None:
+                result["not_applicable"].append(kind)
+                continue
+            result["damaged_dirs"] += 1
+            result["damage"].append(hurt)
+            info, err = inspect(model_dir, timeout, script=kind in restarted)
+            result["inspect_runs"] += 1
+            if info is None:
+                result["inspect_crashes"] += 1
+                result["failed_restarts"].append(f"inspect after {kind}: {err}")
+                continue
+            result["damage_named"] += named(info, hurt)
+            intact, newest = restorable_by_restore(model_dir)
+            accepted = [v.step for v in intact]
+            agrees = info["restore_model_version"] == accepted and (
+                newest is None or accepted[-1:] == [newest.step]
+            )
+            result["inspect_agrees_with_restore"] += agrees
+            if not agrees:
+                result["failed_restarts"].append(
+                    f"{kind}: inspect lists {info['restore_model_version']}, a restore "
+                    f"accepts {accepted}"
+                )
+            if kind not in restarted:
+                continue
+            cmd = command(frontend, model_dir, 100 * max_steps, max_steps + 4)
+            outcome, pid, err = run(cmd, timeout)
+            result["restarts"] += 1
+            if outcome != "done":
+                result["failed_restarts"].append(f"restart after {kind} {outcome}: {err}")
+                continue
+            log = VersionLog(model_dir)
+            found = log.versions()
+            first = next((v for v in found if v.pid == pid), None)
+            resumed = first is not None and first.origin == (newest.id if newest else None)
+            result["resumed_from_newest_intact"] += resumed
+            if not resumed:
+                result["failed_restarts"].append(
+                    f"restart after {kind}: resumed from {first and first.origin}, the newest "
+                    f"intact version is {newest and newest.id}"
+                )
+            kept = kept_intact(model_dir, before[hurt["id"]].parts, hurt)
+            result["intact_files_kept"] += kept
+            if not kept:
+                result["failed_restarts"].append(f"restart after {kind}: deleted intact files")
+            was_damaged = set(before) - {v.id for v in intact}
+            for v in found:
+                if v.id in was_damaged:  # an older damaged version training left alone
+                    continue
+                try:
+                    log.verify(log.chain(v, found))
+                    result["versions_verified_after"] += 1
+                except Exception as err:  # any failure to restore counts
+                    result["corrupt_after"] += 1
+                    result["failed_restarts"].append(f"after {kind}, version {v.step}: {err}")
+            result["leftovers"] += [f"{kind}: {rel}" for rel in leftovers(model_dir)]
+    result["seconds"] = round(time.monotonic() - start, 1)
+    return result
+
+
+CORRUPTION_COLUMNS = [
+    "frontend",
+    "rounds",
+    "damaged_dirs",
+    "inspect_runs",
+    "inspect_crashes",
+    "damage_named",
+    "inspect_agrees_with_restore",
+    "restarts",
+    "resumed_from_newest_intact",
+    "intact_files_kept",
+    "versions_verified_after",
+    "corrupt_after",
+    "seconds",
+]
+
+
+def main_corruption():
+    max_steps = _MAX_STEPS.value or (200 if _MODE.value == "short" else 400)
+    work = _WORK_DIR.value or tempfile.mkdtemp(prefix="npu_rec_corruption_")
+    fronts = _FRONTENDS.value
+    rounds = _ROUNDS.value or (1 if _MODE.value == "short" else 3)
+    restarts = _RESTARTS.value
+    if restarts is None and _MODE.value == "short":
+        restarts = 2
+    with concurrent.futures.ThreadPoolExecutor(len(fronts)) as pool:
+        jobs = [
+            pool.submit(
+                corruption_campaign,
+                frontend,
+                rounds,
+                work,
+                random.Random(_SEED.value * 1000 + i),
+                max_steps,
+                _RUN_TIMEOUT.value,
+                restarts,
+            )
+            for i, frontend in enumerate(fronts)
+        ]
+        results = [job.result() for job in jobs]
+    print(" | ".join(CORRUPTION_COLUMNS))
+    for r in results:
+        print(
+            " | ".join(str(r[c]) for c in CORRUPTION_COLUMNS)
+            + f" | leftovers={len(r['leftovers'])} | failures={len(r['failed_restarts'])}"
+        )
+    for r in results:
+        for failure in r["failed_restarts"] + r["leftovers"]:
+            print(f"{r['frontend']}: {failure}")
+    if _OUT.value:
+        with open(_OUT.value, "w") as f:
+            json.dump(
+                {
+                    "campaign": "corruption",
+                    "mode": _MODE.value,
+                    "max_steps": max_steps,
+                    "rounds": rounds,
+                    "command": " ".join(sys.argv),
+                    "results": results,
+                },
+                f,
+                indent=1,
+            )
+
+
 def main(argv):
     del argv
+    if _CAMPAIGN.value == "corruption":
+        main_corruption()
+        return
     kills = _KILLS.value if _KILLS.value is not None else (2 if _MODE.value == "short" else 100)
     max_steps = _MAX_STEPS.value or (24 if _MODE.value == "short" else 300)
     work = _WORK_DIR.value or tempfile.mkdtemp(prefix="npu_rec_faults_")

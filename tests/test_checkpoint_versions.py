@@ -73,3 +73,53 @@ def test_an_altered_record_or_part_is_never_restored_silently(tmp_path, caplog):
     (tmp_path / "dense-000000000001.npz").write_text("x" * 24)  # same size, other bytes
     with pytest.raises(CheckpointCorruptedError, match="dense-000000000001.npz.*SHA-256"):
         VersionLog(str(tmp_path)).select(fallback=False)
+
+
+def test_temporary_files_of_tensorflows_writers_and_ours_are_removed_at_the_next_start(tmp_path):
+    with TrainingDir(str(tmp_path)) as tdir:
+        tdir.start_from(None)
+        _save(tdir, 1, "full")
+    dead = 2**22 + 17  # above any pid this machine hands out
+    leftovers = [
+        "graph.pbtxt.tmp" + "0123456789abcdef" * 2,  # tf.io.write_graph on a full disk
+        "checkpoint.tmp" + "f" * 32,
+        f"metrics.json.tmp-{dead}",
+        f"run_flags.json.tmp-{dead}",
+    ]
+    for rel in leftovers:
+        (tmp_path / rel).write_text("partial")
+    live = tmp_path / f"eval_metrics.json.tmp-{os.getppid()}"  # a reader still writing it
+    live.write_text("partial")
+    with TrainingDir(str(tmp_path)):
+        pass
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name in leftovers) == []
+    assert live.exists() and (tmp_path / "dense-000000000001.npz").exists()
+
+
+def test_a_version_whose_commit_record_was_deleted_is_moved_to_retired_not_deleted(tmp_path):
+    import numpy as np
+
+    from npu_rec._paths import write_json_atomic
+    from npu_rec.checkpoint._versions import sealed
+
+    def save(tdir, step):
+        parts = [f"dense-{step:012d}.npz", f"state-{step:012d}.json"]
+        np.savez(tdir.log.path(parts[0]), w0=np.full(3, step, np.float32))
+        write_json_atomic(tdir.log.path(parts[1]), sealed({"step": step}))
+        return tdir.commit(step, "full", parts)
+
+    with TrainingDir(str(tmp_path)) as tdir:
+        tdir.start_from(None)
+        save(tdir, 1)
+        two = save(tdir, 2)
+        save(tdir, 3)
+    os.remove(tmp_path / "commits" / f"version-{two.seq:012d}.json")
+    (tmp_path / "dense-000000000004.npz").write_bytes(b"PK partial")  # an interrupted save
+    with TrainingDir(str(tmp_path)):
+        pass
+    assert [v.step for v in VersionLog(str(tmp_path)).versions()] == [1, 3]
+    retired = sorted(p.name for p in (tmp_path / "retired").rglob("*-000000000002.*"))
+    assert retired == ["dense-000000000002.npz", "state-000000000002.json"]
+    assert not (tmp_path / "dense-000000000002.npz").exists()
+    assert not (tmp_path / "dense-000000000004.npz").exists()
+    assert not list((tmp_path / "retired").rglob("dense-000000000004.npz"))

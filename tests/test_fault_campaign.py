@@ -1,9 +1,11 @@
-"""The short fault campaign: SIGKILLs and a full disk during both front ends' training and saves."""
+"""The short fault campaigns: kills and a full disk, then damaged checkpoints, both front ends."""
 
 import json
 import os
 import subprocess
 import sys
+
+import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -34,3 +36,35 @@ def test_every_restart_resumes_from_the_newest_committed_version_intact(tmp_path
         assert r["versions_compared"] >= 5, r
         assert r["corrupt_or_inconsistent"] == 0 and r["positions_differing"] == 0, r
         assert r["leftovers"] == [], r["leftovers"]
+
+
+@pytest.mark.timeout(560)
+def test_damaged_checkpoints_are_described_truthfully_and_restarts_take_the_newest_intact(
+    tmp_path,
+):
+    out = tmp_path / "corruption.json"
+    subprocess.run(
+        [
+            sys.executable,
+            os.path.join(ROOT, "benchmarks", "fault_campaign.py"),
+            "--campaign=corruption",
+            "--mode=short",
+            f"--work_dir={tmp_path / 'work'}",
+            f"--out={out}",
+            "--run_timeout=200",
+        ],
+        check=True,
+        timeout=540,
+        capture_output=True,
+        env=dict(os.environ, PYTHONPATH=ROOT),
+    )
+    results = json.loads(out.read_text())["results"]
+    assert {r["frontend"] for r in results} == {"keras", "estimator"}
+    for r in results:
+        assert r["failed_restarts"] == [] and r["leftovers"] == [], r
+        assert r["damaged_dirs"] + len(r["not_applicable"]) == 8, r
+        assert r["damaged_dirs"] >= 7 and r["inspect_crashes"] == 0, r
+        assert r["damage_named"] == r["inspect_agrees_with_restore"] == r["damaged_dirs"], r
+        assert r["restarts"] == 2, r
+        assert r["resumed_from_newest_intact"] == r["intact_files_kept"] == 2, r
+        assert r["versions_verified_after"] >= 2 and r["corrupt_after"] == 0, r

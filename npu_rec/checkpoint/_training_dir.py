@@ -19,6 +19,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import re
 import shutil
 import socket
 import time
@@ -39,6 +40,16 @@ from npu_rec.checkpoint._versions import (
 )
 
 LOCK_FILE = "npu_rec.lock"
+# Files only a trainer (holding the lock) writes: their temporary files are never another's.
+_CHECKPOINT_FILES = (
+    "model.ckpt-",
+    "dense-",
+    "state-",
+    "data_position-",
+    "checkpoint",
+    "ckpt-",
+    "version-",
+)
 
 
 class CheckpointDirLockedError(RuntimeError):
@@ -105,6 +116,22 @@ class TrainingLock:
         fcntl.flock(self._fd, fcntl.LOCK_UN)
         os.close(self._fd)
         self._fd = None
+
+
+def _written_by_a_live_process(name: str) -> bool:
+    """Whether `name` is our temporary file (`<name>.tmp-<pid>`) of a process still running."""
+    if name.startswith(_CHECKPOINT_FILES):  # written only under the training lock
+        return False
+    m = re.search(r"\.tmp-(\d+)$", name)
+    if m is None or int(m.group(1)) == os.getpid():
+        return False
+    try:
+        os.kill(int(m.group(1)), 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # exists, owned by another user
+        return True
+    return True
 
 
 def _read_holder(fd: int) -> dict:
@@ -183,7 +210,7 @@ class TrainingDir:
         removed, size = [], 0
         for rel, folder in self._folders():
             for name in os.listdir(folder):
-                if not TEMPORARY.match(name):
+                if not TEMPORARY.match(name) or _written_by_a_live_process(name):
                     continue
                 path = os.path.join(folder, name)
                 if os.path.isdir(path):
@@ -246,15 +273,31 @@ class TrainingDir:
             )
 
     def _remove_uncommitted(self) -> None:
+        """Removes parts no commit record owns; a whole intact version's parts are retired.
+
+        Parts of an interrupted save are removed. The parts of a whole version
+        (its dense state, data position where the front end writes one, and its
+        table file where the directory has tables) that pass their own checks
+        lost their commit record (deleted or unreadable): they are moved to
+        `retired/` instead, since a user may still need them.
+        """
         owned = self.log.owned()
-        orphans = []
+        orphans: dict[int, list[str]] = {}
         for rel, folder in self._folders():
             if rel == COMMITS:
                 continue
             for name in os.listdir(folder):
                 path_rel = f"{rel}/{name}" if rel else name
-                if PART.match(path_rel) and path_rel not in owned:
-                    orphans.append(path_rel)
+                m = PART.match(path_rel)
+                if m and path_rel not in owned:
+                    step = int(next(g for g in m.groups() if g is not None))
+                    orphans.setdefault(step, []).append(path_rel)
+        with_tables = any(rel.startswith("tables/") for rel in owned)
+        for step, parts in sorted(orphans.items()):
+            if self._intact(parts, with_tables):
+                self._retire_parts(step, parts)
+                del orphans[step]
+        orphans = sorted(rel for parts in orphans.values() for rel in parts)
         for path_rel in orphans:
             os.remove(os.path.join(self.directory, path_rel))
         if orphans:
@@ -264,6 +307,41 @@ class TrainingDir:
                 self.directory,
                 sorted(orphans)[:10],
             )
+
+    def _intact(self, parts: list[str], with_tables: bool) -> bool:
+        """Whether `parts` (one step's) are a whole version whose files pass their checks."""
+        names = [os.path.basename(rel) for rel in parts]
+        keras = any(n.startswith("dense-") for n in names)
+        estimator = any(n.endswith(".index") for n in names) and any(".data-" in n for n in names)
+        if keras and not any(n.startswith("state-") for n in names):
+            return False
+        if not (keras or estimator):
+            return False
+        if with_tables and not any(rel.startswith("tables/") for rel in parts):
+            return False
+        try:
+            for rel in parts:
+                check_part(self.log.path(rel))
+        except Exception:  # any failure of a file's own check: not intact
+            return False
+        return True
+
+    def _retire_parts(self, step: int, parts: list[str]) -> None:
+        dest = os.path.join(
+            self.directory, RETIRED, time.strftime("%Y%m%d-%H%M%S") + f"-uncommitted-step-{step}"
+        )
+        for rel in parts:
+            os.makedirs(os.path.dirname(os.path.join(dest, rel)), exist_ok=True)
+            os.replace(self.log.path(rel), os.path.join(dest, rel))
+        logging.warning(
+            "npu_rec: the files of version step %d in %s have no commit record (deleted or "
+            "unreadable) but pass their own checks; moved them aside to %s instead of deleting "
+            "them: %s",
+            step,
+            self.directory,
+            dest,
+            sorted(parts),
+        )
 
     # --------------------------------------------------------------- training
     def start_from(self, version: Version | None, reason: str | None = None) -> None:

@@ -50,10 +50,13 @@ PART = re.compile(
     r"|state-(?P<s3>\d+)\.json|data_position-(?P<s4>\d+)\.json"
     r"|tables/ckpt-(?P<s5>\d{12})\.(?:full|delta)\.nrc)$"
 )
-# Temporary files of interrupted writes (ours, TF's Saver and checkpoint-state writer).
+# Temporary files of interrupted writes: ours (`atomic_file`: `<name>.tmp-<pid>`), TF's
+# Saver (`model.ckpt-<step>_temp/`), and TF's atomic writers (`tf.io.write_graph`, the
+# checkpoint-state file: `<name>.tmp<32 hex digits>`, e.g. `graph.pbtxt.tmp<hex>`).
 TEMPORARY = re.compile(
-    r"^(?:model\.ckpt-|dense-|state-|data_position-|checkpoint|ckpt-"
+    r"^(?:(?:model\.ckpt-|dense-|state-|data_position-|checkpoint|ckpt-"
     r"|version-).*(?:\.tmp|\.tempstate|_temp)"
+    r"|.+\.tmp-\d+$|.+\.tmp[0-9a-f]{32}$)"
 )
 _CHUNK = 1 << 24
 
@@ -243,27 +246,44 @@ class VersionLog:
           CheckpointCorruptedError: naming the file and what is wrong with it.
         """
         for v in chain:
-            for rel, expected in v.parts.items():
-                path = self.path(rel)
-                if not os.path.exists(path):
-                    raise CheckpointCorruptedError(
-                        f"Checkpoint file {path!r} of version step {v.step} is missing."
-                    )
-                if v.legacy:
-                    check_part(path)
-                    continue
-                size = os.path.getsize(path)
-                if size != expected["bytes"]:
-                    kind = "truncated" if size < expected["bytes"] else "has extra bytes"
-                    raise CheckpointCorruptedError(
-                        f"Checkpoint file {path!r} is corrupted ({kind}: {size} bytes, "
-                        f"committed with {expected['bytes']})."
-                    )
-                if file_sha256(path) != expected["sha256"]:
-                    raise CheckpointCorruptedError(
-                        f"Checkpoint file {path!r} is corrupted (SHA-256 checksum mismatch "
-                        "with its commit record)."
-                    )
+            for rel in v.parts:
+                self.verify_part(v, rel)
+
+    def verify_part(self, version: Version, rel: str) -> None:
+        """Checks one part of `version` as `verify` does.
+
+        Raises:
+          CheckpointCorruptedError: naming the file and what is wrong with it.
+        """
+        path = self.path(rel)
+        if not os.path.exists(path):
+            raise CheckpointCorruptedError(
+                f"Checkpoint file {path!r} of version step {version.step} is missing."
+            )
+        try:
+            if not os.path.isfile(path):
+                raise IsADirectoryError(21, "not a regular file")
+            if version.legacy:
+                check_part(path)
+                return
+            expected = version.parts[rel]
+            size = os.path.getsize(path)
+            if size != expected["bytes"]:
+                kind = "truncated" if size < expected["bytes"] else "has extra bytes"
+                raise CheckpointCorruptedError(
+                    f"Checkpoint file {path!r} is corrupted ({kind}: {size} bytes, "
+                    f"committed with {expected['bytes']})."
+                )
+            digest = file_sha256(path)
+        except OSError as err:
+            raise CheckpointCorruptedError(
+                f"Checkpoint file {path!r} cannot be read ({err.strerror or err})."
+            ) from None
+        if digest != expected["sha256"]:
+            raise CheckpointCorruptedError(
+                f"Checkpoint file {path!r} is corrupted (SHA-256 checksum mismatch "
+                "with its commit record)."
+            )
 
     def select(
         self, step: int | None = None, fallback: bool = True

@@ -27,6 +27,7 @@ from npu_rec.data._row_source import RowSource
 
 CRITEO_COLUMNS = ("label", *(f"I{i}" for i in range(1, 14)), *(f"C{i}" for i in range(1, 27)))
 BLOCK_BYTES = 8 << 20
+_BOM = b"\xef\xbb\xbf"
 _NULLS = ("", "NA", "N/A", "NaN", "nan", "-nan", "NULL", "null", "#N/A", "n/a", "-NaN", "None")
 
 
@@ -39,6 +40,40 @@ def _open_data(path: str):
     with open(path, "rb") as f:
         magic = f.read(2)
     return gzip.open(path, "rb") if magic == b"\x1f\x8b" else open(path, "rb")
+
+
+class _Damaged(Exception):
+    """Gzip data that ends early or cannot be decoded, with the bytes decoded before it."""
+
+    def __init__(self, data: bytes, reason: str):
+        super().__init__(reason)
+        self.data, self.reason = data, reason
+
+
+def _read(f, size: int) -> bytes:
+    """Up to `size` bytes of `f`; from a gzip file, as many as decode before any damage.
+
+    A gzip file is read one compressed chunk at a time (`read1`), so bytes decoded
+    before a truncation or a corruption are kept (`_Damaged.data`) instead of
+    being lost with the read that meets it.
+    """
+    if not isinstance(f, gzip.GzipFile):
+        return f.read(size)
+    parts, got = [], 0
+    try:
+        while got < size:
+            chunk = f.read1(size - got)
+            if not chunk:
+                break
+            parts.append(chunk)
+            got += len(chunk)
+    except EOFError:
+        raise _Damaged(
+            b"".join(parts), "compressed stream ends early (truncated gzip file)"
+        ) from None
+    except (zlib.error, gzip.BadGzipFile) as err:
+        raise _Damaged(b"".join(parts), f"corrupted gzip data ({err})") from None
+    return b"".join(parts)
 
 
 def _arrow_or_none(options: dict, data: bytes) -> pa.Table | None:
@@ -177,6 +212,8 @@ class CsvSource(RowSource):
 
     def _file_columns(self, path: str, f) -> list[str] | None:
         """The file's column names (its header, or `column_names`); None for an empty file."""
+        if f.read(len(_BOM)) != _BOM:  # a UTF-8 byte-order mark (some exporters write one)
+            f.seek(0)
         if not self._header:
             names = list(self._column_names)
         else:
@@ -251,13 +288,11 @@ class CsvSource(RowSource):
                     job, pending = pending, None
                     yield self._finish(path, names, min_row, *job)
                 if damage and line >= min_row:
-                    self._errors.record(
-                        path,
-                        "line",
-                        line,
-                        f"corrupted or truncated gzip data ({damage[0]}); "
-                        "the rest of the file cannot be read",
-                    )
+                    if line > (2 if self._header else 1):
+                        where = f"after line {line - 1}, the last complete line"
+                    else:
+                        where = "before the first complete line"
+                    self._errors.record(path, "line", line, f"{damage[0]} {where}")
             finally:
                 if pending is not None:
                     pending[-1].cancel()  # never waits: a block being parsed just finishes
@@ -265,18 +300,19 @@ class CsvSource(RowSource):
     def _blocks_of(self, f, damage: list):
         """`(data, at_eof)`: about `block_bytes` of whole lines at a time.
 
-        Damaged gzip data ends the file early: the whole lines before it are
-        yielded and the error is appended to `damage`.
+        Damaged gzip data ends the file early: every whole line decoded before
+        it is yielded and the error is appended to `damage`.
         """
         rest = b""
         while True:
             try:
-                buf = f.read(self._block_bytes)
-            except (EOFError, zlib.error, gzip.BadGzipFile) as err:
-                damage.append(str(err) or type(err).__name__)
-                cut = rest.rfind(b"\n") + 1
+                buf = _read(f, self._block_bytes)
+            except _Damaged as err:
+                damage.append(err.reason)
+                data = rest + err.data
+                cut = data.rfind(b"\n") + 1
                 if cut:
-                    yield rest[:cut], False
+                    yield data[:cut], False
                 return
             data = rest + buf
             if not data:

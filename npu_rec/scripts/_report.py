@@ -13,6 +13,8 @@ import numpy as np
 import tensorflow as tf
 from tqdm import tqdm
 
+from npu_rec._paths import atomic_file
+
 
 def peak_memory_mb() -> float:
     """Peak resident memory of this process, MiB (`resource.getrusage`, Linux: KiB)."""
@@ -164,7 +166,8 @@ def print_summary(metrics: dict) -> None:
 
 
 def write_metrics(model_dir: str, metrics: dict) -> str:
+    """Publishes metrics.json atomically: a crash or a full disk leaves the old file or the new."""
     path = os.path.join(model_dir, "metrics.json")
-    with open(path, "w") as f:
+    with atomic_file(path) as f:
         json.dump(metrics, f, indent=2)
     return path

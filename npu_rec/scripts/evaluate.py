@@ -8,18 +8,21 @@ The model flags (--frontend, --model, --embedding_dim, --table_per_feature,
 thresholds, --data and its columns) default to those the training run
 recorded in --model_dir/run_flags.json; a value that would build another
 model is refused. Prints `eval_loss=... eval_auc=...` and writes
-eval_metrics.json.
+eval_metrics.json (on a read-only --model_dir it warns that it could not,
+after printing the metrics).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from absl import app, flags
 
+from npu_rec._paths import atomic_file
 from npu_rec.scripts import _cli
 from npu_rec.scripts import _flags as F
 from npu_rec.scripts.train import settings_and_plan
@@ -52,13 +55,21 @@ def run() -> dict:
             "table_sizes",
         )
     }
-    with open(os.path.join(settings.model_dir, "eval_metrics.json"), "w") as f:
-        json.dump(out, f, indent=2)
     print(
         f"eval_loss={out['eval_loss']:.4f} eval_auc={out['eval_auc']:.4f} "
         f"global_step={out['global_step']}",
         flush=True,
     )
+    path = os.path.join(settings.model_dir, "eval_metrics.json")
+    try:
+        with atomic_file(path) as f:
+            json.dump(out, f, indent=2)
+    except OSError as err:  # e.g. a read-only --model_dir: the metrics are printed above
+        print(
+            f"npu_rec: warning: the metrics were not written to {path} ({err.strerror or err}).",
+            file=sys.stderr,
+            flush=True,
+        )
     return out
 
 

@@ -1,12 +1,16 @@
-r"""Lists what a run's --model_dir holds: tables, sizes, versions, deltas, restore points.
+r"""Lists what a run's --model_dir holds: tables, sizes, versions, and which restore.
 
 Examples:
   python3 run.py script inspect_checkpoint --model_dir=/tmp/run
   python3 run.py script inspect_checkpoint --model_dir=/tmp/run --json
 
-Reads the checkpoint files only (no model is built). A version is listed
-under `restore_model_version` when its table chain (a full save plus the
-deltas up to it) and its dense state both exist.
+Reads the checkpoint files only (no model is built). Every committed version
+is checked as a restore checks it (its full save and the deltas up to it,
+every part present with the size and SHA-256 its commit record names) and
+marked restorable, or damaged with the file and the reason; versions moved
+aside to retired/ and part files without a commit record are listed too.
+`restore_model_version` lists the restorable versions. A damaged directory is
+described, not an error (exit status 0).
 """
 
 from __future__ import annotations
@@ -46,7 +50,18 @@ def run() -> dict:
     print("versions:")
     for v in info["versions"]:
         parent = "" if v["parent"] is None else f" (delta of {v['parent']})"
-        print(f"  step {v['step']:>8} {v['kind']:5} {v['bytes']:>10} bytes{parent}")
+        status = v["status"]
+        if status == "damaged":
+            status += f": {v['problem']}"
+        elif status == "retired":
+            status += f" (in {v['where']})"
+        elif status == "uncommitted":
+            status += f": {', '.join(v['files'])}: {v['problem']}"
+        print(
+            f"  step {v['step']:>8} {v['kind'] or '-':5} {v['bytes']:>10} bytes{parent}  {status}"
+        )
+    for r in info["commit_records_unreadable"]:
+        print(f"  commit record {r['record']}: {r['problem']}; the version it published is skipped")
     print(f"dense versions: {info['dense_versions']}")
     print(f"restore_model_version: {info['restore_model_version']}")
     return info

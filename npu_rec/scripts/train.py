@@ -92,10 +92,18 @@ def settings_and_plan(adjust=None, *, record_run: bool = False):
       record_run: write the record when --model_dir holds no run yet (training).
 
     Raises:
-      app.UsageError: a flag, or the data's columns, conflict with the recorded run.
+      app.UsageError: a flag, or the data's columns, conflict with the recorded run;
+        --restore_model_version names no committed version of --model_dir.
     """
     model_dir = _workers.model_dir(F.MODEL_DIR.value or tempfile.mkdtemp(prefix="npu_rec_run_"))
-    trained = bool(_checkpoints.restorable_versions(model_dir))
+    versions = _checkpoints.restorable_versions(model_dir)
+    wanted = F.RESTORE_VERSION.value
+    if wanted is not None and wanted not in versions:
+        raise app.UsageError(
+            f"--restore_model_version={wanted} names no committed version in "
+            f"--model_dir={model_dir!r}. Existing versions: {sorted(set(versions))}"
+        )
+    trained = bool(versions)
     record = _run_record.apply(model_dir) if trained else None  # else a run that saved nothing
     settings = settings_from_flags(model_dir)
     if adjust is not None:
@@ -121,14 +129,16 @@ def finish(settings, plan, metrics: dict, log) -> dict:
 def already_complete(settings) -> dict | None:
     """The last run's metrics when --model_dir has reached --max_steps (nothing to train).
 
-    Prints that training was already complete and the summary of metrics.json,
-    which is kept as the last real run wrote it. None when there is training to do.
+    Only a committed version that exists (the one --restore_model_version names,
+    else the newest) counts. Prints that training was already complete and the
+    summary of metrics.json, which is kept as the last real run wrote it. None
+    when there is training to do.
     """
     versions = _checkpoints.restorable_versions(settings.model_dir)
     step = settings.restore_model_version
     if step is None:
-        step = versions[-1] if versions else 0
-    if step < settings.max_steps:
+        step = versions[-1] if versions else None
+    if step is None or step not in versions or step < settings.max_steps:
         return None
     path = os.path.join(settings.model_dir, "metrics.json")
     print(
@@ -139,8 +149,12 @@ def already_complete(settings) -> dict | None:
     )
     if not os.path.exists(path):
         return {}
-    with open(path) as f:
-        metrics = json.load(f)
+    try:
+        with open(path) as f:
+            metrics = json.load(f)
+    except (OSError, ValueError) as err:
+        print(f"npu_rec: warning: {path} is unreadable ({err}); no metrics to show.", flush=True)
+        return {}
     _report.print_summary(metrics)
     return metrics
 

@@ -4,6 +4,7 @@ import gzip
 import json
 import logging
 import os
+import zlib
 
 import numpy as np
 import pyarrow as pa
@@ -134,11 +135,53 @@ def test_truncated_gzip_csv_names_the_file_and_keeps_the_rows_before(tmp_path):
     path.write_bytes(packed[: len(packed) // 2])
     with pytest.raises(
         MalformedRecordError,
-        match=r"x\.csv\.gz, line \d+: corrupted or "
-        r"truncated gzip data",
+        match=r"x\.csv\.gz, line \d+: compressed stream ends early",
     ):
         read_all(CsvSource(str(path), label="label", dense=["a"], block_bytes=256))
     source = CsvSource(str(path), label="label", dense=["a"], block_bytes=256, on_error="skip")
     values = read_all(source)["a"].astype(int).tolist()
     assert values == list(range(len(values))) and len(values) > 100
     assert source.error_report()["count"] == 1
+
+
+def _decodable_lines(packed: bytes) -> int:
+    """Complete lines (header included) in the bytes that decode from a cut gzip stream."""
+    return zlib.decompressobj(16 + zlib.MAX_WBITS).decompress(packed).count(b"\n")
+
+
+@pytest.mark.parametrize("block_bytes", [None, 4096])
+def test_a_gzip_csv_cut_at_90_percent_yields_every_decodable_row_then_one_report(
+    tmp_path, block_bytes
+):
+    rows = 60_000  # one default read block decompressed: every row used to be lost
+    lines = "label,a\n" + "".join(f"1,{i}\n" for i in range(rows))
+    packed = gzip.compress(lines.encode(), compresslevel=1)
+    cut = packed[: len(packed) * 9 // 10]
+    path = tmp_path / "day.csv.gz"
+    path.write_bytes(cut)
+    complete = _decodable_lines(cut)  # the header is line 1
+    assert 1 < complete < rows
+    extra = {} if block_bytes is None else {"block_bytes": block_bytes}
+    source = CsvSource(str(path), label="label", dense=["a"], on_error="skip", **extra)
+    values = read_all(source)["a"].astype(int).tolist()
+    assert values == list(range(complete - 1))
+    report = source.error_report()
+    assert report["count"] == 1, report
+    with pytest.raises(MalformedRecordError) as raised:
+        read_all(CsvSource(str(path), label="label", dense=["a"], **extra))
+    message = str(raised.value)
+    assert f"day.csv.gz, line {complete + 1}: compressed stream ends early" in message
+    assert f"after line {complete}, the last complete line" in message
+
+
+def test_a_utf8_byte_order_mark_before_the_header_is_stripped(tmp_path):
+    path = tmp_path / "bom.csv"
+    path.write_bytes(b"\xef\xbb\xbflabel,a\n1,5\n0,6\n")
+    values = read_all(CsvSource(str(path), label="label", dense=["a"]))
+    assert values["label"].tolist() == [1, 0] and values["a"].tolist() == [5, 6]
+    plain = tmp_path / "bom_no_header.csv"
+    plain.write_bytes(b"\xef\xbb\xbf1,5\n0,6\n")
+    source = CsvSource(
+        str(plain), label="label", dense=["a"], header=False, column_names=["label", "a"]
+    )
+    assert read_all(source)["label"].tolist() == [1, 0]

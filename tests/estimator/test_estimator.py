@@ -351,3 +351,10 @@ def test_evict_hook_evicts_by_steps(tmp_path):
     E.NPUEstimator(model_fn, model_dir=str(tmp_path)).train(input_fn, hooks=[hook], max_steps=10)
     assert [s for s, _ in hook.evictions] == [5, 10]
     assert all(freed > 0 for _, freed in hook.evictions)
+
+
+def test_restore_model_version_on_an_empty_model_dir_names_the_version_and_directory(tmp_path):
+    est = _est(tmp_path / "empty")
+    npu_rec.init(if_load=True, restore_model_version=5, bind_cpu=False)
+    with pytest.raises(npu_rec.ConfigError, match=r"restore_model_version=5.*empty"):
+        est.train(models.synthetic_input_fn(0, 1280), max_steps=20)

@@ -180,3 +180,12 @@ def test_a_directory_written_before_commit_records_still_restores(trained):
     assert sorted(int(p.name[6:18]) for p in trained.glob("dense-*")) == [2, 4, 6]
     model, ckpt = _resume(trained)
     assert ckpt.prepare(model) == 6
+
+
+def test_restore_model_version_on_an_empty_directory_names_the_version_and_directory(tmp_path):
+    npu_rec.init(if_load=True, restore_model_version=5)
+    model = small_model()
+    ckpt = SparseCheckpoint(str(tmp_path / "empty"))
+    with pytest.raises(npu_rec.ConfigError, match=r"restore_model_version=5.*empty"):
+        model.fit(stream(), epochs=1, steps_per_epoch=2, verbose=0, callbacks=[ckpt])
+    assert int(model.global_step) == 0  # nothing was trained

@@ -67,7 +67,9 @@ class SparseCheckpoint(keras.callbacks.Callback):
     `npu_rec.init(if_load=True)`), the version `init(restore_model_version)`
     (default the newest committed one that verifies; damaged newer ones are
     skipped with a WARNING) is restored: tables (its full save plus the deltas
-    up to it), dense weights, optimizer, global step and data position.
+    up to it), dense weights, optimizer, global step and data position. A
+    `restore_model_version` that names no committed version raises
+    `npu_rec.ConfigError`, in an empty directory too.
     Training holds the directory's lock (a second trainer fails at once) and
     moves aside versions saved after the restored one (a rollback).
 
@@ -213,8 +215,15 @@ class SparseCheckpoint(keras.callbacks.Callback):
             self._restored = None
             self._start_reason = None
         restore = get_config().if_load if self.restore is None else self.restore
+        version = get_config().restore_model_version
         if restore and _worker_versions.has_versions(self.root_directory):
-            self.restore_version(get_config().restore_model_version)
+            self.restore_version(version)
+        elif restore and version is not None:
+            raise ConfigError(
+                f"`npu_rec.init(restore_model_version={version})` names no saved version in "
+                f"{self.root_directory!r}: the directory holds no committed version. Existing "
+                "versions: []"
+            )
         elif restore:
             logging.info("npu_rec: nothing to restore in %s; starting fresh.", self.directory)
         return self.restored_step
