@@ -12,6 +12,11 @@ started by `npu_rec.launch`, and reads each worker's thread count
   python benchmarks/dist_threads.py                 # 5,000 steps (about 10 min on 2 cores)
   python benchmarks/dist_threads.py --short         # 300 steps, what the test runs
 
+`--stall_at N` checks the other side of the same mechanism instead: worker 1 stops
+itself (SIGSTOP) after step N, and worker 0 must fail within the watchdog's bound
+(`--bound_secs`) with `WorkerLostError` naming worker:1 (it prints
+`LOST <seconds after the stall> <message>`).
+
 Prints, per worker, the thread count after warm-up (step `--warmup`) and the
 highest count after it, and exits 1 when a worker's count grew by more than
 `--slack` threads. Writes JSON with every sample to `--out` when given.
@@ -23,7 +28,10 @@ import argparse
 import io
 import json
 import os
+import signal
 import sys
+import tempfile
+import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -32,7 +40,10 @@ if _WORKER:  # the strategy comes before any other TensorFlow op
     sys.path.insert(0, _ROOT)
     import npu_rec.distribute
 
-    _STRATEGY = npu_rec.distribute.multi_worker_strategy()
+    _BOUND = "--bound_secs" in sys.argv and float(sys.argv[sys.argv.index("--bound_secs") + 1])
+    _STRATEGY = npu_rec.distribute.multi_worker_strategy(
+        **({"timeout_seconds": _BOUND} if _BOUND else {})
+    )
 
 
 def threads() -> int:
@@ -55,6 +66,8 @@ def _parse(argv):
     p.add_argument("--slack", type=int, default=8, help="threads a worker may gain after warm-up")
     p.add_argument("--timeout_secs", type=float, default=3600, help="launcher time limit")
     p.add_argument("--out", default=None, help="JSON output path")
+    p.add_argument("--stall_at", type=int, default=0, help="worker 1 stops itself after step N")
+    p.add_argument("--bound_secs", type=float, default=60, help="watchdog bound (seconds)")
     args = p.parse_args(argv)
     if args.short:
         args.steps = 300
@@ -102,9 +115,23 @@ def _train(args) -> None:
         def on_train_batch_end(self, batch, logs=None):
             if (batch + 1) % args.every == 0:
                 samples.append((batch + 1, threads()))
+            if rank == 1 and batch + 1 == args.stall_at:
+                with open(_stall_file(), "w") as f:
+                    f.write(str(time.time()))
+                os.kill(os.getpid(), signal.SIGSTOP)
 
-    model.fit(ds, epochs=1, steps_per_epoch=args.steps, verbose=0, callbacks=[Count()])
+    try:
+        model.fit(ds, epochs=1, steps_per_epoch=args.steps, verbose=0, callbacks=[Count()])
+    except npu_rec.distribute.WorkerLostError as err:
+        with open(_stall_file()) as f:
+            stalled = float(f.read())
+        print(f"LOST {time.time() - stalled:.1f} {err}", flush=True)
+        sys.exit(3)
     print("THREADS " + json.dumps({"rank": rank, "samples": samples}), flush=True)
+
+
+def _stall_file() -> str:
+    return os.path.join(os.environ["DIST_THREADS_DIR"], "stalled")
 
 
 def _drive(args) -> int:
@@ -114,8 +141,14 @@ def _drive(args) -> int:
     env.pop("TF_CONFIG", None)
     out = io.BytesIO()
     argv = [sys.executable, os.path.abspath(__file__), *sys.argv[1:]]
-    code = launch.run(argv, workers=2, timeout_secs=args.timeout_secs, out=out, env=env)
+    with tempfile.TemporaryDirectory() as directory:
+        env["DIST_THREADS_DIR"] = directory
+        code = launch.run(argv, workers=2, timeout_secs=args.timeout_secs, out=out, env=env)
     log = out.getvalue().decode()
+    if args.stall_at:
+        lost = [line for line in log.splitlines() if "] LOST " in line]
+        print("\n".join(lost) if lost else log[-6000:])
+        return 0 if code == 3 and lost else 1
     if code != 0:
         print(log[-6000:])
         return code
