@@ -19,7 +19,8 @@ itself (SIGSTOP) after step N, and worker 0 must fail within the watchdog's boun
 
 Prints, per worker, the thread count after warm-up (step `--warmup`) and the
 highest count after it, and exits 1 when a worker's count grew by more than
-`--slack` threads. Writes JSON with every sample to `--out` when given.
+`--slack` threads. Writes JSON with every sample to `--out`
+(benchmarks/results/dist_threads.json unless told otherwise).
 """
 
 from __future__ import annotations
@@ -65,7 +66,13 @@ def _parse(argv):
     p.add_argument("--warmup", type=int, default=50, help="steps before the reference count")
     p.add_argument("--slack", type=int, default=8, help="threads a worker may gain after warm-up")
     p.add_argument("--timeout_secs", type=float, default=3600, help="launcher time limit")
-    p.add_argument("--out", default=None, help="JSON output path")
+    p.add_argument(
+        "--out",
+        default=os.path.join(
+            os.path.dirname(os.path.abspath(__file__)), "results", "dist_threads.json"
+        ),
+        help="JSON output path ('' for none)",
+    )
     p.add_argument("--stall_at", type=int, default=0, help="worker 1 stops itself after step N")
     p.add_argument("--bound_secs", type=float, default=60, help="watchdog bound (seconds)")
     args = p.parse_args(argv)

@@ -32,10 +32,10 @@ def _run(*args, timeout):
 
 
 @pytest.mark.timeout(300)
-def test_two_workers_keep_a_flat_thread_count_after_warm_up():
+def test_two_workers_keep_a_flat_thread_count_after_warm_up(tmp_path):
     code, log = _run(
         "--steps", "150", "--tables", "8", "--every", "10", "--warmup", "30",
-        "--timeout_secs", "240", timeout=260,
+        "--timeout_secs", "240", "--out", str(tmp_path / "threads.json"), timeout=260,
     )  # fmt: skip
     counts = re.findall(r"worker (\d): (\d+) threads after 30 steps, at most (\d+)", log)
     assert sorted(rank for rank, _, _ in counts) == ["0", "1"], log[-6000:]
