@@ -108,9 +108,10 @@ class Watchdog:
     def __init__(self, bound_seconds: float, peers: list[tuple[str, int, str]]):
         self.bound_seconds = float(bound_seconds)
         self.peers = list(peers)
-        # Two probes with their deadlines plus one interval stay within the bound.
-        self.probe_seconds = self.bound_seconds / 3
-        self.interval = min(self.bound_seconds / 3, _MAX_INTERVAL_SECS)
+        # One interval plus two probes with their deadlines take 3/4 of the bound,
+        # leaving the rest for the waiting step to fail.
+        self.probe_seconds = self.bound_seconds / 4
+        self.interval = min(self.bound_seconds / 4, _MAX_INTERVAL_SECS)
         self.silent: list[str] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="npu_rec-watchdog", daemon=True)
