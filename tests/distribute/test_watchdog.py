@@ -34,13 +34,13 @@ def _run(*args, timeout):
 @pytest.mark.timeout(300)
 def test_two_workers_keep_a_flat_thread_count_after_warm_up(tmp_path):
     code, log = _run(
-        "--steps", "150", "--tables", "8", "--every", "10", "--warmup", "30",
+        "--steps", "100", "--tables", "6", "--every", "10", "--warmup", "30",
         "--timeout_secs", "240", "--out", str(tmp_path / "threads.json"), timeout=260,
     )  # fmt: skip
     counts = re.findall(r"worker (\d): (\d+) threads after 30 steps, at most (\d+)", log)
     assert sorted(rank for rank, _, _ in counts) == ["0", "1"], log[-6000:]
     for _, after_warmup, peak in counts:
-        # 16 sparse exchanges per step: a thread per collective would add thousands.
+        # 12+ collectives per step: a thread per collective would add thousands.
         assert int(peak) - int(after_warmup) <= 8, log[-6000:]
     assert code == 0, log[-6000:]
 
