@@ -19,7 +19,10 @@ and report the median samples/s of the global batch. The two-worker run also rep
 the bytes each worker receives per step, computed from the batches' unique ids with
 the exchange model of docs/distributed.md (ids, counts and times out, rows back,
 gradients out; the dense all-reduce), and the step time it would need on a 10 Gb/s
-link. Prints a table and writes JSON.
+link, the collectives of one training step counted by kind from the step's graph as
+TensorFlow executes it (run metadata of the first `fit`, see `step_collectives`), and
+each worker's thread count at the end (`Threads:` of /proc/self/status; it stays flat
+over a run, see `dist_threads.py`). Prints a table and writes JSON.
 
 Example (quick):
   python benchmarks/dist_bench.py --batch_size 1024 --steps 10 --rounds 2 --distinct_ids 1000000
@@ -43,7 +46,7 @@ _ROLE = os.environ.get("DIST_BENCH_ROLE", "driver")
 if _ROLE == "worker":  # the strategy comes before any other TensorFlow op
     import npu_rec.distribute  # noqa: E402
 
-    _STRATEGY = npu_rec.distribute.multi_worker_strategy(timeout_seconds=300)
+    _STRATEGY = npu_rec.distribute.multi_worker_strategy(timeout_seconds=300)  # the watchdog
 
 import numpy as np  # noqa: E402
 from absl import app, flags  # noqa: E402
@@ -127,8 +130,52 @@ def _dataset(batches):
     return ds.with_options(options)
 
 
+def threads() -> int:
+    """This process's thread count (Python and native), from /proc/self/status."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("Threads:"):
+                return int(line.split()[1])
+    return -1
+
+
+def step_collectives(first_fit) -> dict:
+    """Collective ops per kind in the training step's executed graph, by run metadata.
+
+    `first_fit` must trace the step (the model's first `fit`): TensorFlow records the
+    graph of every function it instantiates while run metadata is on (after its
+    optimisations and partitioning, as it runs). The step's graph is the one that
+    reads the batch (`IteratorGetNext`) with the most collectives; with one step per
+    compiled call it runs once per step.
+    """
+    from tensorflow.python.eager import context
+
+    ctx = context.context()
+    ctx.enable_run_metadata()
+    try:
+        first_fit()
+        metadata = ctx.export_run_metadata()
+    finally:
+        ctx.disable_run_metadata()
+    best: dict = {}
+    for function in metadata.function_graphs:
+        nodes = [n for g in function.partition_graphs for n in g.node]
+        nodes += [
+            n for g in function.partition_graphs for f in g.library.function for n in f.node_def
+        ]
+        if not any(n.op == "IteratorGetNext" for n in nodes):
+            continue
+        counts: dict = {}
+        for node in nodes:
+            if node.op.startswith("Collective"):
+                counts[node.op] = counts.get(node.op, 0) + 1
+        if sum(counts.values()) > sum(best.values()):
+            best = counts
+    return best
+
+
 def _train(strategy):
-    """Times the model under `strategy`; returns samples/s per round (global batch)."""
+    """Times the model under `strategy`: samples/s per round (global batch), and more."""
     import keras
 
     batches, vocab = kb.make_batches()
@@ -136,19 +183,19 @@ def _train(strategy):
     with strategy.scope():
         model = _model(batches, vocab)
     train = kb.fit_runner(model, _dataset(batches))
-    train(kb._WARMUP.value)
+    collectives = step_collectives(lambda: train(kb._WARMUP.value))
     rates = []
     for _ in range(kb._ROUNDS.value):
         rates.append(kb._BATCH.value * kb._STEPS.value / train(kb._STEPS.value))
     dense_params = sum(int(np.prod(v.shape)) for v in model.trainable_variables)
-    return rates, batches, dense_params
+    return rates, batches, dense_params, collectives
 
 
 def _run_role(out_path: str) -> None:
     import tensorflow as tf
 
     if _ROLE == "worker":
-        rates, batches, dense_params = _train(_STRATEGY)
+        rates, batches, dense_params, collectives = _train(_STRATEGY)
         rank = npu_rec.distribute.worker_rank(_STRATEGY)
         half = kb._BATCH.value // _NUM_WORKERS
         features = (
@@ -166,12 +213,20 @@ def _run_role(out_path: str) -> None:
             "rank": rank,
             "rates": rates,
             "bytes": {k: statistics.mean(p[k] for p in per_step) for k in per_step[0]},
+            "collectives_per_step": collectives,
+            "threads_at_end": threads(),
         }
+        out_path = _rank_path(out_path, rank)
     else:
-        rates, _, _ = _train(tf.distribute.get_strategy())
+        rates, _, _, _ = _train(tf.distribute.get_strategy())
         result = {"rates": rates}
     with open(out_path, "w") as f:
         json.dump(result, f)
+
+
+def _rank_path(path: str, rank: int) -> str:
+    root, ext = os.path.splitext(path)
+    return f"{root}-{rank}{ext}"
 
 
 def _child_env(role: str, threads: int) -> dict:
@@ -229,8 +284,13 @@ def _driver() -> dict:
         raise SystemExit(f"the two-worker run failed ({code}); its output: {f.name}")
     with open(one) as f:
         one_result = json.load(f)
-    with open(two) as f:  # every worker writes the same figures; the last one wins
-        two_result = json.load(f)
+    workers = []
+    for rank in range(_NUM_WORKERS):
+        with open(_rank_path(two, rank)) as f:
+            workers.append(json.load(f))
+    two_result = dict(workers[0])  # rates, bytes and collectives: the same on every worker
+    two_result.pop("rank")
+    two_result["threads_at_end"] = [w["threads_at_end"] for w in workers]
     return {"one_process": one_result, "two_workers": two_result}
 
 
@@ -256,6 +316,12 @@ def main(argv):
         f"dense {nbytes['dense'] / 1e6:.2f} MB; at 10 Gb/s: "
         f"{nbytes['total'] / _LINK * 1e3:.1f} ms"
     )
+    collectives = results["two_workers"]["collectives_per_step"]
+    print(
+        f"collectives per training step (executed graph): {sum(collectives.values())} "
+        f"({', '.join(f'{n} {op}' for op, n in sorted(collectives.items())) or 'none'})"
+    )
+    print(f"threads per worker at the end: {results['two_workers']['threads_at_end']}")
     results.update(
         {
             "one_table": _ONE_TABLE.value,

@@ -11,8 +11,8 @@ line, each line prefixed with the task (`[worker:1] ...`). The launcher:
 * returns 0 when every worker (and the chief) exits 0; `ps` tasks serve until
   then and are stopped;
 * when a task fails (non-zero exit, or killed by a signal), waits up to
-  `--grace_secs` for the others to exit on their own (a collective timeout
-  names the lost peer), then stops every process group that is left
+  `--grace_secs` for the others to exit on their own (their lost-worker
+  error names the lost peer), then stops every process group that is left
   (SIGTERM, then SIGKILL after 5 s), and returns the failing task's exit code
   (128 + signal number for a task killed by a signal);
 * after `--timeout_secs` stops everything and returns 124 (as `timeout(1)`);

@@ -16,12 +16,18 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-#: Seconds a collective waits for its peers before failing with `DeadlineExceededError`.
+#: Seconds within which a lost or stalled worker fails the others' step (see `_faults.Watchdog`).
 DEFAULT_TIMEOUT_SECONDS = 60.0
 
 
-def communication_options(timeout_seconds: float | None = DEFAULT_TIMEOUT_SECONDS):
-    """RING collectives with a timeout: a lost peer fails the step instead of hanging it."""
+def communication_options(timeout_seconds: float | None = None):
+    """RING collectives, by default without a timeout.
+
+    A lost peer is detected by the process's watchdog (`multi_worker_strategy`),
+    not by a timeout: TensorFlow keeps a thread per collective alive until its
+    timeout passes, so a timeout on every collective exhausts the threads of a
+    long run. `timeout_seconds` is kept for callers that want one anyway.
+    """
     impl = tf.distribute.experimental.CommunicationImplementation.RING
     return tf.distribute.experimental.CommunicationOptions(
         timeout_seconds=timeout_seconds, implementation=impl
@@ -38,7 +44,8 @@ class Exchange:
     Args:
       num_workers: Workers (replicas) in the group.
       rank: This worker's replica id.
-      options: `tf.distribute.experimental.CommunicationOptions` of every exchange.
+      options: `tf.distribute.experimental.CommunicationOptions` of every exchange
+        (default: RING without a timeout).
     """
 
     def __init__(self, num_workers: int, rank: int, options=None):
