@@ -150,13 +150,18 @@ def _write_graph(est, plan, serving_input_receiver_fn, export_dir, as_text):
             export_saver = tf.compat.v1.train.Saver(
                 var_list=tf.compat.v1.global_variables(), sharded=True, allow_empty=True
             )
+            # The model's own lookup tables (vocabulary feature columns, tf.lookup)
+            # are initialised by the main op, their vocabulary files copied as
+            # assets: both taken before the collections are cleared.
+            table_init = tf.compat.v1.tables_initializer()
+            assets = tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.ASSET_FILEPATHS)
             for key in graph.get_all_collection_keys():
                 if key not in (
                     tf.compat.v1.GraphKeys.GLOBAL_VARIABLES,
                     tf.compat.v1.GraphKeys.TRAINABLE_VARIABLES,
                 ):
                     graph.clear_collection(key)
-            main_op = [tf.compat.v1.tables_initializer(), *rebuild]
+            main_op = [table_init, *rebuild]
             if local_init_op is not None:
                 main_op.append(local_init_op)
             builder = tf.compat.v1.saved_model.Builder(export_dir)
@@ -165,6 +170,7 @@ def _write_graph(est, plan, serving_input_receiver_fn, export_dir, as_text):
                 saver=export_saver,
                 tags=[tf.saved_model.SERVING],
                 signature_def_map=signatures,
+                assets_collection=assets or None,
                 main_op=tf.group(*main_op),
                 strip_default_attrs=True,
             )
