@@ -137,6 +137,10 @@ class NPUEstimator:
     def model_fn(self):
         return self._model_fn
 
+    def eval_dir(self, name=None) -> str:
+        """Where `evaluate(name=name)` writes its summaries: `model_dir/eval[_<name>]`."""
+        return os.path.join(self.model_dir, "eval" if not name else f"eval_{name}")
+
     def latest_checkpoint(self) -> str | None:
         """The path prefix of the newest committed dense checkpoint in `model_dir`, or None."""
         return latest_dense(self.model_dir)
@@ -255,12 +259,16 @@ class NPUEstimator:
           hooks: `SessionRunHook`s, called in order after npu_rec's own.
           steps: Steps to train from the current global step (int >= 1).
           max_steps: Global step to train to (int >= 1). Not with `steps`.
-          saving_listeners: Not supported (must be None or empty).
+          saving_listeners: `CheckpointSaverListener`s whose `before_save` /
+            `after_save` run around every checkpoint save (an `after_save`
+            returning True stops training), `begin` before training and
+            `end` after its last save.
 
         Returns:
           self.
 
         Raises:
+          TypeError: a hook or a saving listener of the wrong type.
           ValueError: both `steps` and `max_steps`, one of them < 1,
             accelerated training without what it needs (or with ps tasks), or
             the evaluator task of a cluster.
@@ -273,15 +281,20 @@ class NPUEstimator:
             )
         steps = check_int("steps", steps, 1, optional=True)
         max_steps = check_int("max_steps", max_steps, 1, optional=True)
-        if saving_listeners:
-            raise ValueError("`saving_listeners` are not supported by npu_rec; use a hook.")
         hooks = _check_hooks(hooks)
+        listeners = list(saving_listeners or ())
+        for listener in listeners:
+            if not isinstance(listener, tf.compat.v1.train.CheckpointSaverListener):
+                raise TypeError(
+                    "`saving_listeners` must hold tf.compat.v1.train.CheckpointSaverListener "
+                    f"objects. Received: {listener!r}"
+                )
         if self._config.cluster.distributed:
             if self._config.task_type == "ps":
                 _distributed.serve(self._config)  # until every trainer has finished
                 return self
             _distributed.check_trainable(self._config)
-        return _training.train(self, input_fn, hooks, steps, max_steps)
+        return _training.train(self, input_fn, hooks, steps, max_steps, listeners=listeners)
 
     # --------------------------------------------------------------- evaluate
     def evaluate(self, input_fn, steps=None, hooks=None, checkpoint_path=None, name=None):
@@ -331,7 +344,7 @@ class NPUEstimator:
         return results
 
     def _write_eval_summaries(self, results, name):
-        directory = os.path.join(self.model_dir, "eval" if not name else f"eval_{name}")
+        directory = self.eval_dir(name)
         with tf.Graph().as_default():
             writer = tf.compat.v1.summary.FileWriterCache.get(directory)
         values = [

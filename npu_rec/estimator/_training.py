@@ -76,8 +76,11 @@ def _make_switch(est, hooks, last_step, plan):
     return switch, tell
 
 
-def train(est, input_fn, hooks, steps, max_steps, resolved=None):
+def train(est, input_fn, hooks, steps, max_steps, resolved=None, listeners=None):
     """Trains `est`; `resolved` (from train_and_evaluate's checks) skips the step checks.
+
+    `listeners`: `CheckpointSaverListener`s told around every save (the chief's
+    only on the ps route, as tf.estimator's).
 
     The model_dir is locked for the whole call (`TrainingDir`): a second
     trainer fails at once; temporary files and uncommitted parts are removed,
@@ -92,12 +95,13 @@ def train(est, input_fn, hooks, steps, max_steps, resolved=None):
         )
     else:
         resolved = dataclasses.replace(resolved, max_steps=max_steps)
+    listeners = _hooks.SavingListeners(listeners)
     trainer = _distributed.trainer_for(config)  # None in one process
     if trainer is not None and not trainer.is_chief:
         _train_worker(est, input_fn, hooks, steps, resolved, trainer)
     else:
         with TrainingDir(config.model_dir, keep=config.keep_checkpoint_max) as tdir:
-            _train(est, input_fn, hooks, steps, resolved, tdir, trainer)
+            _train(est, input_fn, hooks, steps, resolved, tdir, trainer, listeners)
     if trainer is not None:
         trainer.done()
     return est
@@ -111,7 +115,7 @@ def _train_worker(est, input_fn, hooks, steps, resolved, trainer):
     )
 
 
-def _train(est, input_fn, hooks, steps, resolved, tdir, trainer=None):
+def _train(est, input_fn, hooks, steps, resolved, tdir, trainer=None, listeners=None):
     plan = est._restore_plan(training=True)
     tdir.start_from(plan.committed)
     start = plan.step
@@ -139,7 +143,18 @@ def _train(est, input_fn, hooks, steps, resolved, tdir, trainer=None):
         elif switch is not None:
             logging.info("npu_rec: steps from %d run in float32.", start)
         switched = _run_session(
-            est, input_fn, hooks, last_step, save_steps, switch, tell, low, plan, tdir, trainer
+            est,
+            input_fn,
+            hooks,
+            last_step,
+            save_steps,
+            switch,
+            tell,
+            low,
+            plan,
+            tdir,
+            trainer,
+            listeners=listeners,
         )
         est._version_used = est._version_used or plan.from_restore_model_version
         if not switched:
@@ -162,6 +177,7 @@ def _run_session(
     tdir,
     trainer=None,
     num_steps=None,
+    listeners=None,
 ):
     """One MonitoredTrainingSession; returns whether it stopped to switch precision.
 
@@ -215,6 +231,8 @@ def _run_session(
             training_dir=tdir,
             state_fn=None if switch is None else lambda: _hooks.switch_state(switch),
             pause=None if trainer is None else trainer.paused,
+            listeners=listeners,
+            last_session=lambda: precision_hook is None or not precision_hook.switch_requested,
         )
         # The position first: it restores or notes the source before the iterator starts reading.
         own = ([position_hook] if position_hook is not None else []) + list(data_hooks)
