@@ -6,7 +6,7 @@ changing its imports to `npu_rec.estimator`.
 
 import tensorflow as tf
 
-from npu_rec.estimator import export
+from npu_rec.estimator import experimental, export
 from npu_rec.estimator._auc import streaming_auc
 from npu_rec.estimator._estimator import NPUEstimator
 from npu_rec.estimator._exporter import BestExporter, Exporter, FinalExporter, LatestExporter
@@ -40,6 +40,7 @@ __all__ = [
     "TellMeStepOrLossHook",
     "TrainSpec",
     "build_raw_serving_input_receiver_fn",
+    "experimental",
     "export",
     "sparse_train_op",
     "streaming_auc",

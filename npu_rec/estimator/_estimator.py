@@ -308,15 +308,8 @@ class NPUEstimator:
           ValueError: `steps` < 1.
         """
         steps = check_int("steps", steps, 1, optional=True)
-        hooks = _check_hooks(hooks)
-        graph, spec, _, data_hooks = self._build(input_fn, ModeKeys.EVAL)
-        with graph.as_default():
-            metrics = {"loss": tf.compat.v1.metrics.mean(spec.loss)}
-            metrics.update(spec.eval_metric_ops)
-            values = {k: m[0] for k, m in metrics.items()}
-            values["global_step"] = tf.compat.v1.train.get_global_step()
-            update = tf.group(*[m[1] for m in metrics.values()])
-            saver, default, manager = self._savers(spec)
+        evaluation = EvaluationGraph(self, input_fn, _check_hooks(hooks))
+        with evaluation.graph.as_default():
             plan = self._restore_plan(checkpoint_path)
             if plan.dense_path is None:
                 logging.warning(
@@ -324,36 +317,14 @@ class NPUEstimator:
                     "initialization to evaluate.",
                     self.model_dir,
                 )
-            final = tf.compat.v1.train.FinalOpsHook(values)
-            creator = tf.compat.v1.train.ChiefSessionCreator(
-                scaffold=self._scaffold(spec, plan, saver, manager, default, evaluation=True),
-                config=self._session_config(),
+            saver, default, manager = evaluation.savers
+            scaffold = self._scaffold(
+                evaluation.spec, plan, saver, manager, default, evaluation=True
             )
-            done = 0
-            all_hooks = data_hooks + hooks + list(spec.evaluation_hooks) + [final]
-            with tf.compat.v1.train.MonitoredSession(creator, hooks=all_hooks) as sess:
-                while not sess.should_stop() and (steps is None or done < steps):
-                    sess.run(update)
-                    done += 1
-        results = {
-            k: (v.item() if isinstance(v, np.generic) else v)
-            for k, v in final.final_ops_values.items()
-        }
-        self._write_eval_summaries(results, name)
+        results = evaluation.run(scaffold, steps)
+        write_eval_summaries(self.eval_dir(name), results)
         logging.info("Saving dict for global step %d: %s", results["global_step"], results)
         return results
-
-    def _write_eval_summaries(self, results, name):
-        directory = self.eval_dir(name)
-        with tf.Graph().as_default():
-            writer = tf.compat.v1.summary.FileWriterCache.get(directory)
-        values = [
-            tf.compat.v1.Summary.Value(tag=k, simple_value=float(v))
-            for k, v in results.items()
-            if k != "global_step" and np.ndim(v) == 0
-        ]
-        writer.add_summary(tf.compat.v1.Summary(value=values), results["global_step"])
-        writer.flush()
 
     # ---------------------------------------------------------------- predict
     def predict(
@@ -456,3 +427,59 @@ class NPUEstimator:
             as_text=as_text,
             checkpoint_path=checkpoint_path,
         )
+
+
+def write_eval_summaries(directory: str, results: dict) -> None:
+    """Writes the scalar `results` of an evaluation as summaries at their `global_step`."""
+    with tf.Graph().as_default():
+        writer = tf.compat.v1.summary.FileWriterCache.get(directory)
+    values = [
+        tf.compat.v1.Summary.Value(tag=k, simple_value=float(v))
+        for k, v in results.items()
+        if k != "global_step" and np.ndim(v) == 0
+    ]
+    writer.add_summary(tf.compat.v1.Summary(value=values), results["global_step"])
+    writer.flush()
+
+
+class EvaluationGraph:
+    """The EVAL graph of an estimator's `model_fn`, built once and run as often as needed.
+
+    `evaluate()` runs it once with a Scaffold restoring a checkpoint;
+    `experimental.InMemoryEvaluatorHook` runs it repeatedly with a Scaffold
+    copying the training session's state.
+
+    Attributes:
+      graph: The graph.
+      spec: The model_fn's EVAL `EstimatorSpec`.
+      savers: `(dense Saver in use, npu_rec's dense Saver, table manager)`.
+    """
+
+    def __init__(self, est, input_fn, hooks):
+        self._est = est
+        self.graph, self.spec, _, data_hooks = est._build(input_fn, ModeKeys.EVAL)
+        with self.graph.as_default():
+            metrics = {"loss": tf.compat.v1.metrics.mean(self.spec.loss)}
+            metrics.update(self.spec.eval_metric_ops)
+            self._values = {k: m[0] for k, m in metrics.items()}
+            self._values["global_step"] = tf.compat.v1.train.get_global_step()
+            self._update = tf.group(*[m[1] for m in metrics.values()])
+            self.savers = est._savers(self.spec)
+        self._hooks = data_hooks + list(hooks) + list(self.spec.evaluation_hooks)
+
+    def run(self, scaffold, steps=None) -> dict:
+        """Runs `steps` batches (None: until the input ends); returns the metric values."""
+        with self.graph.as_default():
+            final = tf.compat.v1.train.FinalOpsHook(self._values)
+            creator = tf.compat.v1.train.ChiefSessionCreator(
+                scaffold=scaffold, config=self._est._session_config()
+            )
+            done = 0
+            with tf.compat.v1.train.MonitoredSession(creator, hooks=[*self._hooks, final]) as sess:
+                while not sess.should_stop() and (steps is None or done < steps):
+                    sess.run(self._update)
+                    done += 1
+        return {
+            k: (v.item() if isinstance(v, np.generic) else v)
+            for k, v in final.final_ops_values.items()
+        }

@@ -45,6 +45,18 @@ def _tensor(graph: tf.Graph, value, name: str):
     return value
 
 
+class RunsAfterSaves(SessionRunHook):
+    """A hook that runs after npu_rec's checkpoint hook, wherever it is given.
+
+    tf.estimator runs its checkpoint hook (and so the evaluations of
+    `train_and_evaluate`) before the users' hooks; npu_rec runs users' hooks
+    before its own summary and checkpoint hooks. A hook deciding from the
+    evaluation results (the `experimental.stop_if_*` hooks) subclasses this to
+    see, as in tf.estimator, the evaluation of the checkpoint written at the
+    same step.
+    """
+
+
 class TellMeStepOrLossHook(SessionRunHook):
     """Tells accelerated training (`accelerate_train_mode`) the step or the loss.
 

@@ -269,7 +269,9 @@ def _run_session(
             )
         if chief:
             tail.append(saver_hook)
-        all_hooks = own + hooks + list(spec.training_hooks) + tail
+        given = [*hooks, *spec.training_hooks]
+        late = [h for h in given if isinstance(h, _hooks.RunsAfterSaves)]
+        all_hooks = own + [h for h in given if h not in late] + tail + late
         scaffold = est._scaffold(spec, plan, saver, manager, default_saver)
         loop = getattr(config, "iterations_per_loop", 1)
         if trainer is None:
