@@ -15,6 +15,7 @@ from npu_rec.estimator._run_config import ExperimentalConfig, NPURunConfig, RunC
 from npu_rec.estimator._sparse_train import sparse_train_op
 from npu_rec.estimator._spec import EstimatorSpec, EvalSpec, ModeKeys, TrainSpec
 from npu_rec.estimator._train_and_evaluate import train_and_evaluate
+from npu_rec.estimator._warm_start import VocabInfo, WarmStartSettings
 from npu_rec.estimator.export import ServingInputReceiver, build_raw_serving_input_receiver_fn
 
 Estimator = NPUEstimator
@@ -39,6 +40,8 @@ __all__ = [
     "SparseCheckpointSaverHook",
     "TellMeStepOrLossHook",
     "TrainSpec",
+    "VocabInfo",
+    "WarmStartSettings",
     "build_raw_serving_input_receiver_fn",
     "experimental",
     "export",

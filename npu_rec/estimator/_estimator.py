@@ -30,6 +30,8 @@ from npu_rec.estimator._graph import (
 from npu_rec.estimator._run_config import NPURunConfig, RunConfig, session_config_for
 from npu_rec.estimator._scaffold import session_scaffold, user_saver
 from npu_rec.estimator._spec import ModeKeys
+from npu_rec.estimator._warm_start import apply as apply_warm_start
+from npu_rec.estimator._warm_start import warm_start_settings
 
 
 def _check_hooks(hooks) -> list:
@@ -78,13 +80,16 @@ class NPUEstimator:
         temporary directory (logged).
       config: An `NPURunConfig` (or `RunConfig`); None = defaults.
       params: dict passed to `model_fn`.
-      warm_start_from: A checkpoint path or directory whose dense variables
-        initialise a model whose model_dir has no checkpoint yet (train,
-        evaluate, predict and export, as tf.estimator).
+      warm_start_from: A checkpoint path, a directory of checkpoints, a
+        SavedModel directory or `WarmStartSettings`: the variables it names
+        (a path: every trainable dense variable) are initialised from it
+        while model_dir has no checkpoint yet (train, evaluate, predict and
+        export, as tf.estimator); sparse tables start empty.
 
     Raises:
       TypeError: `model_fn` is not callable, or `config` is not a RunConfig.
-      ValueError: `model_dir` differs from `config.model_dir`, or is (inside) a file.
+      ValueError: `model_dir` differs from `config.model_dir`, or is (inside) a
+        file, or `warm_start_from` is neither a path nor `WarmStartSettings`.
 
     Example:
       >>> est = NPUEstimator(model_fn, config=NPURunConfig(model_dir="/tmp/m"))
@@ -116,7 +121,7 @@ class NPUEstimator:
         self._config = config.replace(model_dir=os.fspath(model_dir))
         self._model_fn = model_fn
         self._params = dict(params or {})
-        self._warm_start_from = warm_start_from
+        self._warm_start = warm_start_settings(warm_start_from)
         self._version_used = False
         #: `(step, dtype)` of every training step run by this estimator.
         self.precision_history: list[tuple[int, str]] = []
@@ -207,36 +212,24 @@ class NPUEstimator:
             version,
             fallback=getattr(self._config, "checkpoint_fallback", True),
         )
-        if plan.dense_path is None and self._warm_start_from is not None:
+        if plan.dense_path is None:
             # As tf.estimator: every mode warm-starts while model_dir has no checkpoint.
-            plan.dense_path = self._warm_start_path()
-            plan.step = 0
+            plan.warm_start = self._warm_start
         return plan
 
-    def _warm_start_path(self):
-        src = self._warm_start_from
-        return tf.train.latest_checkpoint(src) if os.path.isdir(src) else src
+    def _scaffold(self, spec, plan, saver, manager, evaluation=False):
+        """The session's Scaffold: the restore `plan` and `spec.scaffold` (see `_scaffold`).
 
-    def _scaffold(self, spec, plan, saver, manager, default_saver=None, evaluation=False):
-        """The session's Scaffold: the restore `plan` and `spec.scaffold` (see `_scaffold`)."""
-        warm = plan.dense_path is not None and plan.dense_path == self._warm_start_path_or_none()
-        return session_scaffold(
-            spec,
-            plan,
-            saver,
-            manager,
-            default_saver=default_saver,
-            warm_start=warm,
-            evaluation=evaluation,
-        )
+        Called in the graph: a warm start of the plan sets its variables' initialisers.
+        """
+        if plan.warm_start is not None:
+            apply_warm_start(plan.warm_start)
+        return session_scaffold(spec, plan, saver, manager, evaluation=evaluation)
 
     def _savers(self, spec):
         """(dense Saver in use, npu_rec's dense Saver, table manager) of the current graph."""
         default, manager = dense_saver(self._config)
         return user_saver(spec) or default, default, manager
-
-    def _warm_start_path_or_none(self):
-        return None if self._warm_start_from is None else self._warm_start_path()
 
     def _session_config(self, dtype=_training.UNSET):
         dtype = self._config_dtype() if dtype is _training.UNSET else dtype
@@ -317,10 +310,8 @@ class NPUEstimator:
                     "initialization to evaluate.",
                     self.model_dir,
                 )
-            saver, default, manager = evaluation.savers
-            scaffold = self._scaffold(
-                evaluation.spec, plan, saver, manager, default, evaluation=True
-            )
+            saver, _, manager = evaluation.savers
+            scaffold = self._scaffold(evaluation.spec, plan, saver, manager, evaluation=True)
         results = evaluation.run(scaffold, steps)
         write_eval_summaries(self.eval_dir(name), results)
         logging.info("Saving dict for global step %d: %s", results["global_step"], results)
@@ -358,7 +349,7 @@ class NPUEstimator:
                         f"Received: predict_keys={predict_keys!r}"
                     )
                 preds = {k: preds[k] for k in keys}
-            saver, default, manager = self._savers(spec)
+            saver, _, manager = self._savers(spec)
             plan = self._restore_plan(checkpoint_path)
             if plan.dense_path is None:
                 logging.warning(
@@ -367,7 +358,7 @@ class NPUEstimator:
                     self.model_dir,
                 )
             creator = tf.compat.v1.train.ChiefSessionCreator(
-                scaffold=self._scaffold(spec, plan, saver, manager, default),
+                scaffold=self._scaffold(spec, plan, saver, manager),
                 config=self._session_config(),
             )
             all_hooks = data_hooks + hooks + list(spec.prediction_hooks)

@@ -22,7 +22,7 @@ import tensorflow as tf
 
 from npu_rec import _log as logging
 from npu_rec._kernels import _build as _kernel_build
-from npu_rec.estimator import _scaffold
+from npu_rec.estimator import _scaffold, _warm_start
 from npu_rec.estimator._graph import call_model_fn, dense_saver
 from npu_rec.estimator._spec import ModeKeys
 from npu_rec.estimator.export._outputs import serving_export_outputs, signature_def_map
@@ -81,7 +81,7 @@ def export_saved_model(
       ValueError: no checkpoint to export (nor a `warm_start_from`).
     """
     plan = est._restore_plan(checkpoint_path)
-    if plan.dense_path is None:
+    if plan.dense_path is None and plan.warm_start is None:
         raise ValueError(f"Couldn't find trained model at {est.model_dir}.")
     export_dir = _export_dir(os.fspath(export_dir_base))
     temp_dir = os.path.join(os.path.dirname(export_dir), "temp-" + os.path.basename(export_dir))
@@ -130,6 +130,8 @@ def _write_graph(est, plan, serving_input_receiver_fn, export_dir, as_text):
         saver, manager = dense_saver(est.config)
         saver = _scaffold.user_saver(spec) or saver
         local_init_op = _scaffold.export_local_init_op(spec)
+        if plan.warm_start is not None:
+            _warm_start.apply(plan.warm_start)
         with tf.compat.v1.Session(graph=graph) as sess:
             sess.run(
                 [

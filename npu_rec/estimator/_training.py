@@ -216,7 +216,7 @@ def _run_session(
         ):
             tf.compat.v1.summary.scalar("loss", spec.loss)
         summary_op = _scaffold.summary_op(spec, tf.compat.v1.summary.merge_all())
-        saver, default_saver, manager = est._savers(spec)
+        saver, _, manager = est._savers(spec)
         policy = SavePolicy.from_config(
             get_config(), save_steps=save_steps or 0, clock=lambda: _hooks.clock()
         )
@@ -272,7 +272,7 @@ def _run_session(
         given = [*hooks, *spec.training_hooks]
         late = [h for h in given if isinstance(h, _hooks.RunsAfterSaves)]
         all_hooks = own + [h for h in given if h not in late] + tail + late
-        scaffold = est._scaffold(spec, plan, saver, manager, default_saver)
+        scaffold = est._scaffold(spec, plan, saver, manager)
         loop = getattr(config, "iterations_per_loop", 1)
         if trainer is None:
             session = tf.compat.v1.train.MonitoredTrainingSession(
