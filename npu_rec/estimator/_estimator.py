@@ -142,6 +142,11 @@ class NPUEstimator:
     def model_fn(self):
         return self._model_fn
 
+    @property
+    def warm_start_settings(self):
+        """The `WarmStartSettings` of `warm_start_from`, or None."""
+        return self._warm_start
+
     def eval_dir(self, name=None) -> str:
         """Where `evaluate(name=name)` writes its summaries: `model_dir/eval[_<name>]`."""
         return os.path.join(self.model_dir, "eval" if not name else f"eval_{name}")
