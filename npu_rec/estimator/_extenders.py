@@ -109,3 +109,24 @@ def regressor_parse_example_spec(
     """
     label = tf.io.FixedLenFeature([label_dimension], label_dtype, label_default)
     return _parse_spec(feature_columns, label_key, label, weight_column)
+
+
+def call_logit_fn(logit_fn, features, mode, params, config):
+    """Calls `logit_fn` with the arguments it names among features, mode, params, config.
+
+    Raises:
+      ValueError: `logit_fn` takes another argument, or returns neither a
+        Tensor nor a dict of Tensors.
+    """
+    given = {"features": features, "mode": mode, "params": params, "config": config}
+    names = list(inspect.signature(logit_fn).parameters)
+    extra = [n for n in names if n not in given]
+    if extra:
+        raise ValueError(f"`logit_fn` may take only {list(given)}. Received arguments {extra}")
+    logits = logit_fn(**{n: given[n] for n in names})
+    values = logits.values() if isinstance(logits, dict) else [logits]
+    if not all(isinstance(v, tf.Tensor) for v in values):
+        raise ValueError(
+            f"`logit_fn` must return a Tensor or a dict of Tensors. Received: {logits!r}"
+        )
+    return logits

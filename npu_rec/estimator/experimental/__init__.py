@@ -2,7 +2,7 @@
 
 Early stopping by evaluation results (`stop_if_higher_hook`, `stop_if_lower_hook`,
 `stop_if_no_increase_hook`, `stop_if_no_decrease_hook`, `make_early_stopping_hook`),
-`make_stop_at_checkpoint_step_hook` and `InMemoryEvaluatorHook`; see
+`make_stop_at_checkpoint_step_hook`, `InMemoryEvaluatorHook` and `call_logit_fn`; see
 docs/estimator.md, "Driver hooks".
 """
 
@@ -14,10 +14,12 @@ from npu_rec.estimator._early_stopping import (
     stop_if_no_decrease_hook,
     stop_if_no_increase_hook,
 )
+from npu_rec.estimator._extenders import call_logit_fn
 from npu_rec.estimator._in_memory_evaluator import InMemoryEvaluatorHook
 
 __all__ = [
     "InMemoryEvaluatorHook",
+    "call_logit_fn",
     "make_early_stopping_hook",
     "make_stop_at_checkpoint_step_hook",
     "stop_if_higher_hook",
