@@ -76,11 +76,9 @@ class _StopOnPredicateHook(RunsAfterSaves):
         self._global_step = tf.compat.v1.train.get_global_step()
         self._stop_op = tf.compat.v1.assign(_stop_variable(), True)
 
-    def before_run(self, run_context):
-        return tf.compat.v1.train.SessionRunArgs(self._global_step)
-
     def after_run(self, run_context, run_values):
-        step = run_values.results
+        # Read after the run (not fetched with it): the step just reached, deterministically.
+        step = int(run_context.session.run(self._global_step))
         if self._timer.should_trigger_for_step(step):
             self._timer.update_last_triggered_step(step)
             if self._should_stop_fn():
