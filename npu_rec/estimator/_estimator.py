@@ -3,13 +3,15 @@
 Each call builds a fresh graph, calls the `model_fn` in it, restores the
 latest (or requested) checkpoint, dense variables and sparse tables at the
 same step, when the session is created, and runs a `MonitoredTrainingSession`
-(training) or `MonitoredSession` (evaluation, prediction). Export lives in
-`_export.py`, accelerated training's phases in `_training.py`.
+(training) or `MonitoredSession` (evaluation, prediction). The graphs, restore
+plans, Scaffolds and session configs are made by the estimator's
+`EstimatorCore` (`_core.py`), which the other modules reach through
+`core_of(estimator)`; export lives in `_export.py`, the training run in
+`_training.py`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import tempfile
 
@@ -20,17 +22,10 @@ from npu_rec import _log as logging
 from npu_rec._config import check_int
 from npu_rec._paths import make_directory
 from npu_rec.estimator import _distributed, _export, _training
-from npu_rec.estimator._graph import (
-    call_input_fn,
-    call_model_fn,
-    dense_saver,
-    latest_dense,
-    plan_restore,
-)
-from npu_rec.estimator._run_config import NPURunConfig, RunConfig, session_config_for
-from npu_rec.estimator._scaffold import session_scaffold, user_saver
+from npu_rec.estimator._core import EstimatorCore
+from npu_rec.estimator._graph import latest_dense
+from npu_rec.estimator._run_config import NPURunConfig, RunConfig
 from npu_rec.estimator._spec import ModeKeys
-from npu_rec.estimator._warm_start import apply as apply_warm_start
 from npu_rec.estimator._warm_start import warm_start_settings
 
 
@@ -122,9 +117,7 @@ class NPUEstimator:
         self._model_fn = model_fn
         self._params = dict(params or {})
         self._warm_start = warm_start_settings(warm_start_from)
-        self._version_used = False
-        #: `(step, dtype)` of every training step run by this estimator.
-        self.precision_history: list[tuple[int, str]] = []
+        self._core = EstimatorCore(model_fn, self._params, self._config, self._warm_start)
 
     @property
     def model_dir(self) -> str:
@@ -141,6 +134,11 @@ class NPUEstimator:
     @property
     def model_fn(self):
         return self._model_fn
+
+    @property
+    def precision_history(self) -> list[tuple[int, str]]:
+        """`(step, dtype)` of every training step run by this estimator."""
+        return self._core.precision_history
 
     @property
     def warm_start_settings(self):
@@ -179,69 +177,6 @@ class NPUEstimator:
           ValueError: `model_dir` has no checkpoint yet.
         """
         return tf.train.load_variable(self._trained_checkpoint(), name)
-
-    # ------------------------------------------------------------ graph building
-    def _build(self, input_fn, mode, build_hook=None, placement=None):
-        """A new graph with global step, input and the model_fn's spec.
-
-        `placement(graph)`: a context manager entered in the graph around all of
-        it (the ps route's device placement, `_distributed.Trainer.placement`).
-        """
-        graph = tf.Graph()
-        place = contextlib.nullcontext if placement is None else placement
-        with graph.as_default(), place(graph):
-            if self._config.tf_random_seed is not None:
-                tf.compat.v1.set_random_seed(self._config.tf_random_seed)
-            tf.compat.v1.train.get_or_create_global_step()
-            features, labels, hooks = call_input_fn(input_fn, mode, self._params, self._config)
-            if build_hook is not None:
-                build_hook(graph)
-            spec = call_model_fn(self._model_fn, features, labels, mode, self._params, self._config)
-        return graph, spec, features, hooks
-
-    def _restore_plan(self, checkpoint_path=None, training=False):
-        from npu_rec._config import get_config
-
-        cfg = get_config()
-        version = None
-        if (
-            training
-            and cfg.if_load
-            and cfg.restore_model_version is not None
-            and (not self._version_used)
-        ):
-            version = cfg.restore_model_version
-        plan = plan_restore(
-            self.model_dir,
-            checkpoint_path,
-            version,
-            fallback=getattr(self._config, "checkpoint_fallback", True),
-        )
-        if plan.dense_path is None:
-            # As tf.estimator: every mode warm-starts while model_dir has no checkpoint.
-            plan.warm_start = self._warm_start
-        return plan
-
-    def _scaffold(self, spec, plan, saver, manager, evaluation=False):
-        """The session's Scaffold: the restore `plan` and `spec.scaffold` (see `_scaffold`).
-
-        Called in the graph: a warm start of the plan sets its variables' initialisers.
-        """
-        if plan.warm_start is not None:
-            apply_warm_start(plan.warm_start)
-        return session_scaffold(spec, plan, saver, manager, evaluation=evaluation)
-
-    def _savers(self, spec):
-        """(dense Saver in use, npu_rec's dense Saver, table manager) of the current graph."""
-        default, manager = dense_saver(self._config)
-        return user_saver(spec) or default, default, manager
-
-    def _session_config(self, dtype=_training.UNSET):
-        dtype = self._config_dtype() if dtype is _training.UNSET else dtype
-        return session_config_for(self._config.session_config, dtype)
-
-    def _config_dtype(self):
-        return getattr(self._config, "compute_dtype", None)
 
     # ------------------------------------------------------------------ train
     def train(self, input_fn, hooks=None, steps=None, max_steps=None, saving_listeners=None):
@@ -292,7 +227,8 @@ class NPUEstimator:
                 _distributed.serve(self._config)  # until every trainer has finished
                 return self
             _distributed.check_trainable(self._config)
-        return _training.train(self, input_fn, hooks, steps, max_steps, listeners=listeners)
+        _training.train(self._core, input_fn, hooks, steps, max_steps, listeners=listeners)
+        return self
 
     # --------------------------------------------------------------- evaluate
     def evaluate(self, input_fn, steps=None, hooks=None, checkpoint_path=None, name=None):
@@ -306,9 +242,9 @@ class NPUEstimator:
           ValueError: `steps` < 1.
         """
         steps = check_int("steps", steps, 1, optional=True)
-        evaluation = EvaluationGraph(self, input_fn, _check_hooks(hooks))
+        evaluation = EvaluationGraph(self._core, input_fn, _check_hooks(hooks))
         with evaluation.graph.as_default():
-            plan = self._restore_plan(checkpoint_path)
+            plan = self._core.restore_plan(checkpoint_path)
             if plan.dense_path is None:
                 logging.warning(
                     "Could not find trained model in model_dir: %s, running "
@@ -316,7 +252,7 @@ class NPUEstimator:
                     self.model_dir,
                 )
             saver, _, manager = evaluation.savers
-            scaffold = self._scaffold(evaluation.spec, plan, saver, manager, evaluation=True)
+            scaffold = self._core.scaffold(evaluation.spec, plan, saver, manager, evaluation=True)
         results = evaluation.run(scaffold, steps)
         write_eval_summaries(self.eval_dir(name), results)
         logging.info("Saving dict for global step %d: %s", results["global_step"], results)
@@ -342,7 +278,7 @@ class NPUEstimator:
             have different first dimensions.
         """
         hooks = _check_hooks(hooks)
-        graph, spec, _, data_hooks = self._build(input_fn, ModeKeys.PREDICT)
+        graph, spec, _, data_hooks = self._core.build(input_fn, ModeKeys.PREDICT)
         with graph.as_default():
             preds = spec.predictions
             if predict_keys is not None:
@@ -354,8 +290,8 @@ class NPUEstimator:
                         f"Received: predict_keys={predict_keys!r}"
                     )
                 preds = {k: preds[k] for k in keys}
-            saver, _, manager = self._savers(spec)
-            plan = self._restore_plan(checkpoint_path)
+            saver, _, manager = self._core.savers(spec)
+            plan = self._core.restore_plan(checkpoint_path)
             if plan.dense_path is None:
                 logging.warning(
                     "Could not find trained model in model_dir: %s, running "
@@ -363,8 +299,8 @@ class NPUEstimator:
                     self.model_dir,
                 )
             creator = tf.compat.v1.train.ChiefSessionCreator(
-                scaffold=self._scaffold(spec, plan, saver, manager),
-                config=self._session_config(),
+                scaffold=self._core.scaffold(spec, plan, saver, manager),
+                config=self._core.session_config(),
             )
             all_hooks = data_hooks + hooks + list(spec.prediction_hooks)
             with tf.compat.v1.train.MonitoredSession(creator, hooks=all_hooks) as sess:
@@ -416,7 +352,7 @@ class NPUEstimator:
                 f"Received: experimental_mode={experimental_mode!r}"
             )
         return _export.export_saved_model(
-            self,
+            self._core,
             export_dir_base,
             serving_input_receiver_fn,
             assets_extra=assets_extra,
@@ -439,7 +375,7 @@ def write_eval_summaries(directory: str, results: dict) -> None:
 
 
 class EvaluationGraph:
-    """The EVAL graph of an estimator's `model_fn`, built once and run as often as needed.
+    """The EVAL graph of an estimator's model (`EstimatorCore`), built once, run as often as needed.
 
     `evaluate()` runs it once with a Scaffold restoring a checkpoint;
     `experimental.InMemoryEvaluatorHook` runs it repeatedly with a Scaffold
@@ -451,16 +387,16 @@ class EvaluationGraph:
       savers: `(dense Saver in use, npu_rec's dense Saver, table manager)`.
     """
 
-    def __init__(self, est, input_fn, hooks):
-        self._est = est
-        self.graph, self.spec, _, data_hooks = est._build(input_fn, ModeKeys.EVAL)
+    def __init__(self, core, input_fn, hooks):
+        self._core = core
+        self.graph, self.spec, _, data_hooks = core.build(input_fn, ModeKeys.EVAL)
         with self.graph.as_default():
             metrics = {"loss": tf.compat.v1.metrics.mean(self.spec.loss)}
             metrics.update(self.spec.eval_metric_ops)
             self._values = {k: m[0] for k, m in metrics.items()}
             self._values["global_step"] = tf.compat.v1.train.get_global_step()
             self._update = tf.group(*[m[1] for m in metrics.values()])
-            self.savers = est._savers(self.spec)
+            self.savers = core.savers(self.spec)
         self._hooks = data_hooks + list(hooks) + list(self.spec.evaluation_hooks)
 
     def run(self, scaffold, steps=None) -> dict:
@@ -468,7 +404,7 @@ class EvaluationGraph:
         with self.graph.as_default():
             final = tf.compat.v1.train.FinalOpsHook(self._values)
             creator = tf.compat.v1.train.ChiefSessionCreator(
-                scaffold=scaffold, config=self._est._session_config()
+                scaffold=scaffold, config=self._core.session_config()
             )
             done = 0
             with tf.compat.v1.train.MonitoredSession(creator, hooks=[*self._hooks, final]) as sess:
@@ -479,3 +415,8 @@ class EvaluationGraph:
             k: (v.item() if isinstance(v, np.generic) else v)
             for k, v in final.final_ops_values.items()
         }
+
+
+def core_of(estimator: NPUEstimator) -> EstimatorCore:
+    """The `EstimatorCore` of `estimator`: the package's interface to its model."""
+    return estimator._core

@@ -14,7 +14,12 @@ from __future__ import annotations
 import tensorflow as tf
 
 from npu_rec._config import check_int
-from npu_rec.estimator._estimator import EvaluationGraph, NPUEstimator, write_eval_summaries
+from npu_rec.estimator._estimator import (
+    EvaluationGraph,
+    NPUEstimator,
+    core_of,
+    write_eval_summaries,
+)
 from npu_rec.table import _registry as _table_registry
 
 
@@ -70,7 +75,7 @@ class InMemoryEvaluatorHook(tf.compat.v1.train.SessionRunHook):
         self._timer.reset()
         self._iter_count = 0
         self._train_tables = _table_registry.tables()  # the training graph's
-        self._eval = EvaluationGraph(self._estimator, self._input_fn, self._hooks)
+        self._eval = EvaluationGraph(core_of(self._estimator), self._input_fn, self._hooks)
         user = self._eval.spec.scaffold
         if user is not None and (user.saver is not None or user.init_fn is not None):
             raise ValueError(

@@ -17,6 +17,7 @@ from npu_rec import _log as logging
 from npu_rec.estimator import _training
 from npu_rec.estimator._cluster import EVALUATOR
 from npu_rec.estimator._distributed import evaluate_checkpoints
+from npu_rec.estimator._estimator import core_of
 from npu_rec.estimator._spec import EvalSpec, TrainSpec
 from npu_rec.training._steps import check_train_and_evaluate
 
@@ -146,7 +147,7 @@ def train_and_evaluate(estimator, train_spec, eval_spec):
     interval = resolved.train_steps or resolved.save_steps or config.checkpoint_steps
     listener = _EvaluateEachInterval(evaluator, interval)
     _training.train(
-        estimator,
+        core_of(estimator),
         train_spec.input_fn,
         list(train_spec.hooks),
         None,
