@@ -109,18 +109,11 @@ TF_PRIVATE = (
     ("Exception (read by keras.src.utils.traceback_utils)", "_keras_call_info_injected"),
     # `keep_out_of_meta_graphs`: the registry of graph collections' proto functions.
     ("tensorflow.python.framework.ops", "register_proto_function"),
-    # `saver_variables`: the variables a `tf.compat.v1.train.Saver` was built over.
-    ("tf.compat.v1.train.Saver", "_var_list"),
     # `create_v1_slots`: a v1 optimizer's slot creation, outside `apply_gradients`.
     ("tf.compat.v1.train.Optimizer", "_create_slots"),
     # `quiet_retracing`: a `tf.function`'s switch of the "excessive retracing" warning.
     ("tf.function", "_omit_frequent_tracing_warning"),
 )
-
-
-def saver_variables(saver) -> list:
-    """The variables `saver` (a `tf.compat.v1.train.Saver` built with `var_list=`) saves."""
-    return list(saver._var_list)
 
 
 def create_v1_slots(optimizer, variables) -> None:

@@ -126,8 +126,6 @@ def test_the_tensorflow_accessors_read_what_npu_rec_relies_on():
     with graph.as_default():
         v = tf.compat.v1.get_variable("v", [2])
         w = tf.compat.v1.get_variable("w", [2])
-        saver = tf.compat.v1.train.Saver(var_list=[v, w])
-        assert _compat.saver_variables(saver) == [v, w]
         opt = tf.compat.v1.train.AdamOptimizer(0.1)
         _compat.create_v1_slots(opt, [v])
         assert opt.get_slot(v, "m") is not None and opt.get_slot(w, "m") is None

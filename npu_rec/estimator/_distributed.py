@@ -200,37 +200,48 @@ def _checkpoint_step(path: str) -> int:
     return int(path.rsplit("-", 1)[1])
 
 
-def evaluate_checkpoints(estimator, eval_spec, max_steps: int, timeout_secs=None):
+def evaluate_checkpoints(estimator, eval_spec, max_steps: int, timeout_secs=None, evaluate=None):
     """The evaluator task: evaluates each new checkpoint until one at `max_steps` or later.
 
+    `evaluate(checkpoint_path)` returns `(eval_result, export_results)`
+    (train_and_evaluate's evaluation and exporters); default: `evaluate()`
+    with the `eval_spec` and no exports.
+
     Returns:
-      The last evaluation's dict (None when `timeout_secs` passed before any).
+      `(eval_result, export_results)` of the last evaluation (None, None when
+      `timeout_secs` passed before any).
 
     Raises:
       TimeoutError: `timeout_secs` passed before the checkpoint at `max_steps`.
     """
+    if evaluate is None:
+
+        def evaluate(path):
+            result = estimator.evaluate(
+                eval_spec.input_fn,
+                steps=eval_spec.steps,
+                hooks=eval_spec.hooks,
+                checkpoint_path=path,
+                name=eval_spec.name,
+            )
+            return result, []
+
     start = time.monotonic()
-    done, result = None, None
+    done, result, exports = None, None, None
     while True:
         path = estimator.latest_checkpoint()
         if path is not None and path != done:
             try:
-                result = estimator.evaluate(
-                    eval_spec.input_fn,
-                    steps=eval_spec.steps,
-                    hooks=eval_spec.hooks,
-                    checkpoint_path=path,
-                    name=eval_spec.name,
-                )
+                result, exports = evaluate(path)
             except (tf.errors.NotFoundError, FileNotFoundError) as err:
                 # Deleted by keep_checkpoint_max meanwhile: take the next one.
                 logging.warning("npu_rec: evaluator skipped %s: %s", path, err)
-                result = None
+                result, exports = None, None
             done = path
             if result is not None:
                 logging.info("npu_rec: evaluator: step %d: %s", result["global_step"], result)
             if _checkpoint_step(path) >= max_steps:
-                return result
+                return result, exports
         if timeout_secs is not None and time.monotonic() - start > timeout_secs:
             raise TimeoutError(
                 f"The evaluator saw no checkpoint at step {max_steps} in "

@@ -3,13 +3,15 @@
 Each call builds a fresh graph, calls the `model_fn` in it, restores the
 latest (or requested) checkpoint, dense variables and sparse tables at the
 same step, when the session is created, and runs a `MonitoredTrainingSession`
-(training) or `MonitoredSession` (evaluation, prediction). Export lives in
-`_export.py`, accelerated training's phases in `_training.py`.
+(training) or `MonitoredSession` (evaluation, prediction). The graphs, restore
+plans, Scaffolds and session configs are made by the estimator's
+`EstimatorCore` (`_core.py`), which the other modules reach through
+`core_of(estimator)`; export lives in `_export.py`, the training run in
+`_training.py`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import tempfile
 
@@ -20,16 +22,11 @@ from npu_rec import _log as logging
 from npu_rec._config import check_int
 from npu_rec._paths import make_directory
 from npu_rec.estimator import _distributed, _export, _training
-from npu_rec.estimator._graph import (
-    call_input_fn,
-    call_model_fn,
-    dense_saver,
-    latest_dense,
-    plan_restore,
-)
-from npu_rec.estimator._run_config import NPURunConfig, RunConfig, session_config_for
-from npu_rec.estimator._scaffold import session_scaffold, user_saver
+from npu_rec.estimator._core import EstimatorCore
+from npu_rec.estimator._graph import latest_dense
+from npu_rec.estimator._run_config import NPURunConfig, RunConfig
 from npu_rec.estimator._spec import ModeKeys
+from npu_rec.estimator._warm_start import warm_start_settings
 
 
 def _check_hooks(hooks) -> list:
@@ -78,13 +75,16 @@ class NPUEstimator:
         temporary directory (logged).
       config: An `NPURunConfig` (or `RunConfig`); None = defaults.
       params: dict passed to `model_fn`.
-      warm_start_from: A checkpoint path or directory whose dense variables
-        initialise a model whose model_dir has no checkpoint yet (train,
-        evaluate, predict and export, as tf.estimator).
+      warm_start_from: A checkpoint path, a directory of checkpoints, a
+        SavedModel directory or `WarmStartSettings`: the variables it names
+        (a path: every trainable dense variable) are initialised from it
+        while model_dir has no checkpoint yet (train, evaluate, predict and
+        export, as tf.estimator); sparse tables start empty.
 
     Raises:
       TypeError: `model_fn` is not callable, or `config` is not a RunConfig.
-      ValueError: `model_dir` differs from `config.model_dir`, or is (inside) a file.
+      ValueError: `model_dir` differs from `config.model_dir`, or is (inside) a
+        file, or `warm_start_from` is neither a path nor `WarmStartSettings`.
 
     Example:
       >>> est = NPUEstimator(model_fn, config=NPURunConfig(model_dir="/tmp/m"))
@@ -116,10 +116,8 @@ class NPUEstimator:
         self._config = config.replace(model_dir=os.fspath(model_dir))
         self._model_fn = model_fn
         self._params = dict(params or {})
-        self._warm_start_from = warm_start_from
-        self._version_used = False
-        #: `(step, dtype)` of every training step run by this estimator.
-        self.precision_history: list[tuple[int, str]] = []
+        self._warm_start = warm_start_settings(warm_start_from)
+        self._core = EstimatorCore(model_fn, self._params, self._config, self._warm_start)
 
     @property
     def model_dir(self) -> str:
@@ -136,6 +134,20 @@ class NPUEstimator:
     @property
     def model_fn(self):
         return self._model_fn
+
+    @property
+    def precision_history(self) -> list[tuple[int, str]]:
+        """`(step, dtype)` of every training step run by this estimator."""
+        return self._core.precision_history
+
+    @property
+    def warm_start_settings(self):
+        """The `WarmStartSettings` of `warm_start_from`, or None."""
+        return self._warm_start
+
+    def eval_dir(self, name=None) -> str:
+        """Where `evaluate(name=name)` writes its summaries: `model_dir/eval[_<name>]`."""
+        return os.path.join(self.model_dir, "eval" if not name else f"eval_{name}")
 
     def latest_checkpoint(self) -> str | None:
         """The path prefix of the newest committed dense checkpoint in `model_dir`, or None."""
@@ -166,81 +178,6 @@ class NPUEstimator:
         """
         return tf.train.load_variable(self._trained_checkpoint(), name)
 
-    # ------------------------------------------------------------ graph building
-    def _build(self, input_fn, mode, build_hook=None, placement=None):
-        """A new graph with global step, input and the model_fn's spec.
-
-        `placement(graph)`: a context manager entered in the graph around all of
-        it (the ps route's device placement, `_distributed.Trainer.placement`).
-        """
-        graph = tf.Graph()
-        place = contextlib.nullcontext if placement is None else placement
-        with graph.as_default(), place(graph):
-            if self._config.tf_random_seed is not None:
-                tf.compat.v1.set_random_seed(self._config.tf_random_seed)
-            tf.compat.v1.train.get_or_create_global_step()
-            features, labels, hooks = call_input_fn(input_fn, mode, self._params, self._config)
-            if build_hook is not None:
-                build_hook(graph)
-            spec = call_model_fn(self._model_fn, features, labels, mode, self._params, self._config)
-        return graph, spec, features, hooks
-
-    def _restore_plan(self, checkpoint_path=None, training=False):
-        from npu_rec._config import get_config
-
-        cfg = get_config()
-        version = None
-        if (
-            training
-            and cfg.if_load
-            and cfg.restore_model_version is not None
-            and (not self._version_used)
-        ):
-            version = cfg.restore_model_version
-        plan = plan_restore(
-            self.model_dir,
-            checkpoint_path,
-            version,
-            fallback=getattr(self._config, "checkpoint_fallback", True),
-        )
-        if plan.dense_path is None and self._warm_start_from is not None:
-            # As tf.estimator: every mode warm-starts while model_dir has no checkpoint.
-            plan.dense_path = self._warm_start_path()
-            plan.step = 0
-        return plan
-
-    def _warm_start_path(self):
-        src = self._warm_start_from
-        return tf.train.latest_checkpoint(src) if os.path.isdir(src) else src
-
-    def _scaffold(self, spec, plan, saver, manager, default_saver=None, evaluation=False):
-        """The session's Scaffold: the restore `plan` and `spec.scaffold` (see `_scaffold`)."""
-        warm = plan.dense_path is not None and plan.dense_path == self._warm_start_path_or_none()
-        return session_scaffold(
-            spec,
-            plan,
-            saver,
-            manager,
-            default_saver=default_saver,
-            warm_start=warm,
-            evaluation=evaluation,
-        )
-
-    def _savers(self, spec):
-        """(dense Saver in use, npu_rec's dense Saver, table manager) of the current graph."""
-        default, manager = dense_saver(self._config)
-        return user_saver(spec) or default, default, manager
-
-    def _warm_start_path_or_none(self):
-        return None if self._warm_start_from is None else self._warm_start_path()
-
-    def _session_config(self, dtype=_training.UNSET):
-        dtype = self._config_dtype() if dtype is _training.UNSET else dtype
-        return session_config_for(self._config.session_config, dtype)
-
-    def _config_dtype(self):
-        return getattr(self._config, "compute_dtype", None)
-
     # ------------------------------------------------------------------ train
     def train(self, input_fn, hooks=None, steps=None, max_steps=None, saving_listeners=None):
         """Trains the model (see `_training.train`).
@@ -255,12 +192,16 @@ class NPUEstimator:
           hooks: `SessionRunHook`s, called in order after npu_rec's own.
           steps: Steps to train from the current global step (int >= 1).
           max_steps: Global step to train to (int >= 1). Not with `steps`.
-          saving_listeners: Not supported (must be None or empty).
+          saving_listeners: `CheckpointSaverListener`s whose `before_save` /
+            `after_save` run around every checkpoint save (an `after_save`
+            returning True stops training), `begin` before training and
+            `end` after its last save.
 
         Returns:
           self.
 
         Raises:
+          TypeError: a hook or a saving listener of the wrong type.
           ValueError: both `steps` and `max_steps`, one of them < 1,
             accelerated training without what it needs (or with ps tasks), or
             the evaluator task of a cluster.
@@ -273,15 +214,21 @@ class NPUEstimator:
             )
         steps = check_int("steps", steps, 1, optional=True)
         max_steps = check_int("max_steps", max_steps, 1, optional=True)
-        if saving_listeners:
-            raise ValueError("`saving_listeners` are not supported by npu_rec; use a hook.")
         hooks = _check_hooks(hooks)
+        listeners = list(saving_listeners or ())
+        for listener in listeners:
+            if not isinstance(listener, tf.compat.v1.train.CheckpointSaverListener):
+                raise TypeError(
+                    "`saving_listeners` must hold tf.compat.v1.train.CheckpointSaverListener "
+                    f"objects. Received: {listener!r}"
+                )
         if self._config.cluster.distributed:
             if self._config.task_type == "ps":
                 _distributed.serve(self._config)  # until every trainer has finished
                 return self
             _distributed.check_trainable(self._config)
-        return _training.train(self, input_fn, hooks, steps, max_steps)
+        _training.train(self._core, input_fn, hooks, steps, max_steps, listeners=listeners)
+        return self
 
     # --------------------------------------------------------------- evaluate
     def evaluate(self, input_fn, steps=None, hooks=None, checkpoint_path=None, name=None):
@@ -295,52 +242,21 @@ class NPUEstimator:
           ValueError: `steps` < 1.
         """
         steps = check_int("steps", steps, 1, optional=True)
-        hooks = _check_hooks(hooks)
-        graph, spec, _, data_hooks = self._build(input_fn, ModeKeys.EVAL)
-        with graph.as_default():
-            metrics = {"loss": tf.compat.v1.metrics.mean(spec.loss)}
-            metrics.update(spec.eval_metric_ops)
-            values = {k: m[0] for k, m in metrics.items()}
-            values["global_step"] = tf.compat.v1.train.get_global_step()
-            update = tf.group(*[m[1] for m in metrics.values()])
-            saver, default, manager = self._savers(spec)
-            plan = self._restore_plan(checkpoint_path)
+        evaluation = EvaluationGraph(self._core, input_fn, _check_hooks(hooks))
+        with evaluation.graph.as_default():
+            plan = self._core.restore_plan(checkpoint_path)
             if plan.dense_path is None:
                 logging.warning(
                     "Could not find trained model in model_dir: %s, running "
                     "initialization to evaluate.",
                     self.model_dir,
                 )
-            final = tf.compat.v1.train.FinalOpsHook(values)
-            creator = tf.compat.v1.train.ChiefSessionCreator(
-                scaffold=self._scaffold(spec, plan, saver, manager, default, evaluation=True),
-                config=self._session_config(),
-            )
-            done = 0
-            all_hooks = data_hooks + hooks + list(spec.evaluation_hooks) + [final]
-            with tf.compat.v1.train.MonitoredSession(creator, hooks=all_hooks) as sess:
-                while not sess.should_stop() and (steps is None or done < steps):
-                    sess.run(update)
-                    done += 1
-        results = {
-            k: (v.item() if isinstance(v, np.generic) else v)
-            for k, v in final.final_ops_values.items()
-        }
-        self._write_eval_summaries(results, name)
+            saver, _, manager = evaluation.savers
+            scaffold = self._core.scaffold(evaluation.spec, plan, saver, manager, evaluation=True)
+        results = evaluation.run(scaffold, steps)
+        write_eval_summaries(self.eval_dir(name), results)
         logging.info("Saving dict for global step %d: %s", results["global_step"], results)
         return results
-
-    def _write_eval_summaries(self, results, name):
-        directory = os.path.join(self.model_dir, "eval" if not name else f"eval_{name}")
-        with tf.Graph().as_default():
-            writer = tf.compat.v1.summary.FileWriterCache.get(directory)
-        values = [
-            tf.compat.v1.Summary.Value(tag=k, simple_value=float(v))
-            for k, v in results.items()
-            if k != "global_step" and np.ndim(v) == 0
-        ]
-        writer.add_summary(tf.compat.v1.Summary(value=values), results["global_step"])
-        writer.flush()
 
     # ---------------------------------------------------------------- predict
     def predict(
@@ -362,7 +278,7 @@ class NPUEstimator:
             have different first dimensions.
         """
         hooks = _check_hooks(hooks)
-        graph, spec, _, data_hooks = self._build(input_fn, ModeKeys.PREDICT)
+        graph, spec, _, data_hooks = self._core.build(input_fn, ModeKeys.PREDICT)
         with graph.as_default():
             preds = spec.predictions
             if predict_keys is not None:
@@ -374,8 +290,8 @@ class NPUEstimator:
                         f"Received: predict_keys={predict_keys!r}"
                     )
                 preds = {k: preds[k] for k in keys}
-            saver, default, manager = self._savers(spec)
-            plan = self._restore_plan(checkpoint_path)
+            saver, _, manager = self._core.savers(spec)
+            plan = self._core.restore_plan(checkpoint_path)
             if plan.dense_path is None:
                 logging.warning(
                     "Could not find trained model in model_dir: %s, running "
@@ -383,8 +299,8 @@ class NPUEstimator:
                     self.model_dir,
                 )
             creator = tf.compat.v1.train.ChiefSessionCreator(
-                scaffold=self._scaffold(spec, plan, saver, manager, default),
-                config=self._session_config(),
+                scaffold=self._core.scaffold(spec, plan, saver, manager),
+                config=self._core.session_config(),
             )
             all_hooks = data_hooks + hooks + list(spec.prediction_hooks)
             with tf.compat.v1.train.MonitoredSession(creator, hooks=all_hooks) as sess:
@@ -436,10 +352,71 @@ class NPUEstimator:
                 f"Received: experimental_mode={experimental_mode!r}"
             )
         return _export.export_saved_model(
-            self,
+            self._core,
             export_dir_base,
             serving_input_receiver_fn,
             assets_extra=assets_extra,
             as_text=as_text,
             checkpoint_path=checkpoint_path,
         )
+
+
+def write_eval_summaries(directory: str, results: dict) -> None:
+    """Writes the scalar `results` of an evaluation as summaries at their `global_step`."""
+    with tf.Graph().as_default():
+        writer = tf.compat.v1.summary.FileWriterCache.get(directory)
+    values = [
+        tf.compat.v1.Summary.Value(tag=k, simple_value=float(v))
+        for k, v in results.items()
+        if k != "global_step" and np.ndim(v) == 0
+    ]
+    writer.add_summary(tf.compat.v1.Summary(value=values), results["global_step"])
+    writer.flush()
+
+
+class EvaluationGraph:
+    """The EVAL graph of an estimator's model (`EstimatorCore`), built once, run as often as needed.
+
+    `evaluate()` runs it once with a Scaffold restoring a checkpoint;
+    `experimental.InMemoryEvaluatorHook` runs it repeatedly with a Scaffold
+    copying the training session's state.
+
+    Attributes:
+      graph: The graph.
+      spec: The model_fn's EVAL `EstimatorSpec`.
+      savers: `(dense Saver in use, npu_rec's dense Saver, table manager)`.
+    """
+
+    def __init__(self, core, input_fn, hooks):
+        self._core = core
+        self.graph, self.spec, _, data_hooks = core.build(input_fn, ModeKeys.EVAL)
+        with self.graph.as_default():
+            metrics = {"loss": tf.compat.v1.metrics.mean(self.spec.loss)}
+            metrics.update(self.spec.eval_metric_ops)
+            self._values = {k: m[0] for k, m in metrics.items()}
+            self._values["global_step"] = tf.compat.v1.train.get_global_step()
+            self._update = tf.group(*[m[1] for m in metrics.values()])
+            self.savers = core.savers(self.spec)
+        self._hooks = data_hooks + list(hooks) + list(self.spec.evaluation_hooks)
+
+    def run(self, scaffold, steps=None) -> dict:
+        """Runs `steps` batches (None: until the input ends); returns the metric values."""
+        with self.graph.as_default():
+            final = tf.compat.v1.train.FinalOpsHook(self._values)
+            creator = tf.compat.v1.train.ChiefSessionCreator(
+                scaffold=scaffold, config=self._core.session_config()
+            )
+            done = 0
+            with tf.compat.v1.train.MonitoredSession(creator, hooks=[*self._hooks, final]) as sess:
+                while not sess.should_stop() and (steps is None or done < steps):
+                    sess.run(self._update)
+                    done += 1
+        return {
+            k: (v.item() if isinstance(v, np.generic) else v)
+            for k, v in final.final_ops_values.items()
+        }
+
+
+def core_of(estimator: NPUEstimator) -> EstimatorCore:
+    """The `EstimatorCore` of `estimator`: the package's interface to its model."""
+    return estimator._core

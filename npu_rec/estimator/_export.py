@@ -22,7 +22,7 @@ import tensorflow as tf
 
 from npu_rec import _log as logging
 from npu_rec._kernels import _build as _kernel_build
-from npu_rec.estimator import _scaffold
+from npu_rec.estimator import _scaffold, _warm_start
 from npu_rec.estimator._graph import call_model_fn, dense_saver
 from npu_rec.estimator._spec import ModeKeys
 from npu_rec.estimator.export._outputs import serving_export_outputs, signature_def_map
@@ -64,7 +64,7 @@ def _export_dir(base: str) -> str:
 
 
 def export_saved_model(
-    est,
+    core,
     export_dir_base,
     serving_input_receiver_fn,
     *,
@@ -80,13 +80,13 @@ def export_saved_model(
     Raises:
       ValueError: no checkpoint to export (nor a `warm_start_from`).
     """
-    plan = est._restore_plan(checkpoint_path)
-    if plan.dense_path is None:
-        raise ValueError(f"Couldn't find trained model at {est.model_dir}.")
+    plan = core.restore_plan(checkpoint_path)
+    if plan.dense_path is None and plan.warm_start is None:
+        raise ValueError(f"Couldn't find trained model at {core.model_dir}.")
     export_dir = _export_dir(os.fspath(export_dir_base))
     temp_dir = os.path.join(os.path.dirname(export_dir), "temp-" + os.path.basename(export_dir))
     try:
-        _write(est, plan, serving_input_receiver_fn, temp_dir, as_text)
+        _write(core, plan, serving_input_receiver_fn, temp_dir, as_text)
         if assets_extra:
             _copy_assets_extra(assets_extra, temp_dir)
         os.rename(temp_dir, export_dir)
@@ -105,31 +105,33 @@ def _copy_assets_extra(assets_extra: dict, export_dir: str) -> None:
         shutil.copyfile(source, target)
 
 
-def _write(est, plan, serving_input_receiver_fn, export_dir, as_text):
+def _write(core, plan, serving_input_receiver_fn, export_dir, as_text):
     # The serving graph's tables use the stock key map (`DenseHashTable`), never
     # the kernels' `NpuRecKeyMap`: the SavedModel must load without npu_rec.
     with _kernel_build.forced(False):
-        _write_graph(est, plan, serving_input_receiver_fn, export_dir, as_text)
+        _write_graph(core, plan, serving_input_receiver_fn, export_dir, as_text)
 
 
-def _write_graph(est, plan, serving_input_receiver_fn, export_dir, as_text):
+def _write_graph(core, plan, serving_input_receiver_fn, export_dir, as_text):
     graph = tf.Graph()
     with graph.as_default():
-        if est.config.tf_random_seed is not None:
-            tf.compat.v1.set_random_seed(est.config.tf_random_seed)
+        if core.config.tf_random_seed is not None:
+            tf.compat.v1.set_random_seed(core.config.tf_random_seed)
         tf.compat.v1.train.get_or_create_global_step()
         receiver = serving_input_receiver_fn()
         spec = call_model_fn(
-            est.model_fn, receiver.features, None, ModeKeys.PREDICT, est.params, est.config
+            core.model_fn, receiver.features, None, ModeKeys.PREDICT, core.params, core.config
         )
         signatures = signature_def_map(
             receiver.receiver_tensors,
             serving_export_outputs(spec.export_outputs, spec.predictions),
             getattr(receiver, "receiver_tensors_alternatives", None),
         )
-        saver, manager = dense_saver(est.config)
+        saver, manager = dense_saver(core.config)
         saver = _scaffold.user_saver(spec) or saver
         local_init_op = _scaffold.export_local_init_op(spec)
+        if plan.warm_start is not None:
+            _warm_start.apply(plan.warm_start)
         with tf.compat.v1.Session(graph=graph) as sess:
             sess.run(
                 [
@@ -150,13 +152,18 @@ def _write_graph(est, plan, serving_input_receiver_fn, export_dir, as_text):
             export_saver = tf.compat.v1.train.Saver(
                 var_list=tf.compat.v1.global_variables(), sharded=True, allow_empty=True
             )
+            # The model's own lookup tables (vocabulary feature columns, tf.lookup)
+            # are initialised by the main op, their vocabulary files copied as
+            # assets: both taken before the collections are cleared.
+            table_init = tf.compat.v1.tables_initializer()
+            assets = tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.ASSET_FILEPATHS)
             for key in graph.get_all_collection_keys():
                 if key not in (
                     tf.compat.v1.GraphKeys.GLOBAL_VARIABLES,
                     tf.compat.v1.GraphKeys.TRAINABLE_VARIABLES,
                 ):
                     graph.clear_collection(key)
-            main_op = [tf.compat.v1.tables_initializer(), *rebuild]
+            main_op = [table_init, *rebuild]
             if local_init_op is not None:
                 main_op.append(local_init_op)
             builder = tf.compat.v1.saved_model.Builder(export_dir)
@@ -165,6 +172,7 @@ def _write_graph(est, plan, serving_input_receiver_fn, export_dir, as_text):
                 saver=export_saver,
                 tags=[tf.saved_model.SERVING],
                 signature_def_map=signatures,
+                assets_collection=assets or None,
                 main_op=tf.group(*main_op),
                 strip_default_attrs=True,
             )

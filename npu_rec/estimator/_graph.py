@@ -170,6 +170,8 @@ class RestorePlan:
     table_files: list[str] = dataclasses.field(default_factory=list)
     #: The data position file of the version, or None.
     position_path: str | None = None
+    #: `WarmStartSettings` to initialise from (nothing restored from model_dir), or None.
+    warm_start: object | None = None
 
     def init_fn(self, saver, manager):
         if manager is not None and self.tables_dir is not None and not self.table_files:

@@ -45,6 +45,18 @@ def _tensor(graph: tf.Graph, value, name: str):
     return value
 
 
+class RunsAfterSaves(SessionRunHook):
+    """A hook that runs after npu_rec's checkpoint hook, wherever it is given.
+
+    tf.estimator runs its checkpoint hook (and so the evaluations of
+    `train_and_evaluate`) before the users' hooks; npu_rec runs users' hooks
+    before its own summary and checkpoint hooks. A hook deciding from the
+    evaluation results (the `experimental.stop_if_*` hooks) subclasses this to
+    see, as in tf.estimator, the evaluation of the checkpoint written at the
+    same step.
+    """
+
+
 class TellMeStepOrLossHook(SessionRunHook):
     """Tells accelerated training (`accelerate_train_mode`) the step or the loss.
 
@@ -270,6 +282,12 @@ class SparseCheckpointSaverHook(SessionRunHook):
         precision switch), or None.
       pause: `pause(session)` gives the context every save runs in (the ps
         route's chief: the workers paused), or None.
+      listeners: The `SavingListeners` of the `train()` call, or None: told
+        before and after every save (an `after_save` returning True stops
+        training, as tf.estimator's `CheckpointSaverHook` does).
+      last_session: Returns whether this session is training's last (False
+        when it stopped for the accelerated-training switch): only the last
+        one's `end` ends the listeners. None: always the last.
 
     Attributes:
       saves: `(step, kind)` of every save.
@@ -287,8 +305,11 @@ class SparseCheckpointSaverHook(SessionRunHook):
         training_dir=None,
         state_fn=None,
         pause=None,
+        listeners=None,
+        last_session=None,
     ):
         self.model_dir, self.saver, self.manager = model_dir, saver, manager
+        self.listeners, self.last_session = listeners, last_session
         self.pause = pause
         self.training_dir, self.state_fn = training_dir, state_fn
         self.policy, self.save_secs = policy, save_secs
@@ -298,6 +319,8 @@ class SparseCheckpointSaverHook(SessionRunHook):
 
     def begin(self):
         self._global_step = tf.compat.v1.train.get_global_step()
+        if self.listeners is not None:
+            self.listeners.begin()
 
     def after_create_session(self, session, coord):
         self._last = int(session.run(self._global_step))
@@ -313,15 +336,20 @@ class SparseCheckpointSaverHook(SessionRunHook):
         kind = self.policy.decide(step, now)
         if kind is None and self.save_secs is not None and now - self._last_time >= self.save_secs:
             kind = FULL
-        if kind is not None and step != self._last:
-            self.save(run_context.session, step, kind)
+        if kind is not None and step != self._last and self.save(run_context.session, step, kind):
+            run_context.request_stop()
 
     def end(self, session):
         step = int(session.run(self._global_step))
         if step != self._last:
             self.save(session, step, FULL)
+        if self.listeners is not None and (self.last_session is None or self.last_session()):
+            self.listeners.end(session, step)
 
-    def save(self, session, step: int, kind: str) -> None:
+    def save(self, session, step: int, kind: str) -> bool:
+        """Writes version `step`; returns whether a listener asked training to stop."""
+        if self.listeners is not None:
+            self.listeners.before_save(session, step)
         state = None if self.state_fn is None else self.state_fn()
         pause = contextlib.nullcontext() if self.pause is None else self.pause(session)
         with pause:
@@ -339,6 +367,52 @@ class SparseCheckpointSaverHook(SessionRunHook):
         self._last, self._last_time = step, clock()
         self.saves.append((step, kind))
         logging.info("npu_rec: saved %s checkpoint for step %d in %s.", kind, step, self.model_dir)
+        return self.listeners is not None and self.listeners.after_save(session, step)
+
+
+class SavingListeners:
+    """The `CheckpointSaverListener`s of one `train()` call, over all its sessions.
+
+    As tf.estimator's `CheckpointSaverHook` calls them: `begin` once before
+    training, `before_save` / `after_save` around every save, `end` once after
+    the last save. Accelerated training's sessions share them: its hand-over
+    checkpoint is a save like any other.
+
+    Raises:
+      TypeError: a listener is not a `tf.compat.v1.train.CheckpointSaverListener`.
+    """
+
+    def __init__(self, listeners):
+        self.listeners = list(listeners or ())
+        for listener in self.listeners:
+            if not isinstance(listener, tf.compat.v1.train.CheckpointSaverListener):
+                raise TypeError(
+                    "`saving_listeners` must hold CheckpointSaverListener objects. "
+                    f"Received: {listener!r}"
+                )
+        self._begun = False
+
+    def begin(self) -> None:
+        if not self._begun:
+            self._begun = True
+            for listener in self.listeners:
+                listener.begin()
+
+    def before_save(self, session, step: int) -> None:
+        for listener in self.listeners:
+            listener.before_save(session, step)
+
+    def after_save(self, session, step: int) -> bool:
+        stop = False
+        for listener in self.listeners:
+            if listener.after_save(session, step):
+                logging.info("A CheckpointSaverListener asked training to stop: %r", listener)
+                stop = True
+        return stop
+
+    def end(self, session, step: int) -> None:
+        for listener in self.listeners:
+            listener.end(session, step)
 
 
 class _StepRateHook(SessionRunHook):

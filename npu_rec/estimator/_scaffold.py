@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from npu_rec._compat import saver_variables
 from npu_rec.estimator._graph import checkpoint_step
 
 Scaffold = tf.compat.v1.train.Scaffold
@@ -43,19 +42,7 @@ def user_saver(spec) -> tf.compat.v1.train.Saver | None:
     return saver
 
 
-def _warm_start_saver(path: str, saver) -> tf.compat.v1.train.Saver:
-    """A Saver over the variables of `saver` that the checkpoint `path` holds."""
-    names = {n for n, _ in tf.train.list_variables(path)}
-    return tf.compat.v1.train.Saver(
-        var_list=[
-            v for v in saver_variables(saver) if v.op.name in names and v.op.name != "global_step"
-        ]
-    )
-
-
-def session_scaffold(
-    spec, plan, saver, manager, *, default_saver=None, warm_start=False, evaluation=False
-) -> Scaffold:
+def session_scaffold(spec, plan, saver, manager, *, evaluation=False) -> Scaffold:
     """The Scaffold a session of this graph is created with.
 
     Args:
@@ -63,21 +50,16 @@ def session_scaffold(
       plan: The `RestorePlan` of the session.
       saver: The dense Saver (the spec's or npu_rec's).
       manager: The `TableCheckpointManager`, or None.
-      default_saver: npu_rec's Saver over the non-table variables (warm start
-        restores those the warm-start checkpoint has); default `saver`.
-      warm_start: Whether `plan.dense_path` is the warm-start checkpoint.
       evaluation: Whether the graph evaluates (metrics' local variables).
     """
     user = spec.scaffold
-    if user is not None and user.saver is not None and plan.dense_path and not warm_start:
+    if user is not None and user.saver is not None and plan.dense_path:
         checkpoint_step(plan.dense_path)  # a user's Saver must save the global step too
     restore_saver = saver
-    if warm_start:
-        restore_saver = _warm_start_saver(plan.dense_path, default_saver or saver)
     restore = plan.init_fn(restore_saver, manager)
     init_fn = restore
     user_init = None if user is None else user.init_fn
-    if user_init is not None and (plan.dense_path is None or warm_start):
+    if user_init is not None and plan.dense_path is None:
 
         def init_fn(scaffold, session):
             restore(scaffold, session)

@@ -7,6 +7,7 @@ import collections
 import tensorflow as tf
 
 from npu_rec._config import check_int
+from npu_rec.estimator._exporter import check_exporters
 from npu_rec.estimator._metrics import metric_pairs
 from npu_rec.estimator.export._outputs import serving_export_outputs
 
@@ -161,20 +162,25 @@ class EstimatorSpec(
         )
 
 
-class TrainSpec(collections.namedtuple("TrainSpec", ["input_fn", "max_steps", "hooks"])):
+class TrainSpec(
+    collections.namedtuple("TrainSpec", ["input_fn", "max_steps", "hooks", "saving_listeners"])
+):
     """The training half of `train_and_evaluate`.
 
     Args:
       input_fn: Returns `(features, labels)` or a `tf.data.Dataset` of them.
-      max_steps: Global step to train to (int >= 1) or None (until input ends).
+      max_steps: Global step to train to (int >= 1) or None: until the input
+        ends (or `npu_rec.init(max_steps)`), then the last evaluation.
       hooks: `SessionRunHook`s for training.
+      saving_listeners: `CheckpointSaverListener`s for training (see
+        `NPUEstimator.train`).
 
     Raises:
-      TypeError: `input_fn` is not callable, or a hook is not a SessionRunHook.
+      TypeError: `input_fn` is not callable, or a hook or listener of the wrong type.
       ValueError: `max_steps` < 1.
     """
 
-    def __new__(cls, input_fn, max_steps=None, hooks=None):
+    def __new__(cls, input_fn, max_steps=None, hooks=None, saving_listeners=None):
         if not callable(input_fn):
             raise TypeError(f"`input_fn` must be callable. Received: input_fn={input_fn!r}")
         max_steps = check_int("max_steps", max_steps, 1, optional=True)
@@ -182,7 +188,13 @@ class TrainSpec(collections.namedtuple("TrainSpec", ["input_fn", "max_steps", "h
         for h in hooks:
             if not isinstance(h, tf.compat.v1.train.SessionRunHook):
                 raise TypeError(f"`hooks` must hold SessionRunHooks. Received: {h!r}")
-        return super().__new__(cls, input_fn, max_steps, hooks)
+        listeners = tuple(saving_listeners or ())
+        for listener in listeners:
+            if not isinstance(listener, tf.compat.v1.train.CheckpointSaverListener):
+                raise TypeError(
+                    f"`saving_listeners` must hold CheckpointSaverListeners. Received: {listener!r}"
+                )
+        return super().__new__(cls, input_fn, max_steps, hooks, listeners)
 
 
 class EvalSpec(
@@ -198,12 +210,18 @@ class EvalSpec(
       steps: Evaluation steps (int >= 1) or None (until input ends).
       name: Evaluation name (events go to `model_dir/eval_<name>`).
       hooks: `SessionRunHook`s for evaluation.
-      exporters: Accepted for compatibility; not run.
-      start_delay_secs, throttle_secs: Accepted; evaluation follows each checkpoint.
+      exporters: An `Exporter` (`LatestExporter`, `BestExporter`,
+        `FinalExporter`), an iterable of them, or None: run after each
+        evaluation, their paths returned by `train_and_evaluate`.
+      start_delay_secs, throttle_secs: Numbers >= 0, checked and kept;
+        npu_rec evaluates after each checkpoint interval instead (mx_rec's
+        cadence, docs/estimator.md "train_and_evaluate").
 
     Raises:
-      TypeError: `input_fn` is not callable.
-      ValueError: `steps` < 1.
+      TypeError: `input_fn` is not callable, or `exporters` holds something
+        that is not an `Exporter`.
+      ValueError: `steps` < 1, a negative delay, or exporters without
+        (unique) names.
     """
 
     def __new__(
@@ -219,13 +237,19 @@ class EvalSpec(
         if not callable(input_fn):
             raise TypeError(f"`input_fn` must be callable. Received: input_fn={input_fn!r}")
         steps = check_int("steps", steps, 1, optional=True)
+        for label, value in (
+            ("start_delay_secs", start_delay_secs),
+            ("throttle_secs", throttle_secs),
+        ):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+                raise ValueError(f"`{label}` must be a number >= 0. Received: {label}={value!r}")
         return super().__new__(
             cls,
             input_fn,
             steps,
             name,
             tuple(hooks or ()),
-            exporters,
+            check_exporters(exporters),
             start_delay_secs,
             throttle_secs,
         )

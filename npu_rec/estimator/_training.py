@@ -28,12 +28,10 @@ from npu_rec.training._policies import SavePolicy
 from npu_rec.training._precision import PrecisionSwitch
 from npu_rec.training._steps import check_estimator_train
 
-UNSET = object()
 
-
-def _make_switch(est, hooks, last_step, plan):
+def _make_switch(core, hooks, last_step, plan):
     """The `PrecisionSwitch` of this run and the user's TellMeStepOrLossHook (or None)."""
-    mode = getattr(est.config, "accelerate_mode", None)
+    mode = getattr(core.config, "accelerate_mode", None)
     if mode is None:
         return None, None
     tells = [h for h in hooks if isinstance(h, _hooks.TellMeStepOrLossHook)]
@@ -53,7 +51,7 @@ def _make_switch(est, hooks, last_step, plan):
                 "Received: no TellMeStepOrLossHook."
             )
         switch = PrecisionSwitch(
-            mode, final_loss=tell.final_loss, iterations_per_loop=est.config.iterations_per_loop
+            mode, final_loss=tell.final_loss, iterations_per_loop=core.config.iterations_per_loop
         )
     else:
         total = tell.total_step if tell is not None else last_step
@@ -70,20 +68,52 @@ def _make_switch(est, hooks, last_step, plan):
                 f"TellMeStepOrLossHook: step = global step, total_step = {total}."
             )
         switch = PrecisionSwitch(
-            mode, total_step=total, iterations_per_loop=est.config.iterations_per_loop
+            mode, total_step=total, iterations_per_loop=core.config.iterations_per_loop
         )
-    _hooks.load_switch_state(est.model_dir, switch, plan.committed)
+    _hooks.load_switch_state(core.model_dir, switch, plan.committed)
     return switch, tell
 
 
-def train(est, input_fn, hooks, steps, max_steps, resolved=None):
-    """Trains `est`; `resolved` (from train_and_evaluate's checks) skips the step checks.
+@dataclasses.dataclass(frozen=True)
+class RunSettings:
+    """What every session of one `train()` call runs with.
+
+    Attributes:
+      input_fn: The training input.
+      hooks: The user's `SessionRunHook`s.
+      last_step: The global step to stop at, or None (`num_steps`, or the input's end).
+      num_steps: Steps to run from the global step a session starts at (a ps
+        route worker's `steps`), or None.
+      save_steps: The checkpoint cadence in steps (0: none).
+      trainer: The ps route's chief or worker (`_distributed.Trainer`), or None.
+      listeners: The call's `_hooks.SavingListeners`, or None.
+    """
+
+    input_fn: object
+    hooks: tuple
+    last_step: int | None = None
+    num_steps: int | None = None
+    save_steps: int = 0
+    trainer: object = None
+    listeners: object = None
+
+    @property
+    def chief(self) -> bool:
+        return self.trainer is None or self.trainer.is_chief
+
+
+def train(core, input_fn, hooks, steps, max_steps, resolved=None, listeners=None):
+    """Trains the estimator whose `EstimatorCore` is `core`.
+
+    `resolved` (from train_and_evaluate's checks) skips the step checks.
+    `listeners`: `CheckpointSaverListener`s told around every save (the chief's
+    only on the ps route, as tf.estimator's).
 
     The model_dir is locked for the whole call (`TrainingDir`): a second
     trainer fails at once; temporary files and uncommitted parts are removed,
     and versions saved after the one training continues from are moved aside.
     """
-    config = est.config
+    config = core.config
     if resolved is None:
         resolved = check_estimator_train(
             save_checkpoints_steps=config.save_checkpoints_steps,
@@ -92,27 +122,28 @@ def train(est, input_fn, hooks, steps, max_steps, resolved=None):
         )
     else:
         resolved = dataclasses.replace(resolved, max_steps=max_steps)
+    listeners = _hooks.SavingListeners(listeners)
     trainer = _distributed.trainer_for(config)  # None in one process
     if trainer is not None and not trainer.is_chief:
-        _train_worker(est, input_fn, hooks, steps, resolved, trainer)
+        # A worker of the ps route: no restore, no save, until the global step says.
+        settings = RunSettings(
+            input_fn,
+            tuple(hooks),
+            last_step=resolved.max_steps if steps is None else None,
+            num_steps=steps,
+            trainer=trainer,
+        )
+        TrainingRun(core, settings).session(RestorePlan())
     else:
         with TrainingDir(config.model_dir, keep=config.keep_checkpoint_max) as tdir:
-            _train(est, input_fn, hooks, steps, resolved, tdir, trainer)
+            _train_chief(core, input_fn, hooks, steps, resolved, tdir, trainer, listeners)
     if trainer is not None:
         trainer.done()
-    return est
 
 
-def _train_worker(est, input_fn, hooks, steps, resolved, trainer):
-    """A non-chief trainer of the ps route: no restore, no save, until the global step says."""
-    last_step = resolved.max_steps if steps is None else None
-    _run_session(
-        est, input_fn, hooks, last_step, 0, None, None, False, RestorePlan(), None, trainer, steps
-    )
-
-
-def _train(est, input_fn, hooks, steps, resolved, tdir, trainer=None):
-    plan = est._restore_plan(training=True)
+def _train_chief(core, input_fn, hooks, steps, resolved, tdir, trainer, listeners):
+    """Training in one process, or the ps route's chief: restores, saves, switches precision."""
+    plan = core.restore_plan(training=True)
     tdir.start_from(plan.committed)
     start = plan.step
     if steps is not None:
@@ -124,9 +155,17 @@ def _train(est, input_fn, hooks, steps, resolved, tdir, trainer=None):
     if last_step is not None and start >= last_step and trainer is None:
         # (The chief of the ps route still opens its session: the workers wait for it.)
         logging.info("Skipping training since max_steps has already saved.")
-        return est
-    save_steps = resolved.save_steps or est.config.checkpoint_steps
-    switch, tell = _make_switch(est, hooks, last_step, plan)
+        return
+    settings = RunSettings(
+        input_fn,
+        tuple(hooks),
+        last_step=last_step,
+        save_steps=resolved.save_steps or core.config.checkpoint_steps,
+        trainer=trainer,
+        listeners=listeners,
+    )
+    switch, tell = _make_switch(core, hooks, last_step, plan)
+    run = TrainingRun(core, settings, tdir, switch, tell)
     while True:
         low = switch is not None and switch.is_low_precision(start)
         if low:
@@ -138,72 +177,87 @@ def _train(est, input_fn, hooks, steps, resolved, tdir, trainer=None):
             )
         elif switch is not None:
             logging.info("npu_rec: steps from %d run in float32.", start)
-        switched = _run_session(
-            est, input_fn, hooks, last_step, save_steps, switch, tell, low, plan, tdir, trainer
-        )
-        est._version_used = est._version_used or plan.from_restore_model_version
+        switched = run.session(plan, low)
+        core.version_used = core.version_used or plan.from_restore_model_version
         if not switched:
-            return est
-        plan = est._restore_plan(training=True)
+            return
+        plan = core.restore_plan(training=True)
         tdir.start_from(plan.committed)
         start = plan.step
 
 
-def _run_session(
-    est,
-    input_fn,
-    hooks,
-    last_step,
-    save_steps,
-    switch,
-    tell,
-    low,
-    plan,
-    tdir,
-    trainer=None,
-    num_steps=None,
-):
-    """One MonitoredTrainingSession; returns whether it stopped to switch precision.
+class TrainingRun:
+    """The sessions of one `train()` call: each builds the TRAIN graph and runs it.
 
-    `trainer`: the ps route's chief or worker (`_distributed.Trainer`), or None.
-    A worker (not the chief) gets neither `tdir` nor a restore plan: it saves,
-    restores and summarises nothing; `num_steps` then counts from the global
-    step it starts at.
+    Args:
+      core: The estimator's `EstimatorCore`.
+      settings: The `RunSettings`.
+      tdir: The model_dir opened for training (`TrainingDir`), or None (a ps
+        route worker: it saves, restores and summarises nothing).
+      switch, tell: Accelerated training's `PrecisionSwitch` and the user's
+        `TellMeStepOrLossHook`, or None.
     """
-    config = est.config
-    chief = trainer is None or trainer.is_chief
-    dtype = (switch.low_dtype if low else None) if switch is not None else est._config_dtype()
-    loss_scaling = dtype == "float16"
 
-    def build_hook(graph):
-        if loss_scaling:
-            enable_loss_scaling(graph)
+    def __init__(self, core, settings, tdir=None, switch=None, tell=None):
+        self.core, self.settings, self.tdir = core, settings, tdir
+        self.switch, self.tell = switch, tell
 
-    data = _data_position.tracked(input_fn)
-    if data is not None and trainer is None:
-        _data_position.restore(plan.position_path, plan.step if plan.dense_path else None, data[0])
-    # (On the ps route each trainer restores its own position once its session exists.)
-    placement = None if trainer is None else trainer.placement
-    graph, spec, features, data_hooks = est._build(input_fn, ModeKeys.TRAIN, build_hook, placement)
-    with graph.as_default():
-        train_op = add_missing_sparse_updates(spec.loss, spec.train_op)
-        position_hook = None
-        if data is not None and trainer is not None:
-            position_hook = trainer.position_hook(data, config.model_dir)
-            train_op = position_hook.advance(train_op)
-        elif data is not None:
-            position_hook = _data_position.DataPositionHook(data[1], config.model_dir)
-        global_step = tf.compat.v1.train.get_global_step()
+    def session(self, plan, low=False) -> bool:
+        """One MonitoredTrainingSession from `plan`; returns whether it stopped to switch precision.
+
+        `low`: whether it runs accelerated training's low-precision phase.
+        """
+        core, settings, switch = self.core, self.settings, self.switch
+        config, trainer = core.config, settings.trainer
+        dtype = (switch.low_dtype if low else None) if switch is not None else core.config_dtype()
+        loss_scaling = dtype == "float16"
+
+        def build_hook(graph):
+            if loss_scaling:
+                enable_loss_scaling(graph)
+
+        data = _data_position.tracked(settings.input_fn)
+        if data is not None and trainer is None:
+            _data_position.restore(
+                plan.position_path, plan.step if plan.dense_path else None, data[0]
+            )
+        # (On the ps route each trainer restores its own position once its session exists.)
+        placement = None if trainer is None else trainer.placement
+        graph, spec, features, data_hooks = core.build(
+            settings.input_fn, ModeKeys.TRAIN, build_hook, placement
+        )
+        with graph.as_default():
+            train_op = add_missing_sparse_updates(spec.loss, spec.train_op)
+            position_hook = None
+            if data is not None and trainer is not None:
+                position_hook = trainer.position_hook(data, config.model_dir)
+                train_op = position_hook.advance(train_op)
+            elif data is not None:
+                position_hook = _data_position.DataPositionHook(data[1], config.model_dir)
+            saver, _, manager = core.savers(spec)
+            all_hooks, precision_hook = self._hooks(
+                spec, features, plan, low, saver, manager, position_hook, data_hooks
+            )
+            scaffold = core.scaffold(spec, plan, saver, manager)
+            self._run(scaffold, all_hooks, spec, train_op, dtype, plan)
+        with tf.Graph().as_default():  # FileWriterCache needs graph mode
+            tf.compat.v1.summary.FileWriterCache.get(config.model_dir).flush()
+        return precision_hook is not None and precision_hook.switch_requested
+
+    def _hooks(self, spec, features, plan, low, saver, manager, position_hook, data_hooks):
+        """The session's hooks in their order, and the precision hook (or None)."""
+        core, settings, switch = self.core, self.settings, self.switch
+        config, chief = core.config, settings.chief
         if not any(
             s.op.name.endswith("loss")
             for s in tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.SUMMARIES)
         ):
             tf.compat.v1.summary.scalar("loss", spec.loss)
         summary_op = _scaffold.summary_op(spec, tf.compat.v1.summary.merge_all())
-        saver, default_saver, manager = est._savers(spec)
         policy = SavePolicy.from_config(
-            get_config(), save_steps=save_steps or 0, clock=lambda: _hooks.clock()
+            get_config(), save_steps=settings.save_steps or 0, clock=lambda: _hooks.clock()
         )
+        precision_hook = None
         saver_hook = _hooks.SparseCheckpointSaverHook(
             config.model_dir,
             saver,
@@ -212,16 +266,18 @@ def _run_session(
             save_secs=config.save_checkpoints_secs,
             has_full_save=plan.version is not None,
             data_position=position_hook,
-            training_dir=tdir,
+            training_dir=self.tdir,
             state_fn=None if switch is None else lambda: _hooks.switch_state(switch),
-            pause=None if trainer is None else trainer.paused,
+            pause=None if settings.trainer is None else settings.trainer.paused,
+            listeners=settings.listeners,
+            last_session=lambda: precision_hook is None or not precision_hook.switch_requested,
         )
         # The position first: it restores or notes the source before the iterator starts reading.
         own = ([position_hook] if position_hook is not None else []) + list(data_hooks)
-        if last_step is not None:
-            own.append(tf.compat.v1.train.StopAtStepHook(last_step=last_step))
-        elif num_steps is not None:
-            own.append(tf.compat.v1.train.StopAtStepHook(num_steps=num_steps))
+        if settings.last_step is not None:
+            own.append(tf.compat.v1.train.StopAtStepHook(last_step=settings.last_step))
+        elif settings.num_steps is not None:
+            own.append(tf.compat.v1.train.StopAtStepHook(num_steps=settings.num_steps))
         own.append(tf.compat.v1.train.NanTensorHook(spec.loss))
         if config.log_step_count_steps and chief:
             own.append(
@@ -230,13 +286,12 @@ def _run_session(
                 )
             )
         tail = []
-        precision_hook = None
         if switch is not None:
             precision_hook = _hooks._PrecisionHook(
                 switch,
                 low,
-                tell,
-                est.precision_history,
+                self.tell,
+                core.precision_history,
                 config.model_dir,
                 config.save_summary_steps,
             )
@@ -251,9 +306,15 @@ def _run_session(
             )
         if chief:
             tail.append(saver_hook)
-        all_hooks = own + hooks + list(spec.training_hooks) + tail
-        scaffold = est._scaffold(spec, plan, saver, manager, default_saver)
-        loop = getattr(config, "iterations_per_loop", 1)
+        given = [*settings.hooks, *spec.training_hooks]
+        late = [h for h in given if isinstance(h, _hooks.RunsAfterSaves)]
+        return own + [h for h in given if h not in late] + tail + late, precision_hook
+
+    def _run(self, scaffold, all_hooks, spec, train_op, dtype, plan):
+        """Opens the session and runs training steps until a hook stops it."""
+        core, settings = self.core, self.settings
+        trainer, chief = settings.trainer, settings.chief
+        session_config = core.session_config(dtype)
         if trainer is None:
             session = tf.compat.v1.train.MonitoredTrainingSession(
                 checkpoint_dir=None,
@@ -265,25 +326,24 @@ def _run_session(
                 save_summaries_steps=None,
                 save_summaries_secs=None,
                 log_step_count_steps=None,
-                config=est._session_config(dtype),
+                config=session_config,
             )
         else:
             session = trainer.session(
                 scaffold,
                 all_hooks,
                 list(spec.training_chief_hooks),
-                est._session_config(dtype),
+                session_config,
                 positions=_ps_position.committed_states(plan.position_path) if chief else None,
             )
+        loop = getattr(core.config, "iterations_per_loop", 1)
+        global_step = tf.compat.v1.train.get_global_step()
         with session as sess:
             while not sess.should_stop():
                 if loop == 1:
                     sess.run(train_op)
                 else:
-                    sess.run_step_fn(_loop_step(train_op, global_step, loop, last_step))
-    with tf.Graph().as_default():  # FileWriterCache needs graph mode
-        tf.compat.v1.summary.FileWriterCache.get(config.model_dir).flush()
-    return precision_hook is not None and precision_hook.switch_requested
+                    sess.run_step_fn(_loop_step(train_op, global_step, loop, settings.last_step))
 
 
 def _loop_step(train_op, global_step, loop, last_step):

@@ -184,8 +184,8 @@ def test_evaluator_evaluates_each_new_checkpoint_until_max_steps(monkeypatch):
     monkeypatch.setattr(_distributed, "EVAL_POLL_SECS", 0.0)
     est = _FakeEstimator([None, 10, 10, 20, 30, 40])
     spec = E.EvalSpec(lambda: None, steps=2)
-    result = _distributed.evaluate_checkpoints(est, spec, max_steps=30)
+    result, exports = _distributed.evaluate_checkpoints(est, spec, max_steps=30)
     assert est.evaluated == ["/m/model.ckpt-10", "/m/model.ckpt-20", "/m/model.ckpt-30"]
-    assert result["global_step"] == 30
+    assert result["global_step"] == 30 and exports == []
     with pytest.raises(TimeoutError, match="no checkpoint at step 50 in '/m' within"):
         _distributed.evaluate_checkpoints(_FakeEstimator([10]), spec, 50, timeout_secs=0.01)

@@ -7,6 +7,9 @@ differ (and Keras 3 layers stand for `tf.layers`, see docs/porting.md).
 """
 
 import os
+import subprocess
+import sys
+import textwrap
 
 import keras
 import numpy as np
@@ -251,3 +254,93 @@ def test_export_output_and_receiver_rules():
             export.ServingInputReceiver(probs, None)
         with pytest.raises(ValueError, match=r"`features\['a'\]` must be a Tensor"):
             export.ServingInputReceiver({"a": 1}, probs)
+
+
+GENRES = ["comedy", "drama", "horror", "news"]
+
+
+def vocabulary_model_fn(features, labels, mode, params):
+    """A feature-column model_fn: a vocabulary-list column, a vocabulary-file column, a number."""
+    net = tf.compat.v1.feature_column.input_layer(features, params["columns"])
+    logits = keras.layers.Dense(1)(net)[:, 0]
+    predictions = {"probability": tf.sigmoid(logits)}
+    if mode == E.ModeKeys.PREDICT:
+        return E.EstimatorSpec(mode, predictions=predictions)
+    loss = tf.compat.v1.losses.sigmoid_cross_entropy(labels, logits)
+    train_op = tf.compat.v1.train.AdagradOptimizer(0.5).minimize(
+        loss, global_step=tf.compat.v1.train.get_global_step()
+    )
+    return E.EstimatorSpec(mode, loss=loss, train_op=train_op)
+
+
+def test_vocabulary_columns_export_and_serve_without_npu_rec(tmp_path):
+    """The SavedModel's main op initialises the lookup tables (tf.estimator's exports do)."""
+    vocab = tmp_path / "cities.txt"
+    vocab.write_text("paris\nrome\noslo\n")
+    fc = tf.compat.v1.feature_column
+    columns = [
+        fc.indicator_column(fc.categorical_column_with_vocabulary_list("genre", GENRES)),
+        fc.indicator_column(fc.categorical_column_with_vocabulary_file("city", str(vocab), 3)),
+        fc.numeric_column("age"),
+    ]
+    rng = np.random.RandomState(0)
+    n = 64
+    genre = np.array(GENRES)[rng.randint(0, 4, n)]
+    city = np.array(["paris", "rome", "oslo", "lima"])[rng.randint(0, 4, n)]
+    age = rng.rand(n).astype(np.float32)
+    labels = ((genre == "drama") | (city == "rome")).astype(np.float32)
+    features = {"genre": genre, "city": city, "age": age}
+
+    def input_fn():
+        return tf.data.Dataset.from_tensor_slices((features, labels)).repeat(20).batch(16)
+
+    est = E.Estimator(
+        vocabulary_model_fn,
+        model_dir=str(tmp_path / "m"),
+        params={"columns": columns},
+        config=E.RunConfig(log_step_count_steps=None),
+    )
+    est.train(input_fn, steps=40)
+    expected = [p["probability"] for p in est.predict(lambda: input_fn().take(4))]
+    parsing = est.export_saved_model(
+        str(tmp_path / "parsing"),
+        export.build_parsing_serving_input_receiver_fn(fc.make_parse_example_spec(columns)),
+    )
+    raw = est.export_saved_model(
+        str(tmp_path / "raw"),
+        export.build_raw_serving_input_receiver_fn(
+            {
+                "genre": tf.TensorSpec([None], tf.string),
+                "city": tf.TensorSpec([None], tf.string),
+                "age": tf.TensorSpec([None], tf.float32),
+            }
+        ),
+    )
+    vocab.unlink()  # served from the SavedModel's assets
+    examples = []
+    for g, c, a in zip(genre, city, age, strict=True):
+        feature = {
+            "genre": tf.train.Feature(bytes_list=tf.train.BytesList(value=[g.encode()])),
+            "city": tf.train.Feature(bytes_list=tf.train.BytesList(value=[c.encode()])),
+            "age": tf.train.Feature(float_list=tf.train.FloatList(value=[a])),
+        }
+        examples.append(
+            tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
+        )
+    np.save(tmp_path / "examples.npy", np.array(examples, dtype=object), allow_pickle=True)
+    np.savez(tmp_path / "raw.npz", genre=genre, city=city, age=age)
+    code = textwrap.dedent(f"""
+        import sys, numpy as np, tensorflow as tf
+        examples = np.load({str(tmp_path / "examples.npy")!r}, allow_pickle=True).tolist()
+        f = tf.saved_model.load({parsing.decode()!r}).signatures["serving_default"]
+        a = f(examples=tf.constant(examples))["probability"].numpy()
+        raw = np.load({str(tmp_path / "raw.npz")!r})
+        g = tf.saved_model.load({raw.decode()!r}).signatures["serving_default"]
+        b = g(**{{k: tf.constant(raw[k]) for k in ("genre", "city", "age")}})
+        np.save({str(tmp_path / "served.npy")!r}, np.stack([a, b["probability"].numpy()]))
+        assert "npu_rec" not in sys.modules
+    """)
+    subprocess.run([sys.executable, "-c", code], check=True, cwd="/", timeout=240)
+    served = np.load(tmp_path / "served.npy")
+    np.testing.assert_allclose(served[0], expected, atol=1e-6)
+    np.testing.assert_allclose(served[1], expected, atol=1e-6)

@@ -104,7 +104,7 @@ def test_train_and_evaluate_over_four_intervals(tmp_path):
     )
     assert evaluations == [5, 10, 15, 20]
     assert result["global_step"] == 20
-    # keep_checkpoint_max=2 counts the saves of all four train() calls, as tf.estimator's did.
+    # keep_checkpoint_max=2 counts every save of the run (four intervals).
     assert sorted(p.name for p in tmp_path.glob("model.ckpt-*")) == [
         "model.ckpt-15.data-00000-of-00001",
         "model.ckpt-15.index",
