@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
+from collections.abc import Mapping
 
 import numpy as np
 import tensorflow as tf
@@ -77,7 +78,8 @@ class NPUEstimator:
       model_dir: Checkpoint / event directory; None = the config's, or a new
         temporary directory (logged).
       config: An `NPURunConfig` (or `RunConfig`); None = defaults.
-      params: dict passed to `model_fn`.
+      params: passed to `model_fn` (and an `input_fn` that takes it): a dict
+        (copied), or any object such as an `argparse.Namespace` (as given).
       warm_start_from: A checkpoint path or directory whose dense variables
         initialise a model whose model_dir has no checkpoint yet (train,
         evaluate, predict and export, as tf.estimator).
@@ -115,7 +117,11 @@ class NPUEstimator:
         make_directory(model_dir, "model_dir")
         self._config = config.replace(model_dir=os.fspath(model_dir))
         self._model_fn = model_fn
-        self._params = dict(params or {})
+        # A dict is copied, as tf.estimator does; any other object (an
+        # argparse.Namespace, a config class) is passed to the model_fn as given.
+        self._params = dict(params) if isinstance(params, Mapping) else params
+        if self._params is None:
+            self._params = {}
         self._warm_start_from = warm_start_from
         self._version_used = False
         #: `(step, dtype)` of every training step run by this estimator.
@@ -130,8 +136,9 @@ class NPUEstimator:
         return self._config
 
     @property
-    def params(self) -> dict:
-        return dict(self._params)
+    def params(self):
+        """A copy of `params` when it is a dict; else the object given."""
+        return dict(self._params) if isinstance(self._params, dict) else self._params
 
     @property
     def model_fn(self):

@@ -31,6 +31,7 @@ Protocol (shapes: u unique keys, dim the row width):
 from __future__ import annotations
 
 import abc
+import dataclasses
 from typing import Any
 
 import numpy as np
@@ -262,8 +263,51 @@ class SparseTable(abc.ABC):
             raise ValueError(
                 f"Sparse table {self.name!r} has no optimizer, so it cannot apply gradients. "
                 "Pass `optimizer=npu_rec.optimizers.<SGD|Adagrad|Adam|Ftrl>(...)` to "
-                "npu_rec.create_table. Received: optimizer=None"
+                "npu_rec.create_table or call `table.bind_optimizer(...)`. "
+                "Received: optimizer=None"
             )
+
+    def bind_optimizer(self, optimizer) -> None:
+        """Gives a table created without optimizer its sparse optimizer.
+
+        Rec SDK binds a table's optimizer when the optimizer first applies
+        gradients to it, not at `create_table`; this is that step. The
+        optimizer's slots are allocated now (initial values for rows already
+        present). In a `tf.compat.v1` graph, call it before the graph is
+        finalised (while the model is built). Binding the optimizer the table
+        already has does nothing.
+
+        Args:
+          optimizer: An `npu_rec.optimizers` sparse optimizer.
+
+        Raises:
+          ValueError: the table already has another optimizer (one table, one
+            optimizer), or it is sharded across workers or parameter servers
+            (give those their optimizer at `create_table`).
+          TypeError: `optimizer` is not a sparse optimizer.
+        """
+        if optimizer is self.optimizer:
+            return
+        if self.optimizer is not None:
+            raise ValueError(
+                f"Sparse table {self.name!r} already has an optimizer; one table is trained "
+                f"by one optimizer. Has: {self.optimizer!r}. Received: optimizer={optimizer!r}"
+            )
+        config = dataclasses.replace(self.config, optimizer=optimizer)  # validates the type
+        shards = self.shards
+        if not all(hasattr(s, "_add_slots") for s in shards):
+            raise ValueError(
+                f"Sparse table {self.name!r} is sharded across workers or parameter servers: "
+                "pass its optimizer to npu_rec.create_table. "
+                f"Received: optimizer={optimizer!r}"
+            )
+        for shard in shards:
+            if shard is not self:
+                shard.config = dataclasses.replace(shard.config, optimizer=optimizer)
+                shard.optimizer = optimizer
+            shard._add_slots(optimizer.slot_specs)
+        self.config = config
+        self.optimizer = optimizer
 
     @tf.autograph.experimental.do_not_convert
     def apply_gradients(self, ids, grads) -> tf.Operation | None:

@@ -72,6 +72,14 @@ class SingleShardTable(FusedLookupMixin, TableStateMixin, SparseTable):
                 if self._graph_mode:
                     self._graph_ops = self._build_graph_ops()
 
+    def _add_slots(self, slot_specs) -> None:
+        """Allocates the slots of an optimizer bound after creation (`bind_optimizer`)."""
+        with tf.init_scope():
+            with tf.name_scope(f"npu_rec_table_{self.config.name}/"):
+                self._storage.add_slots(slot_specs)
+                if self._graph_mode:  # state, restore and evict ops see every slot
+                    self._graph_ops = self._build_graph_ops()
+
     @property
     def num_shards(self) -> int:
         return 1
@@ -307,7 +315,17 @@ class SingleShardTable(FusedLookupMixin, TableStateMixin, SparseTable):
 
     # --------------------------------------------------------------- gradients
     @tf.autograph.experimental.do_not_convert
-    def apply_rows(
+    def apply_rows(self, rows, grads, all_rows=False, current=None) -> tf.Operation:
+        if not self._storage.late_slots:
+            return self._apply_rows(rows, grads, all_rows, current)
+        # Slots of an optimizer bound after the lookups were built: grown first
+        # (after the lookup that handed out `rows` grew the rows).
+        with tf.control_dependencies([rows]):
+            match = self._storage.match_late_slots()
+        with tf.control_dependencies([match]):
+            return self._apply_rows(rows, grads, all_rows, current)
+
+    def _apply_rows(
         self,
         rows: tf.Tensor,
         grads: tf.Tensor,
