@@ -91,6 +91,7 @@ class ShardedTable(SparseTable):
                         dataclasses.replace(shard_cfg, name=f"{config.name}_shard{s}"),
                         register=False,
                         seed_name=config.name,
+                        fan_rows=config.capacity,
                     )
                 )
         if self._graph_mode:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from npu_rec._kernels import _ops as _kernel_ops
-from npu_rec.table import _keyed_init, _lock
+from npu_rec.table import _keyed_init, _lock, _row_init
 from npu_rec.table._admission import PendingCounts
 from npu_rec.table._base import MAX_SECONDS_AHEAD, NO_NOW, SparseTable, rows_with_values
 from npu_rec.table._config import TableConfig
@@ -43,8 +43,12 @@ class SingleShardTable(FusedLookupMixin, TableStateMixin, SparseTable):
       'SingleShardTable'
     """
 
-    def __init__(self, config: TableConfig, *, register: bool = True, seed_name=None):
+    def __init__(
+        self, config: TableConfig, *, register: bool = True, seed_name=None, fan_rows=None
+    ):
         super().__init__(config, register=register)
+        #: Rows of the variable fan-based initializers are sized for (`_row_init`).
+        self._fan_rows = fan_rows or config.capacity
         self._seed = _keyed_init.name_seed(seed_name or config.name)
         slot_specs = self.optimizer.slot_specs if self.optimizer is not None else ()
         with tf.init_scope():
@@ -121,18 +125,10 @@ class SingleShardTable(FusedLookupMixin, TableStateMixin, SparseTable):
         init = self.config.initializer
         if init is None:
             return _keyed_init.keyed_uniform(keys, self.dim, self._seed)
-        n = tf.size(keys)
         try:
-            return tf.cast(init(tf.stack([n, self.dim]), tf.float32), tf.float32)
-        except (TypeError, ValueError, tf.errors.OperatorNotAllowedInGraphError) as err:
-            raise TypeError(
-                f"The initializer of sparse table {self.name!r} cannot make rows for a "
-                "dynamic number of new keys (shape [None, dim]); fan-based initializers "
-                "such as glorot/he/lecun need a static shape. Use a fixed-distribution "
-                "initializer (RandomUniform, RandomNormal, TruncatedNormal, Constant), a "
-                "callable (shape, dtype) -> tensor, or None (keyed uniform). "
-                f"Received: initializer={init!r}"
-            ) from err
+            return _row_init.initial_rows(init, tf.size(keys), self.dim, self._fan_rows)
+        except TypeError as err:
+            raise TypeError(f"Sparse table {self.name!r}: {err}") from err
 
     @tf.autograph.experimental.do_not_convert
     @_lock.serialised(training_arg=3)
