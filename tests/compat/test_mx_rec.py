@@ -109,7 +109,7 @@ def test_program_trains_with_the_optimizer_it_asks_for():
         assert dense == [] and len(sparse) == 1
         lr = tf.constant(0.5)
         opt = gradient_descent.create_hash_optimizer(learning_rate=lr)
-        op = opt.apply_gradients(list(zip(tf.gradients(loss, sparse), sparse)))
+        op = opt.apply_gradients(list(zip(tf.gradients(loss, sparse), sparse, strict=True)))
         sess = tf.compat.v1.Session()
         sess.run(tf.compat.v1.global_variables_initializer())
         sess.run(op)
@@ -146,7 +146,9 @@ def test_program_subclass_rule_runs_on_rows():
         )
         emb = sparse_lookup(table, tf.constant([4], tf.int64), None, is_train=True)
         _, sparse = get_dense_and_sparse_variable()
-        op = Decayed(0.5).apply_gradients(zip(tf.gradients(tf.reduce_sum(emb), sparse), sparse))
+        op = Decayed(0.5).apply_gradients(
+            zip(tf.gradients(tf.reduce_sum(emb), sparse), sparse, strict=True)
+        )
         with tf.compat.v1.Session() as sess:
             sess.run(tf.compat.v1.global_variables_initializer())
             sess.run(op)
@@ -179,7 +181,7 @@ PROGRAM = textwrap.dedent(
     logit = tf.compat.v1.layers.dense(tf.reduce_sum(emb, [1]), 1)[:, 0] if False else tf.reduce_sum(emb, [1, 2])
     loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=batch["y"], logits=logit))
     dense, sparse = get_dense_and_sparse_variable()
-    train = create_hash_optimizer(0.1).apply_gradients(zip(tf.gradients(loss, sparse), sparse))
+    train = create_hash_optimizer(0.1).apply_gradients(zip(tf.gradients(loss, sparse), sparse, strict=True))
     start_asc_pipeline()
     sess = tf.Session()
     sess.run([tf.global_variables_initializer(), it.initializer])

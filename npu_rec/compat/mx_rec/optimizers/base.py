@@ -24,6 +24,8 @@ import npu_rec
 from npu_rec.estimator._sparse_train import APPLIED_COLLECTION
 from npu_rec.optimizers import SparseOptimizer
 
+__all__ = ["CustomizedOptimizer"]
+
 
 class _ProgramRule(SparseOptimizer):
     """An npu_rec sparse optimizer running a program's `_apply_sparse_duplicate_indices`."""

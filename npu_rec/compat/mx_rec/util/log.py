@@ -3,3 +3,5 @@
 from absl import logging as _absl
 
 logger = _absl.get_absl_logger()
+
+__all__ = ["logger"]
