@@ -1,10 +1,13 @@
 """Rec SDK's `mx_rec` package on npu_rec (see `npu_rec.compat` and docs/porting.md).
 
-Importing it records each `tf.compat.v1.Session` made afterwards, so that a
-table's `size()` and `capacity()` can read a graph's tables without a
-session argument, as mx_rec's host-side counts can (`_sessions`).
+Importing it does what importing mx_rec does to TensorFlow, for npu_rec's tables:
+it records each `tf.compat.v1.Session` made afterwards, so that a table's
+`size()` and `capacity()` read a graph's tables without a session argument
+(`_sessions`), and it makes `tf.compat.v1.train.Saver` save and restore the
+sparse tables beside the dense model (`_saver`).
 """
 
-from npu_rec.compat.mx_rec import _sessions
+from npu_rec.compat.mx_rec import _saver, _sessions
 
 _sessions.track()
+_saver.patch()

@@ -12,7 +12,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 import npu_rec
-from npu_rec.compat.mx_rec import _sessions
+from npu_rec.compat.mx_rec import _saver, _sessions
 from npu_rec.compat.mx_rec.constants import constants as _c
 from npu_rec.compat.mx_rec.core.asc.feature_spec import FeatureSpec
 from npu_rec.table._base import SparseTable
@@ -70,6 +70,7 @@ class HashTable:
                 eviction_threshold=wanted[1],
                 num_shards=self._num_shards,
             )
+            _saver.COMPAT_TABLES.add(self._core)
         elif wanted != self._thresholds and wanted != (-1, -1):
             raise ValueError(
                 f"Table {self.table_name!r} was first looked up with access_threshold="
