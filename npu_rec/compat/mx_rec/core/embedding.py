@@ -46,6 +46,7 @@ class HashTable:
         self._optimizer = optimizer
         self._core: SparseTable | None = None
         self._thresholds: tuple[int, int] | None = None
+        self._capacity_op = None
 
     def core_table(self, access_threshold=None, eviction_threshold=None) -> SparseTable:
         """The npu_rec table, made now if this is the first lookup.
@@ -108,10 +109,14 @@ class HashTable:
         """Rows allocated (an int): the capacity, grown by dynamic expansion."""
         if self._core is None:
             return self.capacity_rows
-        shards = self._core.shards
 
-        def total(_):
-            return tf.add_n([s.storage.capacity() for s in shards])
+        def total(core):
+            if not core._graph_mode:
+                return tf.add_n([s.storage.capacity() for s in core.shards])
+            if self._capacity_op is None:  # built once per graph table
+                with tf.init_scope():
+                    self._capacity_op = tf.add_n([s.storage.capacity() for s in core.shards])
+            return self._capacity_op
 
         return self._read(total, session)
 
