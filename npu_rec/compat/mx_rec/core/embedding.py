@@ -72,6 +72,9 @@ class HashTable:
                 num_shards=self._num_shards,
             )
             _saver.COMPAT_TABLES.add(self._core)
+            if self._core._graph_mode:  # before a MonitoredTrainingSession finalises the graph
+                with tf.init_scope():
+                    self._capacity_op = tf.add_n([s.storage.capacity() for s in self._core.shards])
         elif wanted != self._thresholds and wanted != (-1, -1):
             raise ValueError(
                 f"Table {self.table_name!r} was first looked up with access_threshold="
@@ -113,9 +116,6 @@ class HashTable:
         def total(core):
             if not core._graph_mode:
                 return tf.add_n([s.storage.capacity() for s in core.shards])
-            if self._capacity_op is None:  # built once per graph table
-                with tf.init_scope():
-                    self._capacity_op = tf.add_n([s.storage.capacity() for s in core.shards])
             return self._capacity_op
 
         return self._read(total, session)
