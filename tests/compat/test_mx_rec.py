@@ -160,6 +160,11 @@ PROGRAM = textwrap.dedent(
     import sys
     import tensorflow as tf
     from npu_bridge.npu_init import *
+    assert tf is sys.modules["tensorflow"].compat.v1 and not tf.executing_eagerly()
+    assert util.set_iteration_per_loop(None, "op", 1) == "op" and npu_hooks_append([1]) == [1]
+    assert callable(npu_plugin.set_device_sat_mode) and callable(npu_ops.dropout)
+    assert hccl_ops.allreduce(tf.constant(1.0), "sum") is not None
+    assert sys.modules["tensorflow"].estimator.ModeKeys.TRAIN == "train"
     from mx_rec.util.initialize import init, get_rank_size, terminate_config_initializer
     from mx_rec.core.embedding import create_table, sparse_lookup
     from mx_rec.core.asc.feature_spec import FeatureSpec
