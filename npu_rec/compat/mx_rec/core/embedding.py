@@ -9,6 +9,8 @@ optimizer is bound later (`npu_rec.SparseTable.bind_optimizer`).
 
 from __future__ import annotations
 
+import weakref
+
 import tensorflow as tf
 
 import npu_rec
@@ -44,50 +46,70 @@ class HashTable:
         self.capacity_rows = capacity
         self._num_shards = num_shards
         self._optimizer = optimizer
-        self._core: SparseTable | None = None
+        # One npu_rec table per graph (an Estimator builds a graph per call), or eager.
+        self._cores: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._eager_core: SparseTable | None = None
+        self._last: SparseTable | None = None
         self._thresholds: tuple[int, int] | None = None
-        self._capacity_op = None
+        self._capacity_ops: dict[int, tf.Tensor] = {}
+
+    @staticmethod
+    def _graph():
+        with tf.init_scope():
+            return None if tf.executing_eagerly() else tf.compat.v1.get_default_graph()
+
+    def _current(self) -> SparseTable | None:
+        graph = self._graph()
+        return self._eager_core if graph is None else self._cores.get(graph)
 
     def core_table(self, access_threshold=None, eviction_threshold=None) -> SparseTable:
-        """The npu_rec table, made now if this is the first lookup.
+        """The npu_rec table of the current graph, made now at its first lookup.
 
         Raises:
-          ValueError: a later lookup asks for other thresholds than the first.
+          ValueError: a lookup asks for other thresholds than the first one.
         """
         wanted = (
             -1 if access_threshold is None else int(access_threshold),
             -1 if eviction_threshold is None else int(eviction_threshold),
         )
-        if self._core is None:
-            self._thresholds = wanted
-            self._core = npu_rec.create_table(
-                self.table_name,
-                self.dim,
-                key_dtype=self.key_dtype,
-                initializer=self._initializer,
-                optimizer=self._optimizer,
-                capacity=self.capacity_rows,
-                access_threshold=wanted[0],
-                eviction_threshold=wanted[1],
-                num_shards=self._num_shards,
-            )
-            _saver.COMPAT_TABLES.add(self._core)
-            if self._core._graph_mode:  # before a MonitoredTrainingSession finalises the graph
-                with tf.init_scope():
-                    self._capacity_op = tf.add_n([s.storage.capacity() for s in self._core.shards])
-        elif wanted != self._thresholds and wanted != (-1, -1):
+        if self._thresholds is not None and wanted not in (self._thresholds, (-1, -1)):
             raise ValueError(
                 f"Table {self.table_name!r} was first looked up with access_threshold="
                 f"{self._thresholds[0]}, eviction_threshold={self._thresholds[1]}; one table has "
                 f"one admission setting. Received: access_threshold={wanted[0]}, "
                 f"eviction_threshold={wanted[1]}"
             )
-        return self._core
+        if self._thresholds is None or wanted != (-1, -1):
+            self._thresholds = wanted
+        core = self._current()
+        if core is not None:
+            return core
+        core = npu_rec.create_table(
+            self.table_name,
+            self.dim,
+            key_dtype=self.key_dtype,
+            initializer=self._initializer,
+            optimizer=self._optimizer,
+            capacity=self.capacity_rows,
+            access_threshold=self._thresholds[0],
+            eviction_threshold=self._thresholds[1],
+            num_shards=self._num_shards,
+        )
+        _saver.COMPAT_TABLES.add(core)
+        graph = self._graph()
+        if graph is None:
+            self._eager_core = core
+        else:
+            self._cores[graph] = core
+            with tf.init_scope():  # before a MonitoredTrainingSession finalises the graph
+                self._capacity_ops[id(core)] = tf.add_n([s.storage.capacity() for s in core.shards])
+        self._last = core
+        return core
 
     @property
     def core(self) -> SparseTable:
-        """The npu_rec table (made with admission off if no lookup made it yet)."""
-        return self._core if self._core is not None else self.core_table()
+        """The npu_rec table of the current graph (else the newest one; made if none)."""
+        return self._current() or self._last or self.core_table()
 
     def _read(self, tensor_of, session):
         core = self.core
@@ -110,18 +132,18 @@ class HashTable:
 
     def capacity(self, session=None) -> int:
         """Rows allocated (an int): the capacity, grown by dynamic expansion."""
-        if self._core is None:
+        if self._last is None:
             return self.capacity_rows
 
         def total(core):
             if not core._graph_mode:
                 return tf.add_n([s.storage.capacity() for s in core.shards])
-            return self._capacity_op
+            return self._capacity_ops[id(core)]
 
         return self._read(total, session)
 
     def __repr__(self):
-        return f"HashTable(table_name={self.table_name!r}, dim={self.dim}, core={self._core!r})"
+        return f"HashTable(table_name={self.table_name!r}, dim={self.dim})"
 
 
 def _dim(dim) -> int:
