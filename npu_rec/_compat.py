@@ -113,7 +113,29 @@ TF_PRIVATE = (
     ("tf.compat.v1.train.Optimizer", "_create_slots"),
     # `quiet_retracing`: a `tf.function`'s switch of the "excessive retracing" warning.
     ("tf.function", "_omit_frequent_tracing_warning"),
+    # `session_is_closed`: whether a `tf.compat.v1.Session` was closed.
+    ("tf.compat.v1.Session", "_closed"),
+    # `v1_apply_sparse_rule`: a v1 optimizer's hyperparameter tensors and its per-row rule
+    # (what mx_rec programs override in their own optimizer classes).
+    ("tf.compat.v1.train.Optimizer", "_prepare"),
+    ("tf.compat.v1.train.Optimizer", "_apply_sparse_duplicate_indices"),
 )
+
+
+def session_is_closed(session) -> bool:
+    """Whether `session` (a `tf.compat.v1.Session`) has been closed."""
+    return bool(session._closed)
+
+
+def v1_apply_sparse_rule(optimizer, grad, var):
+    """Runs the per-row update of a `tf.compat.v1.train.Optimizer` subclass.
+
+    Prepares its hyperparameter tensors (`_prepare`), then applies its
+    `_apply_sparse_duplicate_indices(grad, var)` (grad: a `tf.IndexedSlices`
+    over the rows of `var`); returns the update op.
+    """
+    optimizer._prepare()
+    return optimizer._apply_sparse_duplicate_indices(grad, var)
 
 
 def create_v1_slots(optimizer, variables) -> None:

@@ -22,7 +22,7 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 FRONT_ENDS = ("npu_rec.keras", "npu_rec.estimator")
-ABOVE_CORE = (*FRONT_ENDS, "npu_rec.models", "npu_rec.scripts")
+ABOVE_CORE = (*FRONT_ENDS, "npu_rec.models", "npu_rec.scripts", "npu_rec.compat")
 
 
 def _modules(root: pathlib.Path, package: str) -> dict[str, pathlib.Path]:

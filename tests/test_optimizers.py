@@ -159,5 +159,8 @@ def test_learning_rate_schedules_serialise_and_plain_callables_say_they_cannot()
     )
     with pytest.raises(ValueError, match="cannot serialise its learning_rate"):
         npu_rec.optimizers.SGD(lambda step: 0.1).get_config()
-    with pytest.raises(ValueError, match="`learning_rate` must be a number > 0.0, a keras"):
+    with pytest.raises(
+        ValueError,
+        match="`learning_rate` must be a number > 0.0, a float scalar tf.Tensor, a keras",
+    ):
         npu_rec.optimizers.SGD("fast")

@@ -148,7 +148,12 @@ def gather_touch(storage, rows, add=None, times=None) -> tf.Tensor:
 
 
 def supports(optimizer) -> bool:
-    """True when `optimizer` is one of the four built-in ones with their own update."""
+    """True when `optimizer` is one of the four built-in ones with their own update.
+
+    SGD with `weight_decay` runs on the stock ops (the kernel has no decay term).
+    """
+    if getattr(optimizer, "weight_decay", 0.0):
+        return False
     return any(
         type(optimizer).apply_sparse is cls.apply_sparse
         for cls in (_opt.SGD, _opt.Adagrad, _opt.Adam, _opt.Ftrl)

@@ -34,7 +34,7 @@ class EstimatorCore:
 
     Args:
       model_fn: The user's `model_fn`.
-      params: dict passed to it.
+      params: passed to it (a dict, or any object the estimator was given).
       config: The `NPURunConfig` (its `model_dir` set).
       warm_start: `WarmStartSettings`, or None.
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Mapping
 
 import numpy as np
 import tensorflow as tf
@@ -74,7 +75,8 @@ class NPUEstimator:
       model_dir: Checkpoint / event directory; None = the config's, or a new
         temporary directory (logged).
       config: An `NPURunConfig` (or `RunConfig`); None = defaults.
-      params: dict passed to `model_fn`.
+      params: passed to `model_fn` (and an `input_fn` that takes it): a dict
+        (copied), or any object such as an `argparse.Namespace` (as given).
       warm_start_from: A checkpoint path, a directory of checkpoints, a
         SavedModel directory or `WarmStartSettings`: the variables it names
         (a path: every trainable dense variable) are initialised from it
@@ -115,7 +117,11 @@ class NPUEstimator:
         make_directory(model_dir, "model_dir")
         self._config = config.replace(model_dir=os.fspath(model_dir))
         self._model_fn = model_fn
-        self._params = dict(params or {})
+        # A dict is copied, as tf.estimator does; any other object (an
+        # argparse.Namespace, a config class) is passed to the model_fn as given.
+        self._params = dict(params) if isinstance(params, Mapping) else params
+        if self._params is None:
+            self._params = {}
         self._warm_start = warm_start_settings(warm_start_from)
         self._core = EstimatorCore(model_fn, self._params, self._config, self._warm_start)
 
@@ -128,8 +134,9 @@ class NPUEstimator:
         return self._config
 
     @property
-    def params(self) -> dict:
-        return dict(self._params)
+    def params(self):
+        """A copy of `params` when it is a dict; else the object given."""
+        return dict(self._params) if isinstance(self._params, dict) else self._params
 
     @property
     def model_fn(self):

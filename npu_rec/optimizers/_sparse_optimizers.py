@@ -35,8 +35,19 @@ def _is_keras_schedule(value: Any) -> bool:
     )
 
 
+def _is_tensor(value: Any) -> bool:
+    return isinstance(value, (tf.Tensor, tf.Variable)) and not callable(value)
+
+
 def _check_learning_rate(value: Any):
-    """A number > 0, a Keras `LearningRateSchedule` (or its config dict), or a callable."""
+    """A number > 0, a scalar float `tf.Tensor`/`tf.Variable`, a Keras schedule or a callable."""
+    if _is_tensor(value):
+        if not value.dtype.is_floating or (value.shape.rank not in (None, 0)):
+            raise ConfigTypeError(
+                "A tensor `learning_rate` must be a float scalar. Received: "
+                f"learning_rate={value!r}"
+            )
+        return value
     if isinstance(value, dict) and "class_name" in value:
         import keras  # only a saved schedule needs Keras
 
@@ -46,7 +57,7 @@ def _check_learning_rate(value: Any):
     if isinstance(value, numbers.Real) and not isinstance(value, bool):
         return _check_float("learning_rate", value, 0.0, low_open=True)
     raise ConfigTypeError(
-        "`learning_rate` must be a number > 0.0, a "
+        "`learning_rate` must be a number > 0.0, a float scalar tf.Tensor, a "
         "keras.optimizers.schedules.LearningRateSchedule or a callable of the "
         f"step. Received: learning_rate={value!r} of type {type(value).__name__}"
     )
@@ -58,7 +69,9 @@ class SparseOptimizer:
     Subclasses define `slot_specs`, a tuple of `(slot_name, initial_value)`,
     and `apply_sparse`, which takes its step size from `learning_rate_at(step)`.
 
-    `learning_rate` is a number > 0, or a schedule: a Keras
+    `learning_rate` is a number > 0, a float scalar `tf.Tensor` or
+    `tf.Variable` (read at every update, e.g. a decayed rate of the
+    `tf.compat.v1` graph the table is trained in), or a schedule: a Keras
     `keras.optimizers.schedules.LearningRateSchedule` or any callable of the
     step. A schedule is evaluated, as Keras evaluates one at
     `optimizer.iterations`, at the number of updates the table has had
@@ -75,6 +88,8 @@ class SparseOptimizer:
 
     def learning_rate_at(self, step: tf.Tensor) -> tf.Tensor:
         """float32 scalar: the step size of update number `step` (int64, 1-based)."""
+        if _is_tensor(self.learning_rate):
+            return tf.cast(self.learning_rate, tf.float32)
         if not callable(self.learning_rate):
             return tf.constant(self.learning_rate, tf.float32)
         rate = self.learning_rate(tf.cast(step, tf.int64) - 1)
@@ -84,10 +99,15 @@ class SparseOptimizer:
         """Returns the hyperparameters as a dict (JSON-serialisable).
 
         Raises:
-          ValueError: `learning_rate` is a plain callable, which cannot be saved
-            (a Keras `LearningRateSchedule` can).
+          ValueError: `learning_rate` is a tensor or a plain callable, which
+            cannot be saved (a Keras `LearningRateSchedule` can).
         """
         rate = self.learning_rate
+        if _is_tensor(rate):
+            raise ValueError(
+                f"Sparse optimizer {self.name!r} cannot serialise its learning_rate: a "
+                f"tensor has no saved form. Received: learning_rate={rate!r}"
+            )
         if _is_keras_schedule(rate):
             import keras
 
@@ -137,17 +157,30 @@ class SparseOptimizer:
 
 
 class SGD(SparseOptimizer):
-    """Plain sparse gradient descent: `row -= learning_rate * grad`.
+    """Plain sparse gradient descent: `row -= learning_rate * (grad + weight_decay * row)`.
+
+    `weight_decay` (default 0: off) is an L2 penalty on the rows a batch touches,
+    added to their gradient, as Rec SDK's gradient-descent hash optimizers do.
 
     Example:
       >>> opt = npu_rec.optimizers.SGD(learning_rate=0.1)
     """
 
-    def __init__(self, learning_rate: float = 0.01, name: str = "SGD"):
+    def __init__(self, learning_rate: float = 0.01, name: str = "SGD", weight_decay: float = 0.0):
         super().__init__(learning_rate, name)
+        self.weight_decay = _check_float("weight_decay", weight_decay, 0.0)
+
+    def get_config(self):
+        config = super().get_config()
+        if self.weight_decay:
+            config["weight_decay"] = self.weight_decay
+        return config
 
     def apply_sparse(self, values, slots, rows, grads, step, current=None):
-        new = self._rows_now(values, rows, current) - self.learning_rate_at(step) * grads
+        now = self._rows_now(values, rows, current)
+        if self.weight_decay:
+            grads = grads + self.weight_decay * now
+        new = now - self.learning_rate_at(step) * grads
         return values.scatter_update(tf.IndexedSlices(new, rows))
 
 

@@ -34,6 +34,7 @@ Protocol (shapes: u unique keys, dim the row width):
 from __future__ import annotations
 
 import abc
+import dataclasses
 from typing import Any
 
 import numpy as np
@@ -267,57 +268,58 @@ class SparseTable(abc.ABC):
         with tf.control_dependencies([check]):
             return tf.identity(keys)
 
-    def bind_optimizer(self, optimizer) -> None:
-        """Gives a table created without an optimizer its sparse optimizer.
-
-        The optimizer's slots are allocated beside the rows, at the optimizer's
-        initial values for every row (rows already trained keep their values).
-        The Keras front end binds the counterpart of the compiled optimizer to
-        tables that have none of their own (`RecModel.compile`).
-
-        Raises:
-          TypeError: `optimizer` is not an `npu_rec.optimizers` sparse optimizer.
-          ValueError: the table has an optimizer already, or lives in a v1 graph
-            (pass `optimizer=` to `create_table` there).
-        """
-        import dataclasses
-
-        from npu_rec.optimizers import SparseOptimizer
-
-        if not isinstance(optimizer, SparseOptimizer):
-            raise TypeError(
-                "`optimizer` must be an npu_rec.optimizers sparse optimizer. "
-                f"Received: optimizer={optimizer!r}"
-            )
-        if self.optimizer is not None:
-            raise ValueError(
-                f"Sparse table {self.name!r} has an optimizer already: {self.optimizer!r}. "
-                f"Received: optimizer={optimizer!r}"
-            )
-        if self._graph_mode:
-            raise ValueError(
-                f"Sparse table {self.name!r} was created in a v1 graph, where its ops are "
-                "built at creation: pass `optimizer=` to npu_rec.create_table. "
-                f"Received: optimizer={optimizer!r}"
-            )
-        self._bind_slots(optimizer)
-        self.optimizer = optimizer
-        self.config = dataclasses.replace(self.config, optimizer=optimizer)
-
-    def _bind_slots(self, optimizer) -> None:
-        """Allocates `optimizer`'s slots (every shard binds it)."""
-        if self.shards == [self]:
-            raise NotImplementedError(f"{type(self).__name__} cannot bind an optimizer")
-        for shard in self.shards:
-            shard.bind_optimizer(optimizer)
-
     def _require_optimizer(self) -> None:
         if self.optimizer is None:
             raise ValueError(
                 f"Sparse table {self.name!r} has no optimizer, so it cannot apply gradients. "
                 "Pass `optimizer=npu_rec.optimizers.<SGD|Adagrad|Adam|Ftrl>(...)` to "
-                "npu_rec.create_table. Received: optimizer=None"
+                "npu_rec.create_table or call `table.bind_optimizer(...)`. "
+                "Received: optimizer=None"
             )
+
+    def bind_optimizer(self, optimizer) -> None:
+        """Gives a table created without optimizer its sparse optimizer.
+
+        Rec SDK binds a table's optimizer when the optimizer first applies
+        gradients to it, not at `create_table`; this is that step. The Keras
+        front end binds the counterpart of the compiled optimizer to tables
+        that have none of their own (`RecModel.compile`). The
+        optimizer's slots are allocated now (initial values for rows already
+        present). In a `tf.compat.v1` graph, call it before the graph is
+        finalised (while the model is built). Binding the optimizer the table
+        already has does nothing.
+
+        Args:
+          optimizer: An `npu_rec.optimizers` sparse optimizer.
+
+        Raises:
+          ValueError: the table already has another optimizer (one table, one
+            optimizer), or it is sharded across workers or parameter servers
+            (give those their optimizer at `create_table`).
+          TypeError: `optimizer` is not a sparse optimizer.
+        """
+        if optimizer is self.optimizer:
+            return
+        if self.optimizer is not None:
+            raise ValueError(
+                f"Sparse table {self.name!r} already has an optimizer; one table is trained "
+                f"by one optimizer. Has: {self.optimizer!r}. Received: optimizer={optimizer!r}"
+            )
+        config = dataclasses.replace(self.config, optimizer=optimizer)  # validates the type
+        shards = self.shards
+        if not all(hasattr(s, "add_optimizer_slots") for s in shards):
+            raise ValueError(
+                f"Sparse table {self.name!r} is sharded across workers or parameter servers: "
+                "pass its optimizer to npu_rec.create_table. "
+                f"Received: optimizer={optimizer!r}"
+            )
+        for shard in shards:
+            if shard is not self:
+                shard.config = dataclasses.replace(shard.config, optimizer=optimizer)
+                shard.optimizer = optimizer
+            shard.add_optimizer_slots(optimizer.slot_specs)
+        self.config = config
+        self.optimizer = optimizer
 
     @tf.autograph.experimental.do_not_convert
     def apply_gradients(self, ids, grads) -> tf.Operation | None:

@@ -46,6 +46,9 @@ def create_table(
       initializer: Initial rows of admitted keys: None = keyed uniform(-0.05,
         0.05) (a function of table name and key only), a Keras/TF initializer
         (object or name such as "zeros") or a callable `(shape, dtype) -> tensor`.
+        Constant initializers fill their value in; fan-based ones
+        (`variance_scaling_initializer`, Glorot, He, LeCun) draw each new row as
+        for a variable of shape `[capacity, dim]` (`fan_in = capacity`).
       optimizer: An `npu_rec.optimizers` sparse optimizer, or None (lookups only).
       capacity: Initial rows; the fixed size when dynamic expansion is off.
         None = 65536 rows fixed, or 1024 rows growing.

@@ -93,6 +93,7 @@ class ShardedTable(SparseTable):
                         backend,
                         register=False,
                         seed_name=config.name,
+                        fan_rows=config.capacity,
                     )
                 )
         if self._graph_mode:

@@ -30,7 +30,7 @@ import numpy as np
 import tensorflow as tf
 
 from npu_rec.table import _check as _table_check
-from npu_rec.table import _keyed_init
+from npu_rec.table import _keyed_init, _row_init
 from npu_rec.table._backend import TableBackend
 from npu_rec.table._base import SparseTable
 from npu_rec.table._config import TableConfig
@@ -64,18 +64,25 @@ class SingleShardTable(SparseTable):
         *,
         register: bool = True,
         seed_name=None,
+        fan_rows=None,
     ):
         super().__init__(config, backend, register=register)
         self.seed = _keyed_init.name_seed(seed_name or config.name)
+        #: Rows of the variable fan-based initializers are sized for (`_row_init`).
+        self.fan_rows = fan_rows or config.capacity
         with tf.init_scope():
             with tf.name_scope(f"npu_rec_table_{config.name}"):
                 self.state: ShardState = backend.create_state(config, self._graph_mode)
                 if self._graph_mode:
                     self._graph_ops = self._build_graph_ops()
 
-    def _bind_slots(self, optimizer) -> None:
-        with tf.init_scope(), tf.name_scope(f"npu_rec_table_{self.name}"):
-            self.state.rows.add_slots(optimizer.slot_specs)
+    def add_optimizer_slots(self, slot_specs) -> None:
+        """Allocates the slots of an optimizer bound after creation (`bind_optimizer`)."""
+        with tf.init_scope():
+            with tf.name_scope(f"npu_rec_table_{self.config.name}/"):
+                self.state.rows.add_slots(slot_specs)
+                if self._graph_mode:  # state, restore and evict ops see every slot
+                    self._graph_ops = self._build_graph_ops()
 
     @property
     def num_shards(self) -> int:
@@ -119,18 +126,10 @@ class SingleShardTable(SparseTable):
         init = self.config.initializer
         if init is None:
             return _keyed_init.keyed_uniform(keys, self.dim, self.seed)
-        n = tf.size(keys)
         try:
-            return tf.cast(init(tf.stack([n, self.dim]), tf.float32), tf.float32)
-        except (TypeError, ValueError, tf.errors.OperatorNotAllowedInGraphError) as err:
-            raise TypeError(
-                f"The initializer of sparse table {self.name!r} cannot make rows for a "
-                "dynamic number of new keys (shape [None, dim]); fan-based initializers "
-                "such as glorot/he/lecun need a static shape. Use a fixed-distribution "
-                "initializer (RandomUniform, RandomNormal, TruncatedNormal, Constant), a "
-                "callable (shape, dtype) -> tensor, or None (keyed uniform). "
-                f"Received: initializer={init!r}"
-            ) from err
+            return _row_init.initial_rows(init, tf.size(keys), self.dim, self.fan_rows)
+        except TypeError as err:
+            raise TypeError(f"Sparse table {self.name!r}: {err}") from err
 
     @tf.autograph.experimental.do_not_convert
     def lookup_unique(
@@ -193,7 +192,16 @@ class SingleShardTable(SparseTable):
             lookup (nothing wrote them since), or None to read them again.
         """
         self._require_optimizer()
-        step = self.state.opt_step.assign_add(1)
+        rows_store = self.state.rows
+        if rows_store.late_slots:
+            # Slots of an optimizer bound after the lookups were built: grown first
+            # (after the lookup that handed out `rows` grew the rows).
+            with tf.control_dependencies([rows]):
+                match = rows_store.match_late_slots()
+            with tf.control_dependencies([match]):
+                step = self.state.opt_step.assign_add(1)
+        else:
+            step = self.state.opt_step.assign_add(1)
         return self.backend.apply(self, rows, grads, step, all_rows, current)
 
     def find_rows(self, keys: tf.Tensor) -> tf.Tensor:

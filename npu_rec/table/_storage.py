@@ -43,6 +43,8 @@ class RowStorage:
         self.dynamic = dynamic
         self.initial_capacity = capacity
         self.slot_init = dict(slot_specs)
+        #: Slots added after creation (`add_slots`).
+        self.late_slots: list[str] = []
         lead = None if dynamic else capacity
 
         def var(name, value, shape):
@@ -62,17 +64,42 @@ class RowStorage:
         self.num_free = var("num_free", tf.constant(0, tf.int64), [])
 
     def add_slots(self, slot_specs) -> None:
-        """Allocates slots after creation, at their initial value for every row."""
+        """Adds slot variables (initial values in every row) for an optimizer bound late.
+
+        Ops built before (a training lookup's growth and admission) do not know
+        these slots, so they are "late": `match_late_slots` grows them to the
+        rows' capacity before an optimizer step, and `release` resets them for
+        the next key of a freed row.
+        """
         lead = None if self.dynamic else self.initial_capacity
-        capacity = self.capacity()
-        for name, init in slot_specs:
-            self.slot_init[name] = init
+        # In a graph the variables start at their initial capacity.
+        rows = self.capacity() if tf.executing_eagerly() else self.initial_capacity
+        for name, initial in slot_specs:
+            self.slot_init[name] = initial
+            self.late_slots.append(name)
             self.slots[name] = tf.Variable(
-                tf.fill(tf.stack([capacity, self.dim]), tf.constant(init, tf.float32)),
+                tf.fill(tf.stack([rows, self.dim]), tf.constant(initial, tf.float32)),
                 trainable=False,
                 name=f"slot_{name}",
                 shape=tf.TensorShape([lead, self.dim]),
             )
+
+    def match_late_slots(self) -> tf.Operation:
+        """Grows the late slots (initial values) to the rows' capacity when they are shorter."""
+        cap = self.capacity()
+        ops = []
+        for name in self.late_slots:
+            var = self.slots[name]
+            have = tf.raw_ops.VariableShape(input=var.handle, out_type=tf.int64)[0]
+
+            def grow(var=var, have=have, name=name):
+                fill = tf.fill(tf.stack([cap - have, self.dim]), self.slot_init[name])
+                grown = var.assign(tf.concat([var.read_value(), fill], 0), read_value=False)
+                with tf.control_dependencies([grown]):  # branch ops run only when needed
+                    return tf.constant(True)
+
+            ops.append(tf.cond(have < cap, grow, lambda: tf.constant(False)))
+        return tf.group(*ops)
 
     def per_row_variables(self) -> list[tf.Variable]:
         """Every variable whose first dimension is the capacity."""
@@ -196,7 +223,13 @@ class RowStorage:
         mark = self.last_seen.scatter_update(
             tf.IndexedSlices(tf.fill(tf.reshape(n, [1]), tf.constant(FREE_ROW, tf.int64)), rows)
         )
-        with tf.control_dependencies([push, wipe, mark]):
+        resets = [
+            self.slots[name].scatter_update(
+                tf.IndexedSlices(tf.fill(tf.stack([n, self.dim]), self.slot_init[name]), rows)
+            )
+            for name in self.late_slots
+        ]
+        with tf.control_dependencies([push, wipe, mark, *resets]):
             return self.num_free.assign(num_free + n, read_value=False)
 
     def live_rows(self, min_period: tf.Tensor | int = 0) -> tf.Tensor:

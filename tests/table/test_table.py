@@ -251,9 +251,19 @@ def test_initializer_by_keras_name():
         npu_rec.create_table("nope", 2, initializer="nope")
 
 
-def test_fan_based_initializer_is_refused_with_guidance():
-    table = npu_rec.create_table("glorot", 2, initializer="glorot_uniform")
-    with pytest.raises(TypeError, match="fan-based initializers"):
+def test_fan_based_initializer_makes_rows_in_a_function():
+    table = npu_rec.create_table("glorot", 2, capacity=6, initializer="glorot_uniform")
+    emb = tf.function(lambda ids: npu_rec.sparse_lookup(table, ids))(tf.constant([1], tf.int64))
+    limit = np.sqrt(6.0 / (6 + 2))  # sized as a [capacity, dim] variable
+    assert emb.shape == (1, 2) and np.all(np.abs(emb.numpy()) <= limit)
+
+
+def test_initializer_needing_a_static_shape_is_refused_with_guidance():
+    def static_only(shape, dtype):
+        return tf.zeros([int(s) for s in shape], dtype)
+
+    table = npu_rec.create_table("static_only", 2, initializer=static_only)
+    with pytest.raises(TypeError, match="dynamic number of new keys"):
         tf.function(lambda ids: npu_rec.sparse_lookup(table, ids))(tf.constant([1], tf.int64))
 
 

@@ -1,0 +1,1 @@
+"""mx_rec.constants on npu_rec."""

@@ -1,0 +1,1 @@
+"""mx_rec.core on npu_rec."""

@@ -1,0 +1,1 @@
+"""mx_rec.graph (automatic graph modification) on npu_rec."""

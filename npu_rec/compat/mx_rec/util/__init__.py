@@ -1,0 +1,1 @@
+"""mx_rec.util on npu_rec."""

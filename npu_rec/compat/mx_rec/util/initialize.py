@@ -1,0 +1,124 @@
+"""mx_rec.util.initialize: `init`, the settings object and rank helpers on npu_rec.
+
+npu_rec runs one process: rank 0 of 1. The NPU data channel's helpers
+(`clear_channel`, `get_host_pipeline_ops`' ops) have nothing to do.
+"""
+
+from __future__ import annotations
+
+import npu_rec
+
+
+def init(**kwargs) -> None:
+    """mx_rec's `init`: `npu_rec.init` (same settings; `use_mpi` and other
+    multi-process settings are accepted and mean one process)."""
+    npu_rec.init(**kwargs)
+    ConfigInitializer._instance = None
+
+
+def terminate_config_initializer() -> None:
+    """mx_rec's shutdown: `npu_rec.shutdown()` (safe to call when not initialised)."""
+    try:
+        npu_rec.shutdown()
+    except Exception:  # noqa: BLE001  (not initialised: nothing to shut down)
+        pass
+    ConfigInitializer._instance = None
+
+
+def get_rank_id() -> int:
+    """0: npu_rec runs one process."""
+    return 0
+
+
+def get_rank_size() -> int:
+    """1: npu_rec runs one process."""
+    return 1
+
+
+def get_use_dynamic_expansion() -> bool:
+    """`use_dynamic_expansion` of `init` (False before it)."""
+    from npu_rec.table._config import global_use_dynamic_expansion
+
+    return global_use_dynamic_expansion()
+
+
+def set_if_load(if_load: bool) -> None:
+    """Records mx_rec's `if_load` flag (read back by `ConfigInitializer.if_load`)."""
+    ConfigInitializer.get_instance().if_load = bool(if_load)
+
+
+def clear_channel(is_train_channel=False) -> None:
+    """No-op: there is no NPU data channel."""
+
+
+def get_initializer(is_training=True):
+    """mx_rec's graph-modification iterator initializer: not available on npu_rec.
+
+    Raises:
+      ValueError: always (use the dataset iterator's own `initializer`).
+    """
+    raise ValueError(
+        "npu_rec does not modify the graph: initialise the dataset iterator itself "
+        f"(iterator.initializer). Received: get_initializer(is_training={is_training!r})"
+    )
+
+
+class _HostPipelineOps:
+    """mx_rec's host pipeline ops: only `return_timestamp` has a CPU meaning."""
+
+    @staticmethod
+    def return_timestamp(tensor):
+        """int64 timestamps (seconds, now) shaped like `tensor`."""
+        import tensorflow as tf
+
+        now = tf.cast(tf.timestamp(), tf.int64)
+        return tf.fill(tf.shape(tensor), now)
+
+
+def get_host_pipeline_ops():
+    """The host pipeline ops object (`return_timestamp`)."""
+    return _HostPipelineOps()
+
+
+class ConfigInitializer:
+    """mx_rec's settings singleton: reads npu_rec's `init` settings.
+
+    `get_instance()` returns one object per `init`; reading a setting
+    (`use_dynamic_expansion`, `train_steps`, ...) reads `npu_rec.get_config()`;
+    mx_rec's own flags (`if_load`, ...) can be set and read back.
+    """
+
+    _instance: ConfigInitializer | None = None
+
+    def __init__(self):
+        self.__dict__["_own"] = {"if_load": False}
+        self.__dict__["host_pipeline_ops"] = _HostPipelineOps()
+
+    @classmethod
+    def get_instance(cls) -> ConfigInitializer:
+        if cls._instance is None:
+            cls._instance = cls()
+        return cls._instance
+
+    @property
+    def rank_id(self) -> int:
+        return 0
+
+    @property
+    def rank_size(self) -> int:
+        return 1
+
+    def __getattr__(self, name):
+        own = self.__dict__["_own"]
+        if name in own:
+            return own[name]
+        try:
+            config = npu_rec.get_config()
+        except Exception as err:  # noqa: BLE001
+            raise AttributeError(f"ConfigInitializer has no setting {name!r} before init") from err
+        if hasattr(config, name):
+            return getattr(config, name)
+        raise AttributeError(f"ConfigInitializer has no setting {name!r}")
+
+    def __setattr__(self, name, value):
+        self.__dict__["_own"][name] = value

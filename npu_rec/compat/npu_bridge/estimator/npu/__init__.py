@@ -1,0 +1,1 @@
+"""npu_bridge.estimator.npu on npu_rec."""

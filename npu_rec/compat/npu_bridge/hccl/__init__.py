@@ -1,0 +1,1 @@
+"""npu_bridge.hccl on npu_rec (one process)."""

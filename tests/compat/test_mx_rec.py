@@ -1,0 +1,217 @@
+"""npu_rec.compat.mx_rec against mx_rec's documented behaviour, and the run module."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import npu_rec
+from npu_rec.compat.mx_rec.core.asc.feature_spec import FeatureSpec
+from npu_rec.compat.mx_rec.core.embedding import create_table, sparse_lookup
+from npu_rec.compat.mx_rec.optimizers import (
+    adagrad,
+    ftrl,
+    gradient_descent,
+    gradient_descent_by_addr,
+    lazy_adam,
+    lazy_adam_by_addr,
+)
+from npu_rec.compat.mx_rec.optimizers.base import CustomizedOptimizer
+from npu_rec.compat.mx_rec.util.variable import get_dense_and_sparse_variable
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@pytest.mark.parametrize(
+    ("make", "rule"),
+    [
+        (lambda: gradient_descent.create_hash_optimizer(0.1), npu_rec.optimizers.SGD),
+        (
+            lambda: gradient_descent_by_addr.create_hash_optimizer_by_addr(0.1),
+            npu_rec.optimizers.SGD,
+        ),
+        (lambda: lazy_adam.create_hash_optimizer(0.1), npu_rec.optimizers.Adam),
+        (lambda: lazy_adam_by_addr.create_hash_optimizer_by_address(0.1), npu_rec.optimizers.Adam),
+        (lambda: adagrad.create_hash_optimizer(0.1), npu_rec.optimizers.Adagrad),
+        (lambda: ftrl.create_hash_optimizer(0.1), npu_rec.optimizers.Ftrl),
+    ],
+)
+def test_each_module_gives_the_optimizer_it_names(make, rule):
+    opt = make()
+    assert isinstance(opt, tf.compat.v1.train.Optimizer)
+    assert isinstance(opt, CustomizedOptimizer)
+    assert type(opt.sparse_optimizer) is rule
+    assert opt._lr == 0.1
+
+
+def test_weight_decay_defaults():
+    assert gradient_descent.create_hash_optimizer(0.1).sparse_optimizer.weight_decay == 0.0
+    assert (
+        gradient_descent_by_addr.create_hash_optimizer_by_addr(0.1).sparse_optimizer.weight_decay
+        == 1e-4
+    )
+
+
+def test_create_table_maps_and_refuses():
+    t = create_table(
+        tf.int64,
+        tf.TensorShape([8]),
+        "ct",
+        tf.compat.v1.truncated_normal_initializer(),
+        device_vocabulary_size=100,
+        shard_num=2,
+    )
+    assert (t.table_name, t.dim, t.capacity()) == ("ct", 8, 100)
+    assert t.core.num_shards == 2 and t.core.config.capacity == 100
+    with pytest.raises(ValueError, match="value_dtype"):
+        create_table(tf.int64, 8, "c2", None, device_vocabulary_size=10, value_dtype=tf.float16)
+    with pytest.raises(ValueError, match="host_vocabulary_size"):
+        create_table(tf.int64, 8, "c3", None, device_vocabulary_size=10, host_vocabulary_size=10)
+    with pytest.raises(TypeError, match="unexpected"):
+        create_table(tf.int64, 8, "c4", None, bogus=1)
+
+
+def test_faae_coefficient_with_admission_is_refused():
+    t = create_table(tf.int64, 4, "faae", None, device_vocabulary_size=10)
+    spec = FeatureSpec("f", table_name="faae", access_threshold=2, faae_coefficient=4)
+    with pytest.raises(ValueError, match="faae_coefficient"):
+        sparse_lookup(t, spec, batch={"f": tf.constant([[1]], tf.int64)})
+
+
+def test_program_trains_with_the_optimizer_it_asks_for():
+    """The mx_rec training step: SGD on the table, Adam on dense, numbers checked."""
+    g = tf.Graph()
+    with g.as_default():
+        table = create_table(
+            tf.int64,
+            tf.TensorShape([2]),
+            "user",
+            tf.compat.v1.constant_initializer(1.0),
+            device_vocabulary_size=32,
+        )
+        batch = {"user": tf.constant([[1, 2], [2, 3]], tf.int64)}
+        spec = FeatureSpec("user", table_name="user")
+        emb = sparse_lookup(table, spec, None, is_train=True, batch=batch)
+        assert emb.shape.as_list() == [2, 2, 2]
+        ev = sparse_lookup(
+            table,
+            tf.constant([[9]], tf.int64),
+            None,
+            is_train=False,
+            serving_default_value=tf.ones([2]) * 2,
+        )
+        loss = tf.reduce_sum(emb)
+        dense, sparse = get_dense_and_sparse_variable()
+        assert dense == [] and len(sparse) == 1
+        lr = tf.constant(0.5)
+        opt = gradient_descent.create_hash_optimizer(learning_rate=lr)
+        op = opt.apply_gradients(list(zip(tf.gradients(loss, sparse), sparse, strict=True)))
+        sess = tf.compat.v1.Session()
+        sess.run(tf.compat.v1.global_variables_initializer())
+        sess.run(op)
+        assert table.size() == 3  # no session passed: the graph's open session
+        np.testing.assert_allclose(sess.run(ev), [[[2.0, 2.0]]])
+        state = table.core.export(session=sess)
+        order = np.argsort(state["keys"])
+        # key 2 appears twice: grad 2; others once
+        np.testing.assert_allclose(state["values"][order][:, 0], [0.5, 0.0, 0.5])
+        assert type(table.core.optimizer) is npu_rec.optimizers.SGD
+        sess.close()
+
+
+def test_program_subclass_rule_runs_on_rows():
+    """A program's own CustomizedOptimizer subclass (GradientDescent with decay)."""
+    from tensorflow.python.training import gradient_descent as gd
+
+    class Decayed(gd.GradientDescentOptimizer, CustomizedOptimizer):
+        def __init__(self, learning_rate):
+            self._get_name("Decayed")
+            super().__init__(learning_rate=learning_rate, name=self.unique_name)
+
+        def get_slot_init_values(self):
+            return []
+
+        def _apply_sparse_duplicate_indices(self, grad, var):
+            value = (grad.values + 0.1 * tf.gather(var, grad.indices)) * self._learning_rate_tensor
+            return tf.compat.v1.scatter_nd_add(var, tf.expand_dims(grad.indices, 1), -value)
+
+    g = tf.Graph()
+    with g.as_default():
+        table = create_table(
+            tf.int64, 1, "sub", tf.compat.v1.constant_initializer(1.0), device_vocabulary_size=8
+        )
+        emb = sparse_lookup(table, tf.constant([4], tf.int64), None, is_train=True)
+        _, sparse = get_dense_and_sparse_variable()
+        op = Decayed(0.5).apply_gradients(
+            zip(tf.gradients(tf.reduce_sum(emb), sparse), sparse, strict=True)
+        )
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            sess.run(op)
+            np.testing.assert_allclose(table.core.export(session=sess)["values"], [[1 - 0.5 * 1.1]])
+
+
+PROGRAM = textwrap.dedent(
+    """
+    import sys
+    import tensorflow as tf
+    from npu_bridge.npu_init import *
+    assert tf is sys.modules["tensorflow"].compat.v1 and not tf.executing_eagerly()
+    assert util.set_iteration_per_loop(None, "op", 1) == "op" and npu_hooks_append([1]) == [1]
+    assert callable(npu_plugin.set_device_sat_mode) and callable(npu_ops.dropout)
+    assert hccl_ops.allreduce(tf.constant(1.0), "sum") is not None
+    assert sys.modules["tensorflow"].estimator.ModeKeys.TRAIN == "train"
+    from mx_rec.util.initialize import init, get_rank_size, terminate_config_initializer
+    from mx_rec.core.embedding import create_table, sparse_lookup
+    from mx_rec.core.asc.feature_spec import FeatureSpec
+    from mx_rec.core.asc.helper import get_asc_insert_func
+    from mx_rec.core.asc.manager import start_asc_pipeline
+    from mx_rec.util.variable import get_dense_and_sparse_variable
+    from mx_rec.optimizers.lazy_adam import create_hash_optimizer
+
+    init(train_steps=4, eval_steps=1, use_dynamic=True, use_dynamic_expansion=False)
+    specs = [FeatureSpec("ids", table_name="t")]
+    ds = tf.data.Dataset.from_tensors({"ids": tf.constant([[1, 2]], tf.int64), "y": tf.constant([1.0])})
+    ds = ds.repeat(4).map(get_asc_insert_func(tgt_key_specs=specs, is_training=True))
+    it = tf.compat.v1.data.make_initializable_iterator(ds)
+    batch = it.get_next()
+    table = create_table(key_dtype=tf.int64, dim=tf.TensorShape([4]), name="t",
+                         emb_initializer=tf.compat.v1.truncated_normal_initializer(),
+                         device_vocabulary_size=16 * get_rank_size())
+    emb = sparse_lookup(table, specs[0], 8, is_train=True, batch=batch)
+    logit = tf.compat.v1.layers.dense(tf.reduce_sum(emb, [1]), 1)[:, 0] if False else tf.reduce_sum(emb, [1, 2])
+    loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=batch["y"], logits=logit))
+    dense, sparse = get_dense_and_sparse_variable()
+    train = create_hash_optimizer(0.1).apply_gradients(zip(tf.gradients(loss, sparse), sparse, strict=True))
+    start_asc_pipeline()
+    sess = tf.Session()
+    sess.run([tf.global_variables_initializer(), it.initializer])
+    losses = [sess.run([train, loss])[1] for _ in range(4)]
+    assert losses[-1] < losses[0], losses
+    print("argv", sys.argv[1:], "size", table.size())
+    terminate_config_initializer()
+    """
+)
+
+
+def test_run_module_runs_an_unchanged_program(tmp_path):
+    program = tmp_path / "prog.py"
+    program.write_text(PROGRAM)
+    env = {**os.environ, "PYTHONPATH": ROOT, "CUDA_VISIBLE_DEVICES": ""}
+    out = subprocess.run(
+        [sys.executable, "-m", "npu_rec.compat.run", str(program), "--flag", "x"],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=env,
+        cwd=tmp_path,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "argv ['--flag', 'x'] size 2" in out.stdout
+    # Only in that process: here `mx_rec` is not importable.
+    with pytest.raises(ImportError):
+        __import__("mx_rec")
