@@ -4,7 +4,8 @@ librdkafka (the library under confluent-kafka) carries a mock Kafka cluster that
 speaks the real protocol on loopback: a client configured with
 `test.mock.num.brokers` starts it inside its process. This script starts one,
 prints its `bootstrap.servers` address on the first line of stdout, and keeps
-it up until stdin closes, SIGTERM/SIGINT arrives or `--seconds` pass. Topics
+it up until SIGTERM/SIGINT arrives, `--seconds` pass or (`--stop_on_stdin_eof`)
+stdin closes. Topics
 are created on first produce with 4 partitions; nothing is stored
 on disk. Any client (another process too) connects to the printed address like
 to a real cluster:
@@ -26,6 +27,9 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=600.0, help="stop after this long")
     parser.add_argument("--brokers", type=int, default=1, help="mock brokers")
+    parser.add_argument(
+        "--stop_on_stdin_eof", action="store_true", help="also stop when stdin closes"
+    )
     args = parser.parse_args(argv)
     import confluent_kafka
 
@@ -46,7 +50,8 @@ def main(argv=None) -> int:
         sys.stdin.read()
         stop.set()
 
-    threading.Thread(target=stdin_closed, daemon=True).start()
+    if args.stop_on_stdin_eof:
+        threading.Thread(target=stdin_closed, daemon=True).start()
     stop.wait(args.seconds)
     return 0
 

@@ -22,7 +22,12 @@ ROLES = dict(label="label", dense=("rid", "x"), categorical=("c",), multi_valued
 def broker():
     """The cluster's bootstrap address; the broker process stops at the end of the module."""
     proc = subprocess.Popen(
-        [sys.executable, os.path.join(ROOT, "benchmarks", "kafka_mock_broker.py"), "--seconds=240"],
+        [
+            sys.executable,
+            os.path.join(ROOT, "benchmarks", "kafka_mock_broker.py"),
+            "--seconds=240",
+            "--stop_on_stdin_eof",
+        ],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
