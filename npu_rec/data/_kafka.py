@@ -335,10 +335,18 @@ class KafkaSource(MinibatchSource):
         try:
             with self._lock:
                 consumer = self._get_consumer()
-            consumer.commit(offsets=offsets, asynchronous=False)
+            # Asynchronous: a synchronous commit would wait for a reply that the reading
+            # thread's consume() may take; failures reach `_on_commit`.
+            consumer.commit(offsets=offsets, asynchronous=True)
         except Exception as err:  # monitoring only: training goes on
             _logger.warning(
                 "KafkaSource: could not commit offsets of topic %r: %s", self.topic, err
+            )
+
+    def _on_commit(self, err, partitions) -> None:
+        if err is not None:
+            _logger.warning(
+                "KafkaSource: committing offsets of topic %r failed: %s", self.topic, err
             )
 
     def close(self) -> None:
@@ -348,6 +356,7 @@ class KafkaSource(MinibatchSource):
         self._shard = None
         self._reset_buffer()
         if consumer is not None:
+            consumer.poll(0)  # serves pending commit callbacks
             consumer.close()
 
     def error_report(self) -> dict:
@@ -375,6 +384,7 @@ class KafkaSource(MinibatchSource):
             "enable.auto.offset.store": False,
             "enable.partition.eof": True,
             "auto.offset.reset": "earliest",
+            "on_commit": self._on_commit,
         }
 
     def _get_consumer(self):

@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import uuid
 
 import numpy as np
@@ -205,7 +206,12 @@ def test_offsets_reach_the_broker_only_when_committed(broker):
     src.checkpoint_committed(state)
     expected = [state["offsets"][str(p)] for p in range(4)]
     assert sum(expected) == 16
-    assert [tp.offset for tp in admin.committed(parts, timeout=10)] == expected
+    for _ in range(100):  # the commit is asynchronous
+        got = [tp.offset for tp in admin.committed(parts, timeout=10)]
+        if got == expected:
+            break
+        time.sleep(0.1)
+    assert got == expected
     admin.close()
     src.close()
 
