@@ -227,3 +227,17 @@ def test_bad_arguments_name_the_argument(broker):
     with pytest.raises(ValueError, match="number_of_workers"):
         src.next_minibatch(1, 5, 4)
     src.close()
+
+
+def test_a_prefetching_dataset_left_during_a_pause_ends_after_stop(broker):
+    topic = topic_with(broker, [line(i) for i in range(32)])
+    src = source(broker, topic, max_wait_ms=200)
+    ds = as_dataset(src, 16, num_sweeps=None, prefetch=2)
+    start = time.monotonic()
+    for k, _ in enumerate(ds):
+        if k == 1:  # both batches read; the read-ahead now waits on a quiet stream
+            ds.reading_position.stop()
+            break
+    assert time.monotonic() - start < 30
+    assert sorted(ds.reading_position.state_after(2)["offsets"].values()) == [8] * 4
+    src.close()
