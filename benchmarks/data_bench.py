@@ -76,7 +76,7 @@ def _kafka_rows(tsv: str, n: int, batch: int, add, results) -> None:
     import subprocess
     import sys
 
-    from npu_rec.scripts.produce_sample import produce
+    import confluent_kafka
 
     with open(tsv, "rb") as f:
         lines = [f.readline().rstrip(b"\n") for _ in range(n)]
@@ -97,7 +97,15 @@ def _kafka_rows(tsv: str, n: int, batch: int, add, results) -> None:
     )
     try:
         address = broker.stdout.readline().strip()
-        produce(address, "bench", lines)
+        producer = confluent_kafka.Producer({"bootstrap.servers": address, "linger.ms": 20})
+        for i, line in enumerate(lines):
+            while True:
+                try:
+                    producer.produce("bench", line, partition=i % 4)
+                    break
+                except BufferError:
+                    producer.poll(0.1)
+        assert producer.flush(60) == 0, "messages not delivered to the local broker"
         del lines
         cat = list(NAMES[14:])
 

@@ -448,7 +448,19 @@ class KafkaSource(MinibatchSource):
             )
 
     def _at_end(self) -> bool:
-        return self._stop_at_end and self._eof >= set(self._assigned)
+        """With `stop_at_end`: every partition read reported its end and the broker confirms
+        that nothing lies beyond what was fetched (an end reported early is dropped)."""
+        if not self._stop_at_end or not self._eof >= set(self._assigned):
+            return False
+        ck = _kafka()
+        for p in self._assigned:
+            fetched = self._fetched.get(p, self._offsets.get(p, 0))
+            high = self._consumer.get_watermark_offsets(
+                ck.TopicPartition(self.topic, p), timeout=_METADATA_SECONDS
+            )[1]
+            if fetched < high:
+                self._eof.discard(p)
+        return self._eof >= set(self._assigned)
 
     def _fetch(self, want: int, timeout: float) -> None:
         ck = _kafka()
@@ -478,6 +490,7 @@ class KafkaSource(MinibatchSource):
         offs = np.fromiter((m.offset() for m in messages), np.int64, n)
         values = [m.value() for m in messages]
         ends = dict(zip(parts.tolist(), (offs + 1).tolist(), strict=True))  # per partition: last
+        self._fetched.update(ends)
         self._errors.parts, self._errors.offsets = parts, offs
         if self._format == "csv":
             cols, rows = self._parse_csv_messages(values)
@@ -596,6 +609,7 @@ class KafkaSource(MinibatchSource):
         self._blocks = []  # [columns, partitions, offsets, consumed, {partition: end offset}]
         self._buffered = 0
         self._eof: set[int] = set()
+        self._fetched: dict[int, int] = {}  # partition -> offset after the last message fetched
 
     def _take(self, m: int) -> dict:
         """Consumes the next `m` buffered rows and advances the consumed offsets."""
