@@ -41,7 +41,7 @@ _TFRECORD_ROWS = flags.DEFINE_integer(
 )
 _KAFKA_ROWS = flags.DEFINE_integer(
     "kafka_rows",
-    200_000,
+    50_000,
     "Rows of the file also written into a Kafka topic on a local broker for the KafkaSource "
     "row (0: no Kafka row; needs confluent-kafka).",
     lower_bound=0,

@@ -276,7 +276,6 @@ class KafkaSource(MinibatchSource):
             return self._minibatch(self._take(b), False)
         if self._at_end():
             self._sweep += 1
-            self._eof = set()
             return self._minibatch(self._take(self._buffered), True)
         now = time.monotonic()
         if now - self._last_pause_log >= PAUSE_LOG_SECONDS:
@@ -448,19 +447,19 @@ class KafkaSource(MinibatchSource):
             )
 
     def _at_end(self) -> bool:
-        """With `stop_at_end`: every partition read reported its end and the broker confirms
-        that nothing lies beyond what was fetched (an end reported early is dropped)."""
-        if not self._stop_at_end or not self._eof >= set(self._assigned):
+        """With `stop_at_end`: every partition read has been fetched up to the end it reported.
+
+        librdkafka reports a partition's end when its fetcher gets there, possibly before
+        the application has taken the messages queued up to it, so the reported end
+        offset is compared with what was fetched.
+        """
+        if not self._stop_at_end:
             return False
-        ck = _kafka()
         for p in self._assigned:
-            fetched = self._fetched.get(p, self._offsets.get(p, 0))
-            high = self._consumer.get_watermark_offsets(
-                ck.TopicPartition(self.topic, p), timeout=_METADATA_SECONDS
-            )[1]
-            if fetched < high:
-                self._eof.discard(p)
-        return self._eof >= set(self._assigned)
+            end = self._eof.get(p)
+            if end is None or self._fetched.get(p, self._offsets.get(p, 0)) < end:
+                return False
+        return True
 
     def _fetch(self, want: int, timeout: float) -> None:
         ck = _kafka()
@@ -472,9 +471,8 @@ class KafkaSource(MinibatchSource):
             err = m.error()
             if err is None:
                 good.append(m)
-                self._eof.discard(m.partition())
             elif err.code() == ck.KafkaError._PARTITION_EOF:
-                self._eof.add(m.partition())
+                self._eof[m.partition()] = m.offset()
             elif err.fatal() or not err.retriable():
                 raise RuntimeError(f"KafkaSource: reading topic {self.topic!r} failed: {err}")
             else:
@@ -608,7 +606,7 @@ class KafkaSource(MinibatchSource):
     def _reset_buffer(self) -> None:
         self._blocks = []  # [columns, partitions, offsets, consumed, {partition: end offset}]
         self._buffered = 0
-        self._eof: set[int] = set()
+        self._eof: dict[int, int] = {}  # partition -> the end offset it last reported
         self._fetched: dict[int, int] = {}  # partition -> offset after the last message fetched
 
     def _take(self, m: int) -> dict:
