@@ -241,3 +241,15 @@ def test_a_prefetching_dataset_left_during_a_pause_ends_after_stop(broker):
     assert time.monotonic() - start < 30
     assert sorted(ds.reading_position.state_after(2)["offsets"].values()) == [8] * 4
     src.close()
+
+
+def test_stop_at_end_ends_a_sweep_after_every_message(broker):
+    topic = topic_with(broker, [line(i) for i in range(50)])
+    src = source(broker, topic, stop_at_end=True)
+    rids, ends = [], 0
+    while not ends:
+        mb = src.next_minibatch(8)
+        rids += mb[src.stream("rid")].data.astype(int).tolist()
+        ends += mb[src.stream("rid")].sweep_end
+    assert sorted(rids) == list(range(50))
+    src.close()
