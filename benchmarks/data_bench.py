@@ -39,6 +39,13 @@ _TFRECORD_ROWS = flags.DEFINE_integer(
     "Rows of the TFRecord copy (writing Examples is slow).",
     lower_bound=1000,
 )
+_KAFKA_ROWS = flags.DEFINE_integer(
+    "kafka_rows",
+    50_000,
+    "Rows of the file also written into a Kafka topic on a local broker for the KafkaSource "
+    "row (0: no Kafka row; needs confluent-kafka).",
+    lower_bound=0,
+)
 _BATCH = flags.DEFINE_integer("batch_size", 4096, "Rows per minibatch.", lower_bound=1)
 _OUT = flags.DEFINE_string(
     "out",
@@ -62,6 +69,70 @@ def _table(rows: int, seed: int = 0) -> pa.Table:
         cols[name] = ids.cast(pa.string())
         cols[name] = pc.if_else(pa.array(rng.random(rows) < 0.1), "", cols[name])
     return pa.table(cols)
+
+
+def _kafka_rows(tsv: str, n: int, batch: int, add, results) -> None:
+    """KafkaSource from a broker on 127.0.0.1, and CsvSource over the same `n` lines."""
+    import subprocess
+    import sys
+
+    import confluent_kafka
+
+    with open(tsv, "rb") as f:
+        lines = [f.readline().rstrip(b"\n") for _ in range(n)]
+    head = os.path.join(os.path.dirname(tsv), "kafka_rows.tsv")
+    with open(head, "wb") as f:
+        f.write(b"\n".join(lines) + b"\n")
+    broker = subprocess.Popen(
+        [
+            sys.executable,
+            os.path.join(os.path.dirname(__file__), "kafka_mock_broker.py"),
+            "--seconds=900",
+            "--stop_on_stdin_eof",
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        address = broker.stdout.readline().strip()
+        producer = confluent_kafka.Producer({"bootstrap.servers": address, "linger.ms": 20})
+        for i, line in enumerate(lines):
+            while True:
+                try:
+                    producer.produce("bench", line, partition=i % 4)
+                    break
+                except BufferError:
+                    producer.poll(0.1)
+        assert producer.flush(60) == 0, "messages not delivered to the local broker"
+        del lines
+        cat = list(NAMES[14:])
+
+        def kafka():
+            src = npd.KafkaSource(
+                "bench",
+                bootstrap_servers=address,
+                columns=list(NAMES),
+                label="label",
+                dense=NAMES[1:14],
+                categorical=cat,
+                delimiter="\t",
+                stop_at_end=True,
+            )
+            with src:
+                return _sweep(src, batch)
+
+        n_csv, s_csv = _timed(lambda: _sweep(npd.CsvSource.criteo(head), batch))
+        add("CsvSource (Kafka's rows)", n_csv, s_csv, f"the {n_csv} rows in the topic, from a file")
+        n_k, s_k = _timed(kafka)
+        ratio = (n_k / s_k) / (n_csv / s_csv)
+        add(
+            "KafkaSource", n_k, s_k, f"local broker, 4 partitions; {ratio:.2f}x CsvSource same rows"
+        )
+    finally:
+        broker.stdin.close()
+        broker.wait(timeout=30)
 
 
 def _sweep(source, batch: int) -> int:
@@ -159,6 +230,9 @@ def _run(workdir, pd, tf):
 
     n, s = _timed(through_tf_data)
     add("as_dataset(CsvSource)", n, s, "tf.data, prefetch 2")
+
+    if _KAFKA_ROWS.value:
+        _kafka_rows(tsv, min(_KAFKA_ROWS.value, rows), batch, add, results)
 
     arrow = next(r for r in results if r["reader"] == "pyarrow.csv.read_csv")["rows_per_sec"]
     print(f"{'reader':<24}{'rows':>10}{'seconds':>10}{'rows/s':>12}{'x pyarrow':>11}  note")

@@ -19,7 +19,7 @@ import sys
 
 EXTRA = "scripts"
 EXTRA_MODULES = ("tqdm", "matplotlib")  # setup.cfg's extra `scripts` installs them
-SCRIPTS = ("train", "evaluate", "export", "inspect_checkpoint", "online_train")
+SCRIPTS = ("train", "evaluate", "export", "inspect_checkpoint", "online_train", "produce_sample")
 
 
 class ScriptsExtraMissing(ImportError):
@@ -72,3 +72,8 @@ def inspect_checkpoint() -> None:
 def online_train() -> None:
     """`npu-rec-online-train`: `python -m npu_rec.scripts.online_train`."""
     run_script("online_train")
+
+
+def produce_sample() -> None:
+    """`npu-rec-produce-sample`: `python -m npu_rec.scripts.produce_sample`."""
+    run_script("produce_sample")

@@ -11,6 +11,7 @@ from npu_rec.data._feature_spec import (
     table_settings,
     validate_feature_specs,
 )
+from npu_rec.data._kafka import KafkaSource
 from npu_rec.data._parquet import ParquetSource
 from npu_rec.data._samples import (
     SAMPLES,
@@ -41,6 +42,7 @@ __all__ = [
     "CsvSource",
     "prepare_keys",
     "FeatureSpec",
+    "KafkaSource",
     "MalformedRecordError",
     "MinibatchData",
     "MinibatchSource",

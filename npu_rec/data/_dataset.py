@@ -52,6 +52,8 @@ class ReadingPosition:
         self._produced = 0
         self._consumed = 0
         self._initial = None
+        self._source = None  # the source recorded (set by `as_dataset`)
+        self._stopped = False
 
     def start(self, state: dict) -> None:
         """Notes the state before the first batch (until a batch has been produced)."""
@@ -88,6 +90,26 @@ class ReadingPosition:
                     f"(produced {self._produced})"
                 )
             return self._states[num_batches]
+
+    def stop(self) -> None:
+        """Lets the datasets recording here end while their stream pauses.
+
+        A stream source returns an empty minibatch when no full batch arrived within
+        its wait (`KafkaSource(max_wait_ms=...)`); the dataset then waits on. A
+        tf.data iterator being deleted (training has ended) waits for its pending read,
+        so the front ends call `stop()` when training ends: the pending read ends at
+        the next pause. The next iteration of a dataset clears it.
+        """
+        self._stopped = True
+
+    def checkpoint_committed(self, state: dict | None) -> None:
+        """Tells the source that a checkpoint holding `state` is committed.
+
+        The front ends call it after each committed save; a stream source then stores
+        its offsets on the broker (`MinibatchSource.checkpoint_committed`).
+        """
+        if state is not None and self._source is not None:
+            self._source.checkpoint_committed(state)
 
     def mark_consumed(self, num_batches: int = 1) -> None:
         """Tells that the model has consumed `num_batches` more batches."""
@@ -182,6 +204,7 @@ def as_dataset(
         raise ValueError(f"`num_sweeps` must be None or >= 1. Received: num_sweeps={num_sweeps!r}")
     dynamic = _use_dynamic() if use_dynamic is None else bool(use_dynamic)
     position = position if position is not None else ReadingPosition()
+    position._source = source
     lengths = {}
     for s in infos:
         if s.storage_format == "ragged":
@@ -208,6 +231,7 @@ def as_dataset(
     def generate():
         start = source.get_checkpoint_state()
         position.start(start)
+        position._stopped = False
         sweeps = 0
         # This worker's rows and batches in the current sweep, counted only over a whole
         # sweep (one read from its start): one that yields no batch would spin forever.
@@ -219,6 +243,8 @@ def as_dataset(
             n, end = any_data.num_samples, any_data.sweep_end
             sweeps += int(end)
             rows += n
+            if n == 0 and not end and position._stopped:
+                return  # a paused stream, and training has ended (ReadingPosition.stop)
             if n == 0 or (not dynamic and n < b):
                 if end and whole and batches == 0:
                     raise ValueError(_no_batch_message(source, rows, b, w, r, dynamic))

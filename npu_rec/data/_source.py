@@ -85,6 +85,14 @@ class MinibatchSource(abc.ABC):
     def restore_from_checkpoint(self, state: dict) -> None:
         """Continues reading from a position returned by `get_checkpoint_state()`."""
 
+    def checkpoint_committed(self, state: dict) -> None:
+        """Called by the front ends once a checkpoint holding `state` is committed.
+
+        A stream source tells its broker the offsets there (never earlier); the
+        default does nothing.
+        """
+        return None
+
     def close(self) -> None:
         """Frees what the source holds open (files, threads); the position is kept.
 

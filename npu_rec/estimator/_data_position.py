@@ -75,12 +75,16 @@ class DataPositionHook(tf.compat.v1.train.SessionRunHook):
     def __init__(self, position, model_dir: str):
         self.position, self.model_dir = position, model_dir
         self._consumed = ConsumedBatches(position)
+        self._saved = {}  # step -> the state written by save(step), until committed
 
     def begin(self):
         self._global_step = tf.compat.v1.train.get_global_step()
 
     def after_create_session(self, session, coord):
         self._consumed.begin(int(session.run(self._global_step)))
+
+    def end(self, session):
+        self.position.stop()  # a paused stream's pending read ends before the session closes
 
     def state_at(self, step: int) -> dict:
         return self._consumed.state_at(step)
@@ -94,4 +98,11 @@ class DataPositionHook(tf.compat.v1.train.SessionRunHook):
             return None
         path = path_for(self.model_dir, step)
         save_position(path, state)
+        self._saved = {step: state}
         return path
+
+    def committed(self, step: int) -> None:
+        """Tells the source that version `step`, holding the state `save(step)` wrote, is committed."""
+        state = self._saved.pop(step, None)
+        if state is not None:
+            self.position.checkpoint_committed(state)

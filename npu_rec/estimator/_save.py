@@ -77,5 +77,8 @@ def save_version(
             ]
         )
         raise
+    committed = getattr(data_position, "committed", None)  # a trainer of a cluster has none
+    if committed is not None:
+        committed(step)
     update_checkpoint_pointer(model_dir)
     return kind

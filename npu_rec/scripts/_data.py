@@ -97,12 +97,18 @@ def plan(
     dense=None,
     categorical=None,
     seed: int = 0,
+    kafka: str | None = None,
+    topic: str | None = None,
 ) -> DataPlan:
     """The `DataPlan` of `--data` and friends (see _flags.py).
 
     Without --eval_data, one row in `HOLD_OUT_EVERY` of the training files (or
-    sample) is held out for evaluation and never trained on.
+    sample) is held out for evaluation and never trained on. With `kafka`, training
+    reads `topic` (comma-separated lines: label, dense, categorical) and evaluation
+    uses held-out synthetic rows, or --eval_data.
     """
+    if kafka:
+        return _kafka_plan(kafka, topic, eval_data, fmt, label, dense, categorical, seed)
     if data == "synthetic":
         return DataPlan(
             data,
@@ -145,6 +151,38 @@ def plan(
         evals = _file_source(data, fmt, label, dense, categorical, "eval")
         eval_name = held_out
     return DataPlan(data, label, dense, tuple(categorical), train, evals, eval_name=eval_name)
+
+
+def _kafka_plan(kafka, topic, eval_data, fmt, label, dense, categorical, seed) -> DataPlan:
+    if categorical is None:
+        label, dense, categorical = _CRITEO["label"], _CRITEO["dense"], _CRITEO["categorical"]
+    dense, categorical = tuple(dense or ()), tuple(categorical)
+    columns = [label, *dense, *categorical]
+
+    def train():
+        return npd.KafkaSource(
+            topic,
+            bootstrap_servers=kafka,
+            columns=columns,
+            label=label,
+            dense=dense,
+            categorical=categorical,
+        )
+
+    evals, eval_name = None, f"held-out synthetic rows (seed {seed}; --eval_data for files)"
+    if eval_data:
+        evals = _file_source(eval_data, _format_of(eval_data, fmt), label, dense, categorical)
+        eval_name = f"--eval_data={eval_data}"
+    return DataPlan(
+        f"kafka topic {topic} at {kafka}",
+        label,
+        dense,
+        categorical,
+        train,
+        evals,
+        eval_name,
+        seed=seed,
+    )
 
 
 def _select(p: DataPlan):

@@ -55,6 +55,15 @@ FORMAT = flags.DEFINE_enum(
     ["csv", "tsv", "criteo", "parquet", "tfrecord"],
     "Format of --data files (default: from the file extension; .txt/.tsv = criteo).",
 )
+KAFKA = flags.DEFINE_string(
+    "kafka",
+    None,
+    "Train from a Kafka topic instead of --data: the cluster's bootstrap servers "
+    "(host:port[,host:port...]). Each message is one comma-separated line: the label, the "
+    "dense and the categorical columns in that order (Criteo's label, I1-I13, C1-C26 unless "
+    "--dense_features/--categorical_features say otherwise). Needs --topic.",
+)
+TOPIC = flags.DEFINE_string("topic", None, "The Kafka topic read with --kafka.")
 LABEL = flags.DEFINE_string("label", "label", "Label column of --data files.")
 DENSE_FEATURES = flags.DEFINE_list(
     "dense_features", None, "Dense columns of --data files (criteo format: I1-I13)."
@@ -192,7 +201,19 @@ GROUPS = (
             "sparse_learning_rate",
         ),
     ),
-    ("data", ("data", "format", "label", "dense_features", "categorical_features", "eval_data")),
+    (
+        "data",
+        (
+            "data",
+            "format",
+            "label",
+            "dense_features",
+            "categorical_features",
+            "eval_data",
+            "kafka",
+            "topic",
+        ),
+    ),
     ("steps", ("batch_size", "max_steps", "eval_steps")),
     (
         "checkpoints",
@@ -282,6 +303,16 @@ def _precision_is_estimator(v):
 )
 def _format_needs_path(v):
     return v["format"] is None or v["data"] not in DATA_NAMES
+
+
+@flags.multi_flags_validator(
+    ["kafka", "topic", "data"],
+    message="--kafka and --topic go together, and replace --data (leave --data out)",
+)
+def _kafka_needs_topic(v):
+    if v["kafka"] is None and v["topic"] is None:
+        return True
+    return bool(v["kafka"]) and bool(v["topic"]) and v["data"] == "synthetic"
 
 
 def _matches_no_file(value: str, names: tuple[str, ...] = ()) -> str | None:

@@ -77,6 +77,8 @@ def data_plan_from_flags() -> _data.DataPlan:
         dense=F.DENSE_FEATURES.value,
         categorical=F.CATEGORICAL_FEATURES.value,
         seed=F.SEED.value,
+        kafka=F.KAFKA.value,
+        topic=F.TOPIC.value,
     )
 
 

@@ -383,7 +383,8 @@ class SparseCheckpoint(keras.callbacks.Callback):
         try:
             with atomic_file(dense, "wb") as f:
                 np.savez(f, **arrays)
-            save_position(state, {"step": step, "kind": kind, "data": self.data_state(step)})
+            data = self.data_state(step)
+            save_position(state, {"step": step, "kind": kind, "data": data})
 
             def commit(path):
                 done = "delta" if path.endswith(".delta.nrc") else "full"
@@ -395,6 +396,8 @@ class SparseCheckpoint(keras.callbacks.Callback):
         except BaseException:
             tdir.discard(parts)
             raise
+        if self.data_source is not None and data is not None:
+            self.data_source.checkpoint_committed(data)  # e.g. a stream's offsets to its broker
         done = DELTA if path.endswith(".delta.nrc") else FULL  # a first delta becomes full
         if self.policy is not None:
             self.policy.mark_saved(done, step)
@@ -458,6 +461,7 @@ class SparseCheckpoint(keras.callbacks.Callback):
             self.save(step, FULL)
         if self.reading_position is not None:
             self._consumed_state = self.data_state(step)
+            self.reading_position.stop()  # a paused stream's pending read ends
         self._close()
         self._prepared_for = None
 

@@ -1,0 +1,647 @@
+"""`KafkaSource`: click logs read from a Kafka topic, with offsets kept in the checkpoint.
+
+A message is one record: a delimited line in `columns` order (`format="csv"`,
+parsed by the same code as `CsvSource`) or a JSON object (`format="json"`).
+Values are converted and checked by the file sources' rules (hashing, fills,
+non-finite values, `label_domain`); a malformed message raises
+`MalformedRecordError` naming the topic, partition and offset, or is skipped
+and counted with `on_error="skip"`.
+
+Reading position: the next unread offset of each partition this source reads.
+It is the source's checkpoint state, so a trainer that saves it with each
+checkpoint and restores it resumes at the first message its restored model
+has not trained on: nothing lost, nothing repeated. Partitions are assigned
+explicitly (no consumer-group rebalancing decides what a restarted trainer
+reads); the broker learns the offsets only through `checkpoint_committed`,
+which the front ends call once a checkpoint holding them is committed, so
+monitoring tools see the consumer lag and the broker never runs ahead of the
+checkpoints.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import threading
+import time
+
+import numpy as np
+import pyarrow as pa
+
+from npu_rec.data import _columns as C
+from npu_rec.data import _convert
+from npu_rec.data._csv import CsvSource
+from npu_rec.data._errors import ErrorLog
+from npu_rec.data._row_source import RowSource, check_label_domain
+from npu_rec.data._source import (
+    STATE_VERSION,
+    MinibatchData,
+    MinibatchSource,
+    StreamInformation,
+    check_int,
+    check_sharding,
+)
+
+_logger = logging.getLogger("npu_rec.data")
+
+PAUSE_LOG_SECONDS = 60.0  # a quiet stream is logged at most this often
+_METADATA_SECONDS = 30.0  # how long to wait for the topic's partitions
+
+
+def _kafka():
+    try:
+        import confluent_kafka
+    except ImportError:
+        raise ImportError(
+            "KafkaSource needs confluent-kafka: pip install 'npu-rec[kafka]'"
+        ) from None
+    return confluent_kafka
+
+
+class _MessageErrors:
+    """The error log as the shared parsing code sees it: a row is an index into the
+    current block of messages, recorded as its topic, partition and offset."""
+
+    def __init__(self, log: ErrorLog, topic: str):
+        self.log, self.topic = log, topic
+        self.parts = self.offsets = None  # the current block's messages
+        self.pending = []
+
+    def where(self, p: int) -> str:
+        return f"topic {self.topic!r} partition {p}"
+
+    def record(self, path, unit, row, reason) -> None:
+        # Kept until the block is parsed, then logged in offset order (`flush`), so the
+        # first malformed message raises whichever check found it.
+        self.pending.append((int(self.parts[row]), int(self.offsets[row]), reason))
+
+    def flush(self) -> None:
+        pending, self.pending = sorted(self.pending, key=lambda e: e[:2]), []
+        for p, off, reason in pending:
+            self.log.record(self.where(p), "offset", off, reason)
+
+    def __getattr__(self, name):  # count, report, get_state, ...
+        return getattr(self.log, name)
+
+
+class KafkaSource(MinibatchSource):
+    """A minibatch source reading a Kafka topic; stream names are column names.
+
+    Streams, in order: the label (float32), `dense` (float32, empty or null ->
+    `DENSE_FILL`), `categorical` (int64 FarmHash64 ids of the text, empty or
+    null -> `MISSING_ID`), `multi_valued` (ragged int64 ids). The same record
+    gives the same ids as `CsvSource`, in either format.
+
+    The stream never ends (`sweep_end` is always False) unless `stop_at_end`:
+    `as_dataset(..., num_sweeps=None)`, `online_train` and
+    `NPUEstimator.train(max_steps=...)` read it like any source. A call to
+    `next_minibatch` returns exactly `num_samples` rows, or, when fewer arrived
+    within `max_wait_ms`, an empty minibatch (the rows read so far stay
+    buffered for the next call; the pause is logged): a quiet stream never
+    blocks a trainer longer than that, and no partial batch is dropped.
+
+    Workers: with `number_of_workers=W`, worker `r` reads the partitions at
+    positions `r, r + W, ...` of the sorted partition list, so workers read
+    disjoint partitions and each returns `num_samples` rows of its own.
+
+    Args:
+      topic: the topic.
+      bootstrap_servers: "host:port[,host:port...]" of the cluster.
+      columns: the fields of a CSV message, in order (required for "csv";
+        JSON messages name their fields).
+      label: the label column.
+      dense: dense numeric columns.
+      categorical: categorical columns (JSON: strings or integers, hashed as
+        their text like CSV fields).
+      multi_valued: multi-valued columns (`a|b` text; JSON also lists).
+      format: "csv" (one message = one delimited line) or "json" (one object).
+      delimiter: the CSV field separator (one character).
+      separator: the item separator of multi-valued text.
+      partitions: the partitions to read (default all of the topic's).
+      start: where a partition without a saved offset starts: "earliest",
+        "latest" (its end when first read), "committed" (the group's offset
+        on the broker, else earliest) or a dict `{partition: offset}`
+        (partitions it leaves out start at the earliest).
+      max_wait_ms: the longest a `next_minibatch` call waits for messages.
+      on_error: "raise" or "skip" malformed messages.
+      label_domain: the allowed label values (see `CsvSource`).
+      log_dense: map dense values through `log1p(max(x, 0))`.
+      group_id: the consumer group whose offsets `checkpoint_committed` stores
+        on the broker (default "npu_rec-<topic>").
+      stop_at_end: end a sweep when every partition read has no more messages
+        (for evaluation, benchmarks and tests); default False (endless).
+      consumer_config: further librdkafka settings (security, client.id, ...).
+
+    Example:
+      >>> src = KafkaSource("clicks", bootstrap_servers="broker:9092",
+      ...                   columns=["click", "site"], label="click", categorical=["site"])
+      >>> ds = as_dataset(src, 512, num_sweeps=None)
+    """
+
+    unit = "offset"
+
+    # The shared rules: CSV parsing and bad-line diagnosis from `CsvSource`, the value
+    # checks (non-finite values, label_domain, log_dense) from the file sources.
+    _options = CsvSource._options
+    _arrow = CsvSource._arrow
+    _parse_csv = CsvSource._parse
+    _bisect = CsvSource._bisect
+    _diagnose = CsvSource._diagnose
+    _check_values = RowSource._check_values
+    _file_index = RowSource._file_index
+
+    def __init__(
+        self,
+        topic: str,
+        *,
+        bootstrap_servers: str,
+        columns=None,
+        label: str,
+        dense=(),
+        categorical=(),
+        multi_valued=(),
+        format: str = "csv",
+        delimiter: str = ",",
+        separator: str = "|",
+        partitions=None,
+        start="earliest",
+        max_wait_ms: int = 1000,
+        on_error: str = "raise",
+        label_domain=None,
+        log_dense: bool = False,
+        group_id: str | None = None,
+        stop_at_end: bool = False,
+        consumer_config: dict | None = None,
+    ):
+        if not isinstance(topic, str) or not topic:
+            raise ValueError(f"`topic` must be a non-empty string. Received: topic={topic!r}")
+        if not isinstance(bootstrap_servers, str) or not bootstrap_servers:
+            raise ValueError(
+                "`bootstrap_servers` must be 'host:port[,host:port...]'. "
+                f"Received: bootstrap_servers={bootstrap_servers!r}"
+            )
+        if format not in ("csv", "json"):
+            raise ValueError(f"`format` must be 'csv' or 'json'. Received: format={format!r}")
+        if on_error not in ("raise", "skip"):
+            raise ValueError(
+                f"`on_error` must be 'raise' or 'skip'. Received: on_error={on_error!r}"
+            )
+        if not isinstance(delimiter, str) or len(delimiter) != 1:
+            raise ValueError(
+                f"`delimiter` must be a single character. Received: delimiter={delimiter!r}"
+            )
+        self._roles = _convert.check_columns(label, dense, categorical, multi_valued)
+        self.label_name = label
+        self._wanted = [label, *self._roles[1], *self._roles[2], *self._roles[3]]
+        if format == "csv":
+            if columns is None or isinstance(columns, str) or not len(columns):
+                raise ValueError(
+                    "`columns` must list the fields of a CSV message, in order. "
+                    f"Received: columns={columns!r}"
+                )
+            missing = [c for c in self._wanted if c not in columns]
+            if missing:
+                raise ValueError(
+                    f"`columns` must include every column read; {missing} are missing. "
+                    f"Received: columns={list(columns)!r}"
+                )
+        self._names = None if columns is None else [str(c) for c in columns]
+        if partitions is not None:
+            partitions = sorted({check_int("partitions", p, 0) for p in partitions})
+            if not partitions:
+                raise ValueError(
+                    "`partitions` must be None or name at least one partition. "
+                    f"Received: partitions={partitions!r}"
+                )
+        self._partitions = partitions
+        self._start = self._check_start(start)
+        self._max_wait = check_int("max_wait_ms", max_wait_ms, 0) / 1000.0
+        self.topic = topic
+        self.bootstrap_servers = bootstrap_servers
+        self.group_id = group_id or f"npu_rec-{topic}"
+        self._format = format
+        self._delimiter = delimiter
+        self._separator = separator
+        self._stop_at_end = bool(stop_at_end)
+        self._extra_config = dict(consumer_config or {})
+        self.label_domain = check_label_domain(label_domain)
+        self._log_dense = bool(log_dense)
+        self._on_error = on_error
+        self._streams = _convert.column_streams(*self._roles)
+        self._numeric = [label, *self._roles[1]]
+        self._types = {c: pa.float64() for c in self._numeric}
+        self._types.update({c: pa.dictionary(pa.int32(), pa.string()) for c in self._roles[2]})
+        self._types.update({c: pa.string() for c in self._roles[3]})
+        self._files = [topic]  # where the shared value checks name a record (see _MessageErrors)
+        self._errors = _MessageErrors(ErrorLog(on_error), topic)
+        self._offsets: dict[int, int] = {}  # partition -> next unread offset (consumed)
+        self._shard = None  # (number_of_workers, worker_rank) of the assignment
+        self._assigned: list[int] = []
+        self._consumer = None
+        self._lock = threading.Lock()  # the consumer: reading thread vs checkpoint_committed
+        self._sweep = 0
+        self._last_pause_log = -math.inf
+        self._reset_buffer()
+
+    @staticmethod
+    def _check_start(start):
+        if start in ("earliest", "latest", "committed"):
+            return start
+        if isinstance(start, dict):
+            out = {}
+            for p, off in start.items():
+                out[check_int("start partition", p, 0)] = check_int("start offset", off, 0)
+            return out
+        raise ValueError(
+            "`start` must be 'earliest', 'latest', 'committed' or a dict {partition: offset}. "
+            f"Received: start={start!r}"
+        )
+
+    # -- the contract -----------------------------------------------------
+
+    def stream_infos(self) -> list[StreamInformation]:
+        return list(self._streams)
+
+    def next_minibatch(self, num_samples, number_of_workers=1, worker_rank=0):
+        b, w, r = check_sharding(num_samples, number_of_workers, worker_rank)
+        self._assign(w, r)
+        deadline = time.monotonic() + self._max_wait
+        while self._buffered < b and not self._at_end():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            self._fetch(b - self._buffered, left)
+        if self._buffered >= b:
+            return self._minibatch(self._take(b), False)
+        if self._at_end():
+            self._sweep += 1
+            return self._minibatch(self._take(self._buffered), True)
+        now = time.monotonic()
+        if now - self._last_pause_log >= PAUSE_LOG_SECONDS:
+            self._last_pause_log = now
+            _logger.info(
+                "KafkaSource: topic %r gave %d of %d rows within max_wait_ms=%d; pausing "
+                "(the rows stay buffered for the next batch)",
+                self.topic,
+                self._buffered,
+                b,
+                int(self._max_wait * 1000),
+            )
+        return self._minibatch(C.empty_like(self._streams), False)
+
+    def get_checkpoint_state(self) -> dict:
+        return {
+            "version": STATE_VERSION,
+            "source": type(self).__name__,
+            "topic": self.topic,
+            "offsets": {str(p): int(off) for p, off in sorted(self._offsets.items())},
+            "errors": self._errors.get_state(self._is_ahead),
+        }
+
+    def restore_from_checkpoint(self, state: dict) -> None:
+        if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
+            raise ValueError(
+                f"`state` must be a dict from get_checkpoint_state() (version {STATE_VERSION}). "
+                f"Received: state={state!r}"
+            )
+        if state.get("source") != type(self).__name__ or state.get("topic") != self.topic:
+            raise ValueError(
+                "`state` was saved by a different source: saved "
+                f"{state.get('source')} over topic {state.get('topic')!r}, restoring into "
+                f"{type(self).__name__} over topic {self.topic!r}"
+            )
+        self._offsets = {int(p): int(off) for p, off in state["offsets"].items()}
+        self._errors.set_state(state["errors"])
+        self._reset_buffer()
+        if self._shard is not None:
+            self._seek_assigned()
+
+    def checkpoint_committed(self, state: dict | None) -> None:
+        """Stores the offsets of a committed checkpoint's `state` on the broker.
+
+        The front ends call it once the checkpoint that holds `state` is committed
+        (never earlier), so the group's offsets on the broker trail the checkpoints
+        and show the consumer lag. Reading never starts from them unless
+        `start="committed"`. A failure is logged, never raised.
+        """
+        if not state or state.get("topic") != self.topic or not state.get("offsets"):
+            return
+        ck = _kafka()
+        offsets = [
+            ck.TopicPartition(self.topic, int(p), int(o)) for p, o in state["offsets"].items()
+        ]
+        try:
+            with self._lock:
+                consumer = self._get_consumer()
+            # Asynchronous: a synchronous commit would wait for a reply that the reading
+            # thread's consume() may take; failures reach `_on_commit`.
+            consumer.commit(offsets=offsets, asynchronous=True)
+        except Exception as err:  # monitoring only: training goes on
+            _logger.warning(
+                "KafkaSource: could not commit offsets of topic %r: %s", self.topic, err
+            )
+
+    def _on_commit(self, err, partitions) -> None:
+        if err is not None:
+            _logger.warning(
+                "KafkaSource: committing offsets of topic %r failed: %s", self.topic, err
+            )
+
+    def close(self) -> None:
+        """Closes the consumer; the position (consumed offsets) is kept."""
+        with self._lock:
+            consumer, self._consumer = self._consumer, None
+        self._shard = None
+        self._reset_buffer()
+        if consumer is not None:
+            consumer.poll(0)  # serves pending commit callbacks
+            consumer.close()
+
+    def error_report(self) -> dict:
+        """Skipped malformed messages so far (with `on_error="skip"`).
+
+        Returns:
+          `{"count": int, "examples": [{"file", "offset", "reason"}, ...]}`: `file`
+          names the topic and partition.
+        """
+        return self._errors.report()
+
+    @property
+    def assigned_partitions(self) -> list[int]:
+        """The partitions this source reads (known after the first `next_minibatch`)."""
+        return list(self._assigned)
+
+    # -- the consumer -------------------------------------------------------
+
+    def _config(self) -> dict:
+        return {
+            **self._extra_config,
+            "bootstrap.servers": self.bootstrap_servers,
+            "group.id": self.group_id,
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "enable.partition.eof": True,
+            "auto.offset.reset": "earliest",
+            "on_commit": self._on_commit,
+        }
+
+    def _get_consumer(self):
+        if self._consumer is None:
+            self._consumer = _kafka().Consumer(self._config())
+        return self._consumer
+
+    def _topic_partitions(self, consumer) -> list[int]:
+        deadline = time.monotonic() + _METADATA_SECONDS
+        while True:
+            md = consumer.list_topics(self.topic, timeout=_METADATA_SECONDS).topics.get(self.topic)
+            if md is not None and md.error is None and md.partitions:
+                return sorted(md.partitions)
+            if time.monotonic() > deadline:
+                raise ValueError(
+                    f"`topic` must name a topic of the cluster at {self.bootstrap_servers}. "
+                    f"Received: topic={self.topic!r} ({md.error if md is not None else 'absent'})"
+                )
+            time.sleep(0.2)
+
+    def _assign(self, w: int, r: int) -> None:
+        if self._shard == (w, r):
+            return
+        with self._lock:
+            consumer = self._get_consumer()
+        every = self._partitions or self._topic_partitions(consumer)
+        mine = every[r::w]
+        if not mine:
+            raise ValueError(
+                f"`number_of_workers` must be <= the number of partitions read ({len(every)}): "
+                f"worker {r} of {w} would read none of topic {self.topic!r}'s partitions {every}"
+            )
+        self._shard, self._assigned = (w, r), mine
+        self._reset_buffer()
+        self._seek_assigned()
+
+    def _start_offset(self, consumer, p: int) -> int:
+        ck = _kafka()
+        tp = ck.TopicPartition(self.topic, p)
+        low, high = consumer.get_watermark_offsets(tp, timeout=_METADATA_SECONDS)
+        start = self._start
+        if isinstance(start, dict):
+            return max(start.get(p, low), low)
+        if start == "latest":
+            return high
+        if start == "committed":
+            got = consumer.committed([tp], timeout=_METADATA_SECONDS)[0].offset
+            return got if got >= 0 else low
+        return low
+
+    def _seek_assigned(self) -> None:
+        """Assigns this source's partitions at their next unread offsets (explicitly)."""
+        ck = _kafka()
+        with self._lock:
+            consumer = self._get_consumer()
+            for p in self._assigned:
+                if p not in self._offsets:
+                    self._offsets[p] = self._start_offset(consumer, p)
+            consumer.assign(
+                [ck.TopicPartition(self.topic, p, self._offsets[p]) for p in self._assigned]
+            )
+
+    def _at_end(self) -> bool:
+        """With `stop_at_end`: every partition read has been fetched up to the end it reported.
+
+        librdkafka reports a partition's end when its fetcher gets there, possibly before
+        the application has taken the messages queued up to it, so the reported end
+        offset is compared with what was fetched.
+        """
+        if not self._stop_at_end:
+            return False
+        for p in self._assigned:
+            end = self._eof.get(p)
+            if end is None or self._fetched.get(p, self._offsets.get(p, 0)) < end:
+                return False
+        return True
+
+    def _fetch(self, want: int, timeout: float) -> None:
+        ck = _kafka()
+        messages = self._consumer.consume(max(min(want, 100_000), 1000), timeout)
+        if not messages:
+            return
+        good = []
+        for m in messages:
+            err = m.error()
+            if err is None:
+                good.append(m)
+            elif err.code() == ck.KafkaError._PARTITION_EOF:
+                self._eof[m.partition()] = m.offset()
+            elif err.fatal() or not err.retriable():
+                raise RuntimeError(f"KafkaSource: reading topic {self.topic!r} failed: {err}")
+            else:
+                _logger.warning("KafkaSource: topic %r: %s (retrying)", self.topic, err)
+        if good:
+            self._add_block(good)
+
+    # -- parsing ------------------------------------------------------------
+
+    def _add_block(self, messages) -> None:
+        n = len(messages)
+        parts = np.fromiter((m.partition() for m in messages), np.int64, n)
+        offs = np.fromiter((m.offset() for m in messages), np.int64, n)
+        values = [m.value() for m in messages]
+        ends = dict(zip(parts.tolist(), (offs + 1).tolist(), strict=True))  # per partition: last
+        self._fetched.update(ends)
+        self._errors.parts, self._errors.offsets = parts, offs
+        if self._format == "csv":
+            cols, rows = self._parse_csv_messages(values)
+        else:
+            cols, rows = self._parse_json_messages(values)
+        cols, rows = self._check_values(None, cols, rows)
+        self._errors.parts = self._errors.offsets = None
+        try:
+            self._errors.flush()
+        except Exception:
+            self._shard = None  # the consumer read past this block: reassign on the next call
+            raise
+        self._blocks.append([cols, parts[rows], offs[rows], 0, ends])
+        self._buffered += len(rows)
+        if len(self._blocks) == 1:
+            self._pop_done()  # a first block of malformed messages only
+
+    def _parse_csv_messages(self, values):
+        ok = np.ones(len(values), bool)
+        for j, v in enumerate(values):
+            if v is None or b"\n" in v:
+                reason = (
+                    "empty message (null value)"
+                    if v is None
+                    else "the message holds a line break: one message must be one CSV line"
+                )
+                self._errors.record(None, None, j, reason)
+                ok[j] = False
+        idx = np.flatnonzero(ok)
+        if not len(idx):
+            return C.empty_like(self._streams), idx
+        data = b"\n".join(values[j] for j in idx) + b"\n"
+        try:
+            table = self._arrow(self._names, data)
+        except pa.ArrowInvalid:
+            table = None
+        # Rows are numbered by their index among `idx`; the error log maps them back.
+        parts, offs = self._errors.parts, self._errors.offsets
+        self._errors.parts, self._errors.offsets = parts[idx], offs[idx]
+        try:
+            cols, rows = self._parse_csv(self.topic, self._names, data, 0, 0, False, table)
+        finally:
+            self._errors.parts, self._errors.offsets = parts, offs
+        return cols, idx[rows]
+
+    def _parse_json_messages(self, values):
+        label, dense, categorical, multi = self._roles
+        data = {c: [] for c in self._wanted}
+        rows = []
+        for j, v in enumerate(values):
+            reason = None
+            try:
+                obj = json.loads(v) if v is not None else None
+            except (ValueError, UnicodeDecodeError) as err:
+                reason = f"invalid JSON ({err})"
+            else:
+                if not isinstance(obj, dict):
+                    reason = f"a message must be a JSON object, found {type(obj).__name__}"
+                else:
+                    reason, row = self._json_row(obj)
+            if reason is not None:
+                self._errors.record(None, None, j, reason)
+                continue
+            rows.append(j)
+            for c in self._wanted:
+                data[c].append(row[c])
+        table = pa.table(
+            {
+                **{c: pa.array(data[c], pa.float64()) for c in self._numeric},
+                **{c: pa.array(data[c], pa.string()) for c in categorical},
+                **{c: pa.array(data[c], pa.list_(pa.string())) for c in multi},
+            }
+        )
+        cols = _convert.convert_table(table, self._roles, separator=self._separator)
+        return cols, np.asarray(rows, np.int64)
+
+    def _json_row(self, obj: dict):
+        label, dense, categorical, multi = self._roles
+        row = {}
+        if obj.get(label) is None:
+            return f"empty label {label!r}", None
+        for c in self._numeric:
+            x = obj.get(c)
+            if x is not None and (isinstance(x, bool) or not isinstance(x, (int, float))):
+                return f"wrong type in column {c!r}: expected a number, found {x!r}", None
+            row[c] = None if x is None else float(x)
+        for c in categorical:
+            x = obj.get(c)
+            if x is not None and (isinstance(x, bool) or not isinstance(x, (int, str))):
+                return (
+                    f"wrong type in column {c!r}: expected a string or an integer, found {x!r}",
+                    None,
+                )
+            row[c] = None if x is None else str(x)
+        for c in multi:
+            x = obj.get(c)
+            if x is None:
+                row[c] = []
+            elif isinstance(x, str):
+                row[c] = x.split(self._separator)
+            elif isinstance(x, list) and all(
+                isinstance(i, (int, str)) and not isinstance(i, bool) for i in x
+            ):
+                row[c] = [str(i) for i in x]
+            else:
+                return (
+                    f"wrong type in column {c!r}: expected text or a list of strings or "
+                    f"integers, found {x!r}",
+                    None,
+                )
+        return None, row
+
+    # -- buffering ----------------------------------------------------------
+
+    def _reset_buffer(self) -> None:
+        self._blocks = []  # [columns, partitions, offsets, consumed, {partition: end offset}]
+        self._buffered = 0
+        self._eof: dict[int, int] = {}  # partition -> the end offset it last reported
+        self._fetched: dict[int, int] = {}  # partition -> offset after the last message fetched
+
+    def _take(self, m: int) -> dict:
+        """Consumes the next `m` buffered rows and advances the consumed offsets."""
+        parts = []
+        left = m
+        while left > 0:
+            block = self._blocks[0]
+            cols, bparts, boffs, off = block[:4]
+            k = min(len(bparts) - off, left)
+            parts.append(C.slice_columns(cols, off, off + k))
+            for p in np.unique(bparts[off : off + k]).tolist():
+                taken = boffs[off : off + k][bparts[off : off + k] == p]
+                self._offsets[p] = int(taken[-1]) + 1
+            block[3] = off + k
+            left -= k
+            self._buffered -= k
+            self._pop_done()
+        if not parts:
+            return C.empty_like(self._streams)
+        return C.concat_columns(parts)
+
+    def _pop_done(self) -> None:
+        """Drops the blocks read to their end: their skipped (malformed) messages are passed."""
+        while self._blocks and self._blocks[0][3] == len(self._blocks[0][1]):
+            for p, end in self._blocks.pop(0)[4].items():
+                self._offsets[p] = max(self._offsets.get(p, 0), end)
+
+    def _minibatch(self, cols: dict, sweep_end: bool) -> dict:
+        n = len(cols[self.label_name])
+        return {
+            info: MinibatchData(C.to_output(cols[info.name]), n, n, sweep_end)
+            for info in self._streams
+        }
+
+    def _is_ahead(self, where: str, offset: int) -> bool:
+        p = int(where.rsplit(" ", 1)[1])
+        return offset >= self._offsets.get(p, 0)

@@ -1,0 +1,255 @@
+"""KafkaSource against a Kafka cluster on 127.0.0.1 (librdkafka's mock cluster, in its own process)."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+
+import numpy as np
+import pytest
+
+ck = pytest.importorskip("confluent_kafka")
+
+from npu_rec.data import CsvSource, KafkaSource, MalformedRecordError, as_dataset  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+COLUMNS = ["label", "rid", "x", "c", "tags"]
+ROLES = dict(label="label", dense=("rid", "x"), categorical=("c",), multi_valued=("tags",))
+
+
+@pytest.fixture(scope="module")
+def broker():
+    """The cluster's bootstrap address; the broker process stops at the end of the module."""
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            os.path.join(ROOT, "benchmarks", "kafka_mock_broker.py"),
+            "--seconds=240",
+            "--stop_on_stdin_eof",
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        address = proc.stdout.readline().strip()
+        assert address.startswith("127.0.0.1:"), address
+        yield address
+    finally:
+        proc.stdin.close()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def line(i):
+    x = "" if i % 5 == 0 else repr(i * 0.5)
+    c = "" if i % 7 == 0 else f"v{i % 4}"
+    return f"{i % 2},{i},{x},{c},{'|'.join(f't{j}' for j in range(i % 3))}"
+
+
+def produce(address, topic, messages, partition_of=lambda i: i % 4):
+    producer = ck.Producer({"bootstrap.servers": address})
+    for i, m in enumerate(messages):
+        value = m if isinstance(m, bytes) else m.encode()
+        producer.produce(topic, value, partition=partition_of(i))
+    assert producer.flush(20) == 0
+
+
+def topic_with(address, messages, **kwargs):
+    topic = f"t-{uuid.uuid4().hex[:8]}"
+    produce(address, topic, messages, **kwargs)
+    return topic
+
+
+def source(address, topic, **kwargs):
+    kwargs.setdefault("max_wait_ms", 300)
+    return KafkaSource(topic, bootstrap_servers=address, columns=COLUMNS, **ROLES, **kwargs)
+
+
+def read_rids(src, batch, steps, w=1, r=0):
+    out = []
+    for _ in range(steps):
+        mb = src.next_minibatch(batch, w, r)
+        out.extend(mb[src.stream("rid")].data.astype(int).tolist())
+    return out
+
+
+def test_rows_match_the_csv_source_on_the_same_lines(broker, tmp_path):
+    n = 40
+    topic = topic_with(broker, [line(i) for i in range(n)], partition_of=lambda i: 0)
+    path = tmp_path / "rows.csv"
+    path.write_text(",".join(COLUMNS) + "\n" + "\n".join(line(i) for i in range(n)) + "\n")
+    with source(broker, topic) as kafka, CsvSource(str(path), **ROLES) as csv:
+        a, b = kafka.next_minibatch(n), csv.next_minibatch(n)
+        for name in COLUMNS:
+            x, y = a[kafka.stream(name)].data, b[csv.stream(name)].data
+            if name == "tags":
+                np.testing.assert_array_equal(x.values.numpy(), y.values.numpy())
+                np.testing.assert_array_equal(x.row_splits.numpy(), y.row_splits.numpy())
+            else:
+                np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+        assert not a[kafka.stream("label")].sweep_end
+
+
+def test_a_restored_source_reads_every_row_once(broker):
+    n = 200
+    topic = topic_with(broker, [line(i) for i in range(n)])
+    src = source(broker, topic)
+    seen = read_rids(src, 16, 5)
+    state = json.loads(json.dumps(src.get_checkpoint_state()))
+    assert sorted(int(p) for p in state["offsets"]) == [0, 1, 2, 3]
+    read_rids(src, 16, 3)  # read past the saved state: lost with the process
+    src.close()
+    again = source(broker, topic)
+    again.restore_from_checkpoint(state)
+    seen += read_rids(again, 20, 6)
+    assert sorted(seen) == list(range(n))
+    assert len(again.next_minibatch(8)[again.stream("rid")].data) == 0  # quiet: empty batch
+    again.close()
+
+
+def test_workers_read_disjoint_partitions_and_together_every_row(broker):
+    n = 120
+    topic = topic_with(broker, [line(i) for i in range(n)])
+    a, b = source(broker, topic), source(broker, topic)
+    ra, rb = read_rids(a, 10, 6, 2, 0), read_rids(b, 10, 6, 2, 1)
+    assert a.assigned_partitions == [0, 2] and b.assigned_partitions == [1, 3]
+    assert {i % 4 for i in ra} == {0, 2} and {i % 4 for i in rb} == {1, 3}
+    assert sorted(ra + rb) == list(range(n))
+    a.close()
+    b.close()
+
+
+def test_start_and_explicit_partitions(broker):
+    n = 40
+    topic = topic_with(broker, [line(i) for i in range(n)])
+    src = source(broker, topic, partitions=[1], start={1: 5})
+    assert read_rids(src, 5, 1) == [21, 25, 29, 33, 37]
+    src.close()
+    late = source(broker, topic, start="latest")
+    assert read_rids(late, 4, 1) == []
+    produce(broker, topic, [line(i) for i in range(n, n + 8)])
+    assert sorted(read_rids(late, 8, 1)) == list(range(n, n + 8))
+    late.close()
+
+
+def test_malformed_messages_name_topic_partition_and_offset(broker):
+    bad = ["0,1,2", "1,2,abc,c,t", "nan,3,1,c,t", "1,4,5,c\n1,5,6,c,t", "", "0,6,inf,c,t"]
+    topic = topic_with(broker, [line(100), *bad, line(101)], partition_of=lambda i: 2)
+    with pytest.raises(MalformedRecordError, match=rf"topic '{topic}' partition 2, offset 1: "):
+        with source(broker, topic) as strict:
+            strict.next_minibatch(2)
+    src = source(broker, topic, on_error="skip")
+    assert read_rids(src, 2, 1) == [100, 101]
+    report = src.error_report()
+    assert report["count"] == 5  # the empty message is a blank line: ignored, as in a file
+    offsets = [e["offset"] for e in report["examples"]]
+    assert offsets == [1, 2, 3, 4, 6]
+    assert "wrong number of fields" in report["examples"][0]["reason"]
+    assert "empty label" in report["examples"][2]["reason"]  # "nan" reads as empty, as in files
+    assert "line break" in report["examples"][3]["reason"]
+    assert "non-finite value inf" in report["examples"][4]["reason"]
+    assert src.get_checkpoint_state()["offsets"]["2"] == 8
+    src.close()
+
+
+def test_json_messages(broker):
+    msgs = [
+        json.dumps({"label": 1, "rid": 7, "x": 0.5, "c": "v1", "tags": ["t0", "t1"]}),
+        json.dumps({"label": 0, "rid": 8, "c": 3, "tags": "t0|t1"}),
+        json.dumps({"label": 0, "rid": "9"}),
+        "[1, 2]",
+        "{not json",
+    ]
+    topic = topic_with(broker, msgs, partition_of=lambda i: 0)
+    src = KafkaSource(
+        topic, bootstrap_servers=broker, format="json", on_error="skip", max_wait_ms=300, **ROLES
+    )
+    mb = src.next_minibatch(2)
+    assert mb[src.stream("rid")].data.tolist() == [7.0, 8.0]
+    assert mb[src.stream("x")].data.tolist() == [0.5, 0.0]
+    tags = mb[src.stream("tags")].data
+    assert tags[0].numpy().tolist() == tags[1].numpy().tolist()
+    reasons = [e["reason"] for e in src.error_report()["examples"]]
+    assert "wrong type in column 'rid'" in reasons[0]
+    assert "JSON object" in reasons[1] and "invalid JSON" in reasons[2]
+    src.close()
+
+
+def test_as_dataset_reads_the_stream(broker):
+    topic = topic_with(broker, [line(i) for i in range(64)])
+    src = source(broker, topic)
+    # No read-ahead: a prefetching iterator left while the stream is quiet would wait in
+    # its pending read until the next message arrives.
+    ds = as_dataset(src, 16, num_sweeps=None, prefetch=0)
+    rids = []
+    for feats, _ in ds.take(4):
+        rids += feats["rid"].numpy().astype(int).tolist()
+    assert sorted(rids) == list(range(64))
+    assert sorted(ds.reading_position.state_after(4)["offsets"].values()) == [16] * 4
+    src.close()
+
+
+def test_offsets_reach_the_broker_only_when_committed(broker):
+    topic = topic_with(broker, [line(i) for i in range(40)])
+    src = source(broker, topic, group_id=f"g-{topic}")
+    read_rids(src, 8, 2)
+    state = src.get_checkpoint_state()
+    admin = ck.Consumer({"bootstrap.servers": broker, "group.id": f"g-{topic}"})
+    parts = [ck.TopicPartition(topic, p) for p in range(4)]
+    assert [tp.offset for tp in admin.committed(parts, timeout=10)] == [ck.OFFSET_INVALID] * 4
+    src.checkpoint_committed(state)
+    expected = [state["offsets"][str(p)] for p in range(4)]
+    assert sum(expected) == 16
+    for _ in range(100):  # the commit is asynchronous
+        got = [tp.offset for tp in admin.committed(parts, timeout=10)]
+        if got == expected:
+            break
+        time.sleep(0.1)
+    assert got == expected
+    admin.close()
+    src.close()
+
+
+def test_bad_arguments_name_the_argument(broker):
+    with pytest.raises(ValueError, match="format"):
+        KafkaSource("t", bootstrap_servers=broker, columns=COLUMNS, label="label", format="xml")
+    with pytest.raises(ValueError, match="columns"):
+        KafkaSource("t", bootstrap_servers=broker, label="label")
+    with pytest.raises(ValueError, match="start"):
+        KafkaSource("t", bootstrap_servers=broker, columns=COLUMNS, label="label", start="middle")
+    src = source(broker, topic_with(broker, [line(0)]))
+    with pytest.raises(ValueError, match="number_of_workers"):
+        src.next_minibatch(1, 5, 4)
+    src.close()
+
+
+def test_a_prefetching_dataset_left_during_a_pause_ends_after_stop(broker):
+    topic = topic_with(broker, [line(i) for i in range(32)])
+    src = source(broker, topic, max_wait_ms=200)
+    ds = as_dataset(src, 16, num_sweeps=None, prefetch=2)
+    start = time.monotonic()
+    for k, _ in enumerate(ds):
+        if k == 1:  # both batches read; the read-ahead now waits on a quiet stream
+            ds.reading_position.stop()
+            break
+    assert time.monotonic() - start < 30
+    assert sorted(ds.reading_position.state_after(2)["offsets"].values()) == [8] * 4
+    src.close()
+
+
+def test_stop_at_end_ends_a_sweep_after_every_message(broker):
+    topic = topic_with(broker, [line(i) for i in range(50)])
+    src = source(broker, topic, stop_at_end=True)
+    rids, ends = [], 0
+    while not ends:
+        mb = src.next_minibatch(8)
+        rids += mb[src.stream("rid")].data.astype(int).tolist()
+        ends += mb[src.stream("rid")].sweep_end
+    assert sorted(rids) == list(range(50))
+    src.close()
