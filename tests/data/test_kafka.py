@@ -69,7 +69,7 @@ def topic_with(address, messages, **kwargs):
 def source(address, topic, **kwargs):
     # Long enough for a loaded machine to fetch what is already in the topic; a test of a
     # quiet stream passes its own short wait.
-    kwargs.setdefault("max_wait_ms", 5000)
+    kwargs.setdefault("max_wait_ms", 1500)
     return KafkaSource(topic, bootstrap_servers=address, columns=COLUMNS, **ROLES, **kwargs)
 
 
@@ -170,7 +170,7 @@ def test_json_messages(broker):
     ]
     topic = topic_with(broker, msgs, partition_of=lambda i: 0)
     src = KafkaSource(
-        topic, bootstrap_servers=broker, format="json", on_error="skip", max_wait_ms=5000, **ROLES
+        topic, bootstrap_servers=broker, format="json", on_error="skip", max_wait_ms=1500, **ROLES
     )
     mb = src.next_minibatch(2)
     assert mb[src.stream("rid")].data.tolist() == [7.0, 8.0]
