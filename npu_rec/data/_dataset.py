@@ -24,7 +24,7 @@ import threading
 import numpy as np
 
 from npu_rec.data._columns import Ragged
-from npu_rec.data._source import MinibatchSource, check_sharding
+from npu_rec.data._source import MinibatchSource, check_sharding, tell_committed
 
 _logger = logging.getLogger("npu_rec.data")
 
@@ -109,7 +109,7 @@ class ReadingPosition:
         its offsets on the broker (`MinibatchSource.checkpoint_committed`).
         """
         if state is not None and self._source is not None:
-            self._source.checkpoint_committed(state)
+            tell_committed(self._source, state)
 
     def mark_consumed(self, num_batches: int = 1) -> None:
         """Tells that the model has consumed `num_batches` more batches."""

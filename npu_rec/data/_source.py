@@ -64,6 +64,18 @@ class MinibatchData:
     sweep_end: bool
 
 
+def tell_committed(source, state: dict) -> None:
+    """Calls `source.checkpoint_committed(state)` where the source has it.
+
+    The CNTK contract a user's own source may follow has four methods only
+    (`stream_infos`, `next_minibatch`, `get_checkpoint_state`,
+    `restore_from_checkpoint`); such a source has nothing to tell a broker.
+    """
+    committed = getattr(source, "checkpoint_committed", None)
+    if committed is not None:
+        committed(state)
+
+
 class MinibatchSource(abc.ABC):
     """The four-method contract every npu_rec data source implements."""
 

@@ -17,6 +17,7 @@ from npu_rec._paths import atomic_file
 from npu_rec.checkpoint import CheckpointCorruptedError, TableCheckpointManager
 from npu_rec.checkpoint._training_dir import TrainingDir
 from npu_rec.checkpoint._versions import Version, table_parts
+from npu_rec.data._source import tell_committed
 from npu_rec.distribute import _worker_versions
 from npu_rec.distribute._agreement import agree_max
 from npu_rec.keras import _keras_fixes
@@ -397,7 +398,7 @@ class SparseCheckpoint(keras.callbacks.Callback):
             tdir.discard(parts)
             raise
         if self.data_source is not None and data is not None:
-            self.data_source.checkpoint_committed(data)  # e.g. a stream's offsets to its broker
+            tell_committed(self.data_source, data)  # e.g. a stream's offsets to its broker
         done = DELTA if path.endswith(".delta.nrc") else FULL  # a first delta becomes full
         if self.policy is not None:
             self.policy.mark_saved(done, step)
