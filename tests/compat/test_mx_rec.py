@@ -257,3 +257,29 @@ def test_config_initializer_reads_static_flag_and_channel_ids():
     with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
         stamps = sess.run(ops.return_timestamp(tf.constant([0, 1, 1], tf.int64)))
     assert stamps.shape == (3,) and len(set(stamps)) == 1 and stamps[0] > 1_600_000_000
+
+
+def test_eos_map_keeps_every_element_and_the_end():
+    import npu_rec.compat.mx_rec  # noqa: F401  (adds eos_map, as importing mx_rec does)
+    from npu_rec.compat.mx_rec.constants.constants import LIBREC_EOS_OPS_SO
+    from npu_rec.compat.mx_rec.util.ops import import_host_pipeline_ops
+
+    librec = import_host_pipeline_ops(LIBREC_EOS_OPS_SO)
+    ds = tf.data.Dataset.range(5).batch(2).eos_map(librec, 0, 100, 10)
+    assert [list(b) for b in ds.as_numpy_iterator()] == [[0, 1], [2, 3], [4]]
+    with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
+        it = tf.compat.v1.data.make_initializable_iterator(
+            tf.compat.v1.data.Dataset.range(3).eos_map(librec, 1, 100, 10)
+        )
+        nxt = it.get_next()
+        sess.run(it.initializer)
+        assert [sess.run(nxt) for _ in range(3)] == [0, 1, 2]
+        with pytest.raises(tf.errors.OutOfRangeError):
+            sess.run(nxt)
+
+
+def test_util_package_reaches_rank_helpers_as_attributes():
+    import npu_rec.compat.mx_rec.util as mxrec_util
+
+    assert mxrec_util.communication.hccl_ops.get_rank_id() == 0
+    assert mxrec_util.communication.hccl_ops.get_rank_size() == 1
