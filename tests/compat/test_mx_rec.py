@@ -250,6 +250,9 @@ def test_config_initializer_reads_static_flag_and_channel_ids():
             params = config.train_params_config
             assert params.get_training_mode_channel_id(True) == 0
             assert params.get_training_mode_channel_id(False) == 1
+            for refused in (params.get_initializer, params.get_target_batch):
+                with pytest.raises(ValueError, match="does not modify the graph"):
+                    refused(False)
         finally:
             terminate_config_initializer()
     ops = import_host_pipeline_ops(LIBREC_CPU_SO)

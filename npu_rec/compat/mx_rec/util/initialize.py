@@ -87,12 +87,25 @@ def get_host_pipeline_ops():
 
 
 class _TrainParamsConfig:
-    """mx_rec's training-parameters view: only the data channel ids (train 0, eval 1),
-    which the no-op `clear_channel` accepts."""
+    """mx_rec's training-parameters view: the data channel ids (train 0, eval 1),
+    which the no-op `clear_channel` accepts. The graph-modification mode's iterator
+    and batch (`get_initializer`, `get_target_batch`) are refused, as
+    `get_initializer` is."""
 
     @staticmethod
     def get_training_mode_channel_id(is_training=True) -> int:
         return 0 if is_training else 1
+
+    @staticmethod
+    def get_initializer(is_training=True):
+        return get_initializer(is_training)
+
+    @staticmethod
+    def get_target_batch(is_training=True):
+        raise ValueError(
+            "npu_rec does not modify the graph: read the batch from the dataset iterator "
+            f"itself. Received: get_target_batch(is_training={is_training!r})"
+        )
 
 
 class ConfigInitializer:
