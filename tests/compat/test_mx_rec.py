@@ -215,3 +215,74 @@ def test_run_module_runs_an_unchanged_program(tmp_path):
     # Only in that process: here `mx_rec` is not importable.
     with pytest.raises(ImportError):
         __import__("mx_rec")
+
+
+def test_slicer_hooks_accept_their_arguments_and_leave_the_graph_alone():
+    from npu_rec.compat.mx_rec.graph.hooks import (
+        LookupSubgraphSlicerHook,
+        OrphanLookupKeySlicerHook,
+    )
+
+    with tf.Graph().as_default() as graph:
+        ids = tf.strings.to_number(tf.strings.as_string(tf.constant([1, 2], tf.int64)), tf.int64)
+        before = [op.name for op in graph.get_operations()]
+        hooks = [OrphanLookupKeySlicerHook(), LookupSubgraphSlicerHook(op_types=["StringToNumber"])]
+        with tf.compat.v1.train.MonitoredSession(hooks=hooks) as sess:
+            assert list(sess.run(ids)) == [1, 2]
+        assert hooks[1].op_types == ["StringToNumber"]
+        assert [op.name for op in graph.get_operations()][: len(before)] == before
+
+
+def test_config_initializer_reads_static_flag_and_channel_ids():
+    from npu_rec.compat.mx_rec.constants.constants import LIBREC_CPU_SO
+    from npu_rec.compat.mx_rec.util.initialize import (
+        ConfigInitializer,
+        init,
+        terminate_config_initializer,
+    )
+    from npu_rec.compat.mx_rec.util.ops import import_host_pipeline_ops
+
+    for use_dynamic in (True, False):
+        init(train_steps=2, eval_steps=1, use_dynamic=use_dynamic)
+        try:
+            config = ConfigInitializer.get_instance()
+            assert config.use_static is (not use_dynamic)
+            params = config.train_params_config
+            assert params.get_training_mode_channel_id(True) == 0
+            assert params.get_training_mode_channel_id(False) == 1
+            for refused in (params.get_initializer, params.get_target_batch):
+                with pytest.raises(ValueError, match="does not modify the graph"):
+                    refused(False)
+        finally:
+            terminate_config_initializer()
+    ops = import_host_pipeline_ops(LIBREC_CPU_SO)
+    assert ops.clear_channel(1) is None
+    with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
+        stamps = sess.run(ops.return_timestamp(tf.constant([0, 1, 1], tf.int64)))
+    assert stamps.shape == (3,) and len(set(stamps)) == 1 and stamps[0] > 1_600_000_000
+
+
+def test_eos_map_keeps_every_element_and_the_end():
+    import npu_rec.compat.mx_rec  # noqa: F401  (adds eos_map, as importing mx_rec does)
+    from npu_rec.compat.mx_rec.constants.constants import LIBREC_EOS_OPS_SO
+    from npu_rec.compat.mx_rec.util.ops import import_host_pipeline_ops
+
+    librec = import_host_pipeline_ops(LIBREC_EOS_OPS_SO)
+    ds = tf.data.Dataset.range(5).batch(2).eos_map(librec, 0, 100, 10)
+    assert [list(b) for b in ds.as_numpy_iterator()] == [[0, 1], [2, 3], [4]]
+    with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
+        it = tf.compat.v1.data.make_initializable_iterator(
+            tf.compat.v1.data.Dataset.range(3).eos_map(librec, 1, 100, 10)
+        )
+        nxt = it.get_next()
+        sess.run(it.initializer)
+        assert [sess.run(nxt) for _ in range(3)] == [0, 1, 2]
+        with pytest.raises(tf.errors.OutOfRangeError):
+            sess.run(nxt)
+
+
+def test_util_package_reaches_rank_helpers_as_attributes():
+    import npu_rec.compat.mx_rec.util as mxrec_util
+
+    assert mxrec_util.communication.hccl_ops.get_rank_id() == 0
+    assert mxrec_util.communication.hccl_ops.get_rank_size() == 1

@@ -12,6 +12,10 @@ ASCEND_SPARSE_LOOKUP_LOCAL_EMB = "ASCEND_SPARSE_LOOKUP_LOCAL_EMB"
 ASCEND_SPARSE_LOOKUP_ID_OFFSET = "ASCEND_SPARSE_LOOKUP_ID_OFFSET"
 #: Collection of each training lookup's unique keys.
 ASCEND_SPARSE_LOOKUP_UNIQUE_KEYS = "ASCEND_SPARSE_LOOKUP_UNIQUE_KEYS"
+#: Name of mx_rec's host pipeline op library; `import_host_pipeline_ops` accepts and ignores it.
+LIBREC_CPU_SO = "librec_cpu.so"
+#: Name of mx_rec's end-of-sequence op library (`Dataset.eos_map`'s first argument); unused.
+LIBREC_EOS_OPS_SO = "libasc_ops.so"
 
 
 class BaseEnum(enum.Enum):

@@ -64,7 +64,13 @@ def get_initializer(is_training=True):
 
 
 class _HostPipelineOps:
-    """mx_rec's host pipeline ops: only `return_timestamp` has a CPU meaning."""
+    """mx_rec's host pipeline ops: only `return_timestamp` has a CPU meaning;
+    `clear_channel` is a no-op (there is no NPU data channel)."""
+
+    @staticmethod
+    def clear_channel(channel_id=None):
+        """No-op: there is no NPU data channel."""
+        del channel_id
 
     @staticmethod
     def return_timestamp(tensor):
@@ -78,6 +84,28 @@ class _HostPipelineOps:
 def get_host_pipeline_ops():
     """The host pipeline ops object (`return_timestamp`)."""
     return _HostPipelineOps()
+
+
+class _TrainParamsConfig:
+    """mx_rec's training-parameters view: the data channel ids (train 0, eval 1),
+    which the no-op `clear_channel` accepts. The graph-modification mode's iterator
+    and batch (`get_initializer`, `get_target_batch`) are refused, as
+    `get_initializer` is."""
+
+    @staticmethod
+    def get_training_mode_channel_id(is_training=True) -> int:
+        return 0 if is_training else 1
+
+    @staticmethod
+    def get_initializer(is_training=True):
+        return get_initializer(is_training)
+
+    @staticmethod
+    def get_target_batch(is_training=True):
+        raise ValueError(
+            "npu_rec does not modify the graph: read the batch from the dataset iterator "
+            f"itself. Received: get_target_batch(is_training={is_training!r})"
+        )
 
 
 class ConfigInitializer:
@@ -107,6 +135,16 @@ class ConfigInitializer:
     @property
     def rank_size(self) -> int:
         return 1
+
+    @property
+    def train_params_config(self) -> _TrainParamsConfig:
+        """Channel ids per mode (`get_training_mode_channel_id`)."""
+        return _TrainParamsConfig()
+
+    @property
+    def use_static(self) -> bool:
+        """mx_rec's static-shape flag: the opposite of `init`'s `use_dynamic`."""
+        return not bool(getattr(npu_rec.get_config(), "use_dynamic", True))
 
     def __getattr__(self, name):
         own = self.__dict__["_own"]
