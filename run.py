@@ -9,7 +9,8 @@ Each creates `.venv/` beside this file and installs npu_rec into it (with the
                                        #   on the default data
   python3 run.py test [ARGS]           # the whole test suite (pytest ARGS)
   python3 run.py script NAME [FLAGS]   # python -m npu_rec.scripts.NAME: train, evaluate, export,
-                                       #   inspect_checkpoint, online_train (--help: the flags)
+                                       #   inspect_checkpoint, online_train, produce_sample
+                                       #   (--help: the flags)
   python3 run.py bench NAME            # benchmarks/NAME.py
 """
 

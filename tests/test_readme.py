@@ -202,7 +202,7 @@ def test_run_py_script_names_the_scripts_it_runs(run_py, argv, capsys):
     out = capsys.readouterr().out
     assert (
         "usage: python3 run.py script NAME [FLAGS], NAME one of evaluate, export, "
-        "inspect_checkpoint, online_train, train."
+        "inspect_checkpoint, online_train, produce_sample, train."
     ) in out
     if len(argv) > 1:
         assert f"Received: {argv[1]!r}" in out
