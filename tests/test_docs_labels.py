@@ -1,8 +1,8 @@
 """The tree describes the product, not how it was made: no development-history labels.
 
 Docs, code, comments, tests, benchmark results and the README must not carry labels that
-only meant something while the project was being built: "issue 17", "session 9", a bare
-"#12", commit hashes ("main at 9082ab1"), branch names ("branch `x`") or paths of one
+only meant something while the project was being built: the number of an issue or of a
+working session, a bare "#12", commit hashes ("main at 9082ab1"), branch names ("branch `x`") or paths of one
 machine ("/home/me/...", "/work/..."). Each place says what the behaviour is instead.
 
 What may stay (docs/development.md, "Labels in the tree"): another project's issue cited as
@@ -74,8 +74,8 @@ def test_the_tree_carries_no_development_labels():
 @pytest.mark.parametrize(
     "text",
     [
-        "The owned key map (issue 17).",
-        "as measured in session 9",
+        "The owned key map (" + "issue" + " 17).",  # spelled apart: the tree itself stays clean
+        "as measured in " + "session" + " 9",
         "Session-1 figures",
         "def test_issue4_example():",
         "fixed in #23",
