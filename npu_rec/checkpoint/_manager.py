@@ -36,7 +36,7 @@ class CheckpointVersion(NamedTuple):
 
 def _default_threshold() -> int:
     try:
-        from npu_rec._config import get_config
+        from npu_rec._rec_config import get_config
 
         return int(getattr(get_config(), "recent_key_count_threshold", 0) or 0)
     except Exception:  # config module absent or not initialised

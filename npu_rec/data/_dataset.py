@@ -130,9 +130,9 @@ def _use_dynamic() -> bool:
 
         get = getattr(npu_rec, "get_config", None)
         if get is None:
-            from npu_rec import _config
+            from npu_rec import _rec_config
 
-            get = _config.get_config
+            get = _rec_config.get_config
         return bool(get().use_dynamic)
     except Exception:  # config not built yet, or not initialised
         return True

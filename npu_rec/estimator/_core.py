@@ -14,7 +14,7 @@ import contextlib
 
 import tensorflow as tf
 
-from npu_rec._config import get_config
+from npu_rec._rec_config import get_config
 from npu_rec.estimator._graph import (
     call_input_fn,
     call_model_fn,

@@ -20,8 +20,8 @@ import numpy as np
 import tensorflow as tf
 
 from npu_rec import _log as logging
-from npu_rec._config import check_int
 from npu_rec._paths import make_directory
+from npu_rec._rec_config import check_int
 from npu_rec.estimator import _distributed, _export, _training
 from npu_rec.estimator._core import EstimatorCore
 from npu_rec.estimator._graph import latest_dense

@@ -18,7 +18,7 @@ import re
 import tensorflow as tf
 
 from npu_rec import _log as logging
-from npu_rec._config import ConfigError
+from npu_rec._rec_config import ConfigError
 from npu_rec.checkpoint import TableCheckpointManager
 from npu_rec.checkpoint._versions import Version, VersionLog, table_parts
 from npu_rec.estimator._keras_names import fresh_layer_names

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from npu_rec._config import check_int
+from npu_rec._rec_config import check_int
 from npu_rec.estimator._estimator import (
     EvaluationGraph,
     NPUEstimator,

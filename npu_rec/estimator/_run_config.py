@@ -16,7 +16,7 @@ from typing import Any
 import tensorflow as tf
 from tensorflow.core.protobuf import rewriter_config_pb2
 
-from npu_rec._config import check_int
+from npu_rec._rec_config import check_int
 from npu_rec._validation import check_number, warn_once
 from npu_rec.estimator._cluster import ClusterInfo
 from npu_rec.training._precision import check_precision_compatibility, parse_accelerate_train_mode

@@ -6,7 +6,7 @@ import collections
 
 import tensorflow as tf
 
-from npu_rec._config import check_int
+from npu_rec._rec_config import check_int
 from npu_rec.estimator._exporter import check_exporters
 from npu_rec.estimator._metrics import metric_pairs
 from npu_rec.estimator.export._outputs import serving_export_outputs

@@ -17,7 +17,7 @@ import dataclasses
 import tensorflow as tf
 
 from npu_rec import _log as logging
-from npu_rec._config import get_config
+from npu_rec._rec_config import get_config
 from npu_rec._validation import log_once
 from npu_rec.checkpoint._training_dir import TrainingDir
 from npu_rec.estimator import _data_position, _distributed, _hooks, _ps_position, _scaffold

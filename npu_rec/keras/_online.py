@@ -23,7 +23,7 @@ from __future__ import annotations
 import keras
 
 from npu_rec import _log as logging
-from npu_rec._config import get_config
+from npu_rec._rec_config import get_config
 from npu_rec.keras import _keras_fixes
 
 

@@ -25,7 +25,7 @@ def global_use_dynamic_expansion() -> bool:
     keeps working while the config module is absent or not initialised.
     """
     try:
-        from npu_rec._config import get_config
+        from npu_rec._rec_config import get_config
     except ImportError:
         return False
     try:

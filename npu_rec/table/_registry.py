@@ -16,7 +16,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from npu_rec import _config
+from npu_rec import _rec_config
 
 _LOCK = threading.Lock()
 _EAGER: dict[str, Any] = {}
@@ -78,4 +78,4 @@ def clear() -> None:
         _PER_GRAPH.clear()
 
 
-_config.register_shutdown_callback(clear)
+_rec_config.register_shutdown_callback(clear)

@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable
 from typing import Literal
 
-from npu_rec._config import ConfigError, RecConfig, check_int
+from npu_rec._rec_config import ConfigError, RecConfig, check_int
 from npu_rec._validation import check_number
 
 SaveKind = Literal["full", "delta"]

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from npu_rec._config import RecConfig, get_config
+from npu_rec._rec_config import RecConfig, get_config
 from npu_rec._validation import ConfigError, check_int, log_once
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import keras
 
 from npu_rec import _log as logging
-from npu_rec._config import get_config
+from npu_rec._rec_config import get_config
 from npu_rec.keras import _amp
 from npu_rec.keras.callbacks._common import global_step
 from npu_rec.training._precision import PrecisionSwitch, parse_accelerate_train_mode

@@ -12,8 +12,8 @@ import numpy as np
 
 from npu_rec import _log as logging
 from npu_rec import distribute
-from npu_rec._config import ConfigError, check_int, get_config
 from npu_rec._paths import atomic_file
+from npu_rec._rec_config import ConfigError, check_int, get_config
 from npu_rec.checkpoint import CheckpointCorruptedError, TableCheckpointManager
 from npu_rec.checkpoint._training_dir import TrainingDir
 from npu_rec.checkpoint._versions import Version, table_parts

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import npu_rec
-from npu_rec import _config
+from npu_rec import _rec_config
 
 MAX = 2147483647
 
@@ -133,7 +133,7 @@ def test_defaults_before_init_and_after_shutdown():
     assert npu_rec.get_config().max_steps == 5
     npu_rec.shutdown()
     assert npu_rec.get_config().to_dict() == expected
-    assert not _config.is_initialized()
+    assert not _rec_config.is_initialized()
 
 
 def test_seed_example():
@@ -150,7 +150,7 @@ def test_seed_example():
     cfg = npu_rec.get_config()
     assert (cfg.max_steps, cfg.train_steps, cfg.eval_steps, cfg.save_steps) == (200, 100, 10, 100)
     assert cfg.use_dynamic is True and cfg.use_dynamic_expansion is False
-    assert _config.is_initialized()
+    assert _rec_config.is_initialized()
 
 
 def test_unknown_keys_warn_once_naming_all():
@@ -259,7 +259,7 @@ def test_use_lccl_true_is_not_available():
         npu_rec.ConfigError, match=r"`use_lccl=True`.*not available on this platform"
     ):
         npu_rec.init(use_lccl=True)
-    assert not _config.is_initialized()
+    assert not _rec_config.is_initialized()
 
 
 @pytest.mark.parametrize(
@@ -300,20 +300,20 @@ def test_shutdown_runs_callbacks_in_order_once_each():
     def second():
         calls.append("second")
 
-    _config.register_shutdown_callback(first)
-    _config.register_shutdown_callback(second)
-    _config.register_shutdown_callback(first)  # no duplicate
+    _rec_config.register_shutdown_callback(first)
+    _rec_config.register_shutdown_callback(second)
+    _rec_config.register_shutdown_callback(first)  # no duplicate
     try:
         npu_rec.init(max_steps=3)
         npu_rec.shutdown()
         assert calls == ["first", "second"]
         assert npu_rec.get_config().max_steps == -1
-        _config.unregister_shutdown_callback(first)
+        _rec_config.unregister_shutdown_callback(first)
         npu_rec.shutdown()
         assert calls == ["first", "second", "second"]
     finally:
-        _config.unregister_shutdown_callback(first)
-        _config.unregister_shutdown_callback(second)
+        _rec_config.unregister_shutdown_callback(first)
+        _rec_config.unregister_shutdown_callback(second)
 
 
 def test_failing_shutdown_callback_does_not_stop_the_others():
@@ -325,19 +325,19 @@ def test_failing_shutdown_callback_does_not_stop_the_others():
     def after():
         calls.append("after")
 
-    _config.register_shutdown_callback(broken)
-    _config.register_shutdown_callback(after)
+    _rec_config.register_shutdown_callback(broken)
+    _rec_config.register_shutdown_callback(after)
     try:
         npu_rec.init(max_steps=3)
         with pytest.raises(RuntimeError, match="table registry exploded"):
             npu_rec.shutdown()
         assert calls == ["after"]
-        assert not _config.is_initialized()
+        assert not _rec_config.is_initialized()
     finally:
-        _config.unregister_shutdown_callback(broken)
-        _config.unregister_shutdown_callback(after)
+        _rec_config.unregister_shutdown_callback(broken)
+        _rec_config.unregister_shutdown_callback(after)
 
 
 def test_register_rejects_non_callable():
     with pytest.raises(TypeError, match="`callback` must be callable"):
-        _config.register_shutdown_callback(42)
+        _rec_config.register_shutdown_callback(42)
