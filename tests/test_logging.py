@@ -33,9 +33,9 @@ import numpy as np
 import tensorflow as tf
 import npu_rec
 from npu_rec.checkpoint import _manager
-from npu_rec.keras.callbacks import _checkpoint
+from npu_rec.keras.callbacks import _sparse_checkpoint
 npu_rec.init(max_steps=10, if_load=True, bind_cpu=False)       # logs at INFO
-_checkpoint.logging.info("keras callback info")                 # stdlib before
+_sparse_checkpoint.logging.info("keras callback info")          # stdlib before
 _manager.logging.info("checkpoint info")
 npu_rec._cpu.logging.warning("npu_rec probe %d", 1)
 tf.get_logger().warning("tensorflow probe")

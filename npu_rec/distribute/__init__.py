@@ -9,12 +9,6 @@ dense part is mirrored and trained by the Keras optimizer. See
 docs/distributed.md.
 """
 
-from npu_rec.distribute._checkpoint import (
-    merge_states,
-    restore_chains,
-    restore_tables,
-    save_tables,
-)
 from npu_rec.distribute._exchange import (
     DEFAULT_TIMEOUT_SECONDS,
     Exchange,
@@ -24,6 +18,12 @@ from npu_rec.distribute._exchange import (
 from npu_rec.distribute._faults import PEER_ERRORS, WorkerLostError, lost_tasks
 from npu_rec.distribute._faults import explain as explain_peer_error
 from npu_rec.distribute._strategy import multi_worker_strategy, worker_rank
+from npu_rec.distribute._worker_checkpoints import (
+    merge_states,
+    restore_chains,
+    restore_tables,
+    save_tables,
+)
 from npu_rec.distribute._worker_table import WorkerShardedTable, updates_only_when
 
 __all__ = [
