@@ -35,7 +35,7 @@ import os
 import tensorflow as tf
 
 from npu_rec import _log as logging
-from npu_rec.estimator._data_position import path_for
+from npu_rec.estimator._data_position_hook import path_for
 from npu_rec.training._data_position import load_position, restore_source, save_position
 
 _PREFIX = "npu_rec_data_position"

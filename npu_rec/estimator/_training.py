@@ -20,7 +20,7 @@ from npu_rec import _log as logging
 from npu_rec._rec_config import get_config
 from npu_rec._validation import log_once
 from npu_rec.checkpoint._training_dir import TrainingDir
-from npu_rec.estimator import _data_position, _distributed, _hooks, _ps_position, _scaffold
+from npu_rec.estimator import _data_position_hook, _distributed, _hooks, _ps_position, _scaffold
 from npu_rec.estimator._graph import RestorePlan, batch_size_of
 from npu_rec.estimator._sparse_train import add_missing_sparse_updates, enable_loss_scaling
 from npu_rec.estimator._spec import ModeKeys
@@ -216,9 +216,9 @@ class TrainingRun:
             if loss_scaling:
                 enable_loss_scaling(graph)
 
-        data = _data_position.tracked(settings.input_fn)
+        data = _data_position_hook.tracked(settings.input_fn)
         if data is not None and trainer is None:
-            _data_position.restore(
+            _data_position_hook.restore(
                 plan.position_path, plan.step if plan.dense_path else None, data[0]
             )
         # (On the ps route each trainer restores its own position once its session exists.)
@@ -233,7 +233,7 @@ class TrainingRun:
                 position_hook = trainer.position_hook(data, config.model_dir)
                 train_op = position_hook.advance(train_op)
             elif data is not None:
-                position_hook = _data_position.DataPositionHook(data[1], config.model_dir)
+                position_hook = _data_position_hook.DataPositionHook(data[1], config.model_dir)
             saver, _, manager = core.savers(spec)
             all_hooks, precision_hook = self._hooks(
                 spec, features, plan, low, saver, manager, position_hook, data_hooks

@@ -7,7 +7,7 @@ resumed after a kill) is `tests/distribute/test_ps_estimator.py`.
 import tensorflow as tf
 
 from npu_rec.data import SyntheticSource
-from npu_rec.estimator import _data_position, _ps_position
+from npu_rec.estimator import _data_position_hook, _ps_position
 from npu_rec.training._data_position import save_position
 
 
@@ -41,7 +41,7 @@ def test_a_cluster_file_and_a_one_process_file_do_not_mix(tmp_path):
     }
     # One process continues where its source is: no trainer's share is its share.
     source = SyntheticSource(num_rows=None, seed=1)
-    assert _data_position.restore(cluster, 5, source) is False
+    assert _data_position_hook.restore(cluster, 5, source) is False
     assert source.get_checkpoint_state()["position"] == 0
 
     single = str(tmp_path / "data_position-6.json")
