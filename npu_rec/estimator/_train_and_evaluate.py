@@ -19,7 +19,7 @@ from npu_rec.estimator._cluster import EVALUATOR
 from npu_rec.estimator._distributed import evaluate_checkpoints
 from npu_rec.estimator._estimator import core_of
 from npu_rec.estimator._spec import EvalSpec, TrainSpec
-from npu_rec.training._steps import check_train_and_evaluate
+from npu_rec.training._step_rules import check_train_and_evaluate
 
 
 class _Evaluator:

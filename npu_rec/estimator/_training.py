@@ -26,7 +26,7 @@ from npu_rec.estimator._sparse_train import add_missing_sparse_updates, enable_l
 from npu_rec.estimator._spec import ModeKeys
 from npu_rec.training._policies import SavePolicy
 from npu_rec.training._precision import PrecisionSwitch
-from npu_rec.training._steps import check_estimator_train
+from npu_rec.training._step_rules import check_estimator_train
 
 
 def _make_switch(core, hooks, last_step, plan):

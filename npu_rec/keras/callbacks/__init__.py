@@ -8,6 +8,6 @@ and `npu_rec.training._policies.SavePolicy`, which the Estimator hooks use too.
 from npu_rec.keras.callbacks._accelerate import AccelerateTrain
 from npu_rec.keras.callbacks._evict import Evict
 from npu_rec.keras.callbacks._sparse_checkpoint import SparseCheckpoint
-from npu_rec.keras.callbacks._steps import StepConsistency
+from npu_rec.keras.callbacks._step_consistency import StepConsistency
 
 __all__ = ["AccelerateTrain", "Evict", "SparseCheckpoint", "StepConsistency"]

@@ -30,7 +30,7 @@ from npu_rec.keras.callbacks._common import (
 )
 from npu_rec.training._data_position import ConsumedBatches, load_position, save_position
 from npu_rec.training._policies import DELTA, FULL, SavePolicy
-from npu_rec.training._steps import check_keras_fit
+from npu_rec.training._step_rules import check_keras_fit
 
 _KINDS = (None, DELTA, FULL)  # agreed between workers as the largest index
 

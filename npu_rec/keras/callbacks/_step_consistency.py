@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import keras
 
-from npu_rec.training._steps import check_keras_fit
+from npu_rec.training._step_rules import check_keras_fit
 
 
 class StepConsistency(keras.callbacks.Callback):

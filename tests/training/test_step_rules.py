@@ -6,8 +6,8 @@ import re
 import pytest
 
 import npu_rec
-from npu_rec.training import _steps
-from npu_rec.training._steps import ResolvedSteps
+from npu_rec.training import _step_rules
+from npu_rec.training._step_rules import ResolvedSteps
 
 
 @pytest.fixture(autouse=True)
@@ -45,7 +45,7 @@ def _messages(caplog, fragment):
     ],
 )
 def test_estimator_train_consistent(init, loop, expected):
-    resolved = _steps.check_estimator_train(config=cfg(**init), **loop)
+    resolved = _step_rules.check_estimator_train(config=cfg(**init), **loop)
     assert (resolved.max_steps, resolved.save_steps) == expected
 
 
@@ -73,26 +73,26 @@ def test_estimator_train_consistent(init, loop, expected):
 )
 def test_estimator_mismatch_names_both_settings(init, loop, message):
     with pytest.raises(npu_rec.ConfigError, match=re.escape(message)):
-        _steps.check_estimator_train(config=cfg(**init), **loop)
+        _step_rules.check_estimator_train(config=cfg(**init), **loop)
 
 
 def test_estimator_uses_active_config_by_default():
     npu_rec.init(save_steps=100, bind_cpu=False)
     with pytest.raises(npu_rec.ConfigError, match="save_checkpoints_steps=7"):
-        _steps.check_estimator_train(save_checkpoints_steps=7)
+        _step_rules.check_estimator_train(save_checkpoints_steps=7)
 
 
 def test_estimator_rejects_bad_loop_values():
     with pytest.raises(TypeError, match=re.escape("Received: max_steps=True")):
-        _steps.check_estimator_train(config=cfg(), max_steps=True)
+        _step_rules.check_estimator_train(config=cfg(), max_steps=True)
     with pytest.raises(ValueError, match=re.escape("Received: save_checkpoints_steps=-1")):
-        _steps.check_estimator_train(config=cfg(), save_checkpoints_steps=-1)
+        _step_rules.check_estimator_train(config=cfg(), save_checkpoints_steps=-1)
 
 
 def test_unset_value_taken_from_loop_is_logged_once(caplog):
     with caplog.at_level(pylog.INFO, logger="absl"):
         for _ in range(3):
-            _steps.check_estimator_train(config=cfg(), save_checkpoints_steps=50)
+            _step_rules.check_estimator_train(config=cfg(), save_checkpoints_steps=50)
     assert _messages(caplog, "npu_rec.init(save_steps=-1)") == [
         "npu_rec.init(save_steps=-1) takes the value of "
         "`NPURunConfig(save_checkpoints_steps=50)`: save_steps=50"
@@ -100,7 +100,7 @@ def test_unset_value_taken_from_loop_is_logged_once(caplog):
     npu_rec.shutdown()  # forgets what was logged
     caplog.clear()
     with caplog.at_level(pylog.INFO, logger="absl"):
-        _steps.check_estimator_train(config=cfg(), save_checkpoints_steps=50)
+        _step_rules.check_estimator_train(config=cfg(), save_checkpoints_steps=50)
     assert len(_messages(caplog, "npu_rec.init(save_steps=-1)")) == 1
 
 
@@ -108,7 +108,7 @@ def test_unset_value_taken_from_loop_is_logged_once(caplog):
 
 
 def test_train_and_evaluate_seed_settings():
-    resolved = _steps.check_train_and_evaluate(
+    resolved = _step_rules.check_train_and_evaluate(
         config=cfg(max_steps=200, train_steps=100, eval_steps=10, save_steps=100),
         save_checkpoints_steps=100,
         max_steps=200,
@@ -118,14 +118,14 @@ def test_train_and_evaluate_seed_settings():
 
 
 def test_train_and_evaluate_resolves_unset_values_from_the_specs():
-    resolved = _steps.check_train_and_evaluate(
+    resolved = _step_rules.check_train_and_evaluate(
         config=cfg(), save_checkpoints_steps=100, max_steps=200, eval_steps=10
     )
     assert resolved == ResolvedSteps(max_steps=200, train_steps=100, eval_steps=10, save_steps=100)
 
 
 def test_train_and_evaluate_train_steps_sets_unset_save_cadence():
-    resolved = _steps.check_train_and_evaluate(config=cfg(train_steps=40))
+    resolved = _step_rules.check_train_and_evaluate(config=cfg(train_steps=40))
     assert (resolved.train_steps, resolved.save_steps) == (40, 40)
 
 
@@ -133,18 +133,18 @@ def test_train_and_evaluate_train_steps_must_equal_save_steps():
     with pytest.raises(
         npu_rec.ConfigError, match=re.escape("Received: train_steps=50, save_steps=100")
     ):
-        _steps.check_train_and_evaluate(config=cfg(train_steps=50, save_steps=100))
+        _step_rules.check_train_and_evaluate(config=cfg(train_steps=50, save_steps=100))
     with pytest.raises(
         npu_rec.ConfigError, match=re.escape("Received: train_steps=50, save_steps=100")
     ):
-        _steps.check_train_and_evaluate(config=cfg(train_steps=50), save_checkpoints_steps=100)
+        _step_rules.check_train_and_evaluate(config=cfg(train_steps=50), save_checkpoints_steps=100)
 
 
 def test_train_and_evaluate_train_steps_against_time_cadence_is_an_error():
     with pytest.raises(
         npu_rec.ConfigError, match=re.escape("Received: train_steps=50, save_steps=None")
     ):
-        _steps.check_train_and_evaluate(config=cfg(train_steps=50), save_checkpoints_secs=600)
+        _step_rules.check_train_and_evaluate(config=cfg(train_steps=50), save_checkpoints_secs=600)
 
 
 def test_train_and_evaluate_eval_steps_mismatch_names_both():
@@ -152,7 +152,7 @@ def test_train_and_evaluate_eval_steps_mismatch_names_both():
         npu_rec.ConfigError,
         match=re.escape("`npu_rec.init(eval_steps=10)` does not match `EvalSpec(steps=20)`"),
     ):
-        _steps.check_train_and_evaluate(config=cfg(eval_steps=10), eval_steps=20)
+        _step_rules.check_train_and_evaluate(config=cfg(eval_steps=10), eval_steps=20)
 
 
 def test_train_and_evaluate_max_steps_mismatch_names_trainspec():
@@ -160,7 +160,7 @@ def test_train_and_evaluate_max_steps_mismatch_names_trainspec():
         npu_rec.ConfigError,
         match=re.escape("`npu_rec.init(max_steps=200)` does not match `TrainSpec(max_steps=100)`"),
     ):
-        _steps.check_train_and_evaluate(config=cfg(max_steps=200), max_steps=100)
+        _step_rules.check_train_and_evaluate(config=cfg(max_steps=200), max_steps=100)
 
 
 # Keras fit().
@@ -182,7 +182,7 @@ def test_train_and_evaluate_max_steps_mismatch_names_trainspec():
     ],
 )
 def test_keras_fit_consistent(init, fit, expected):
-    resolved = _steps.check_keras_fit(config=cfg(**init), **fit)
+    resolved = _step_rules.check_keras_fit(config=cfg(**init), **fit)
     assert (resolved.max_steps, resolved.save_steps) == expected
 
 
@@ -194,7 +194,7 @@ def test_keras_max_steps_mismatch_names_both():
             "`fit(epochs=3, steps_per_epoch=100)`, i.e. max_steps=300"
         ),
     ):
-        _steps.check_keras_fit(config=cfg(max_steps=200), epochs=3, steps_per_epoch=100)
+        _step_rules.check_keras_fit(config=cfg(max_steps=200), epochs=3, steps_per_epoch=100)
 
 
 def test_keras_save_steps_mismatch_names_both():
@@ -204,7 +204,7 @@ def test_keras_save_steps_mismatch_names_both():
             "`npu_rec.init(save_steps=100)` does not match `SparseCheckpoint(save_freq=50)`"
         ),
     ):
-        _steps.check_keras_fit(config=cfg(save_steps=100), epochs=1, save_freq=50)
+        _step_rules.check_keras_fit(config=cfg(save_steps=100), epochs=1, save_freq=50)
     with pytest.raises(
         npu_rec.ConfigError,
         match=re.escape(
@@ -212,7 +212,7 @@ def test_keras_save_steps_mismatch_names_both():
             "`SparseCheckpoint(save_freq='epoch')`, i.e. every 80 steps"
         ),
     ):
-        _steps.check_keras_fit(
+        _step_rules.check_keras_fit(
             config=cfg(save_steps=100), epochs=1, steps_per_epoch=80, save_freq="epoch"
         )
 
@@ -225,12 +225,12 @@ def test_keras_epoch_cadence_of_unknown_length_against_save_steps_is_an_error():
             "`SparseCheckpoint(save_freq='epoch')`"
         ),
     ):
-        _steps.check_keras_fit(config=cfg(save_steps=100), epochs=1, save_freq="epoch")
+        _step_rules.check_keras_fit(config=cfg(save_steps=100), epochs=1, save_freq="epoch")
 
 
 def test_keras_rejects_bad_save_freq():
     with pytest.raises(ValueError, match=re.escape("Received: save_freq=0")):
-        _steps.check_keras_fit(config=cfg(), epochs=1, save_freq=0)
+        _step_rules.check_keras_fit(config=cfg(), epochs=1, save_freq=0)
 
 
 # tf.compat.v1.Session loops.
