@@ -4,7 +4,7 @@ It holds the estimator's settings (config, model_fn, params, warm start) and
 builds a mode's graph, chooses what a session restores, and makes its
 Scaffold, Savers and ConfigProto; it also keeps what runs leave behind (the
 `restore_model_version` applied once, the precision of every step). Training
-(`_training.TrainingRun`), evaluation, prediction and export reach the model
+(`_training_run.TrainingRun`), evaluation, prediction and export reach the model
 through it: no module calls `NPUEstimator`'s private methods.
 """
 

@@ -7,7 +7,7 @@ same step, when the session is created, and runs a `MonitoredTrainingSession`
 plans, Scaffolds and session configs are made by the estimator's
 `EstimatorCore` (`_core.py`), which the other modules reach through
 `core_of(estimator)`; export lives in `_export.py`, the training run in
-`_training.py`.
+`_training_run.py`.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import tensorflow as tf
 from npu_rec import _log as logging
 from npu_rec._paths import make_directory
 from npu_rec._rec_config import check_int
-from npu_rec.estimator import _distributed, _export, _training
+from npu_rec.estimator import _distributed, _export, _training_run
 from npu_rec.estimator._core import EstimatorCore
 from npu_rec.estimator._graph import latest_dense
 from npu_rec.estimator._run_config import NPURunConfig, RunConfig
@@ -187,7 +187,7 @@ class NPUEstimator:
 
     # ------------------------------------------------------------------ train
     def train(self, input_fn, hooks=None, steps=None, max_steps=None, saving_listeners=None):
-        """Trains the model (see `_training.train`).
+        """Trains the model (see `_training_run.train`).
 
         On a `TF_CONFIG` cluster with ps tasks (docs/distributed.md, "The
         Estimator route"): a ps task serves until every trainer has finished;
@@ -234,7 +234,7 @@ class NPUEstimator:
                 _distributed.serve(self._config)  # until every trainer has finished
                 return self
             _distributed.check_trainable(self._config)
-        _training.train(self._core, input_fn, hooks, steps, max_steps, listeners=listeners)
+        _training_run.train(self._core, input_fn, hooks, steps, max_steps, listeners=listeners)
         return self
 
     # --------------------------------------------------------------- evaluate

@@ -14,7 +14,7 @@ import os
 import tensorflow as tf
 
 from npu_rec import _log as logging
-from npu_rec.estimator import _training
+from npu_rec.estimator import _training_run
 from npu_rec.estimator._cluster import EVALUATOR
 from npu_rec.estimator._distributed import evaluate_checkpoints
 from npu_rec.estimator._estimator import core_of
@@ -146,7 +146,7 @@ def train_and_evaluate(estimator, train_spec, eval_spec):
     # None with time-based checkpoints only: every save is evaluated.
     interval = resolved.train_steps or resolved.save_steps or config.checkpoint_steps
     listener = _EvaluateEachInterval(evaluator, interval)
-    _training.train(
+    _training_run.train(
         core_of(estimator),
         train_spec.input_fn,
         list(train_spec.hooks),

@@ -3,7 +3,7 @@
 Checked over the source (`ast`, nothing imported): no module but
 `_estimator.py` reads or calls a private member of `NPUEstimator` (its
 `_methods` and the `self._attributes` it sets) on another object, and
-`_estimator.py` uses nothing of `_training` but its `train()`.
+`_estimator.py` uses nothing of `_training_run` but its `train()`.
 """
 
 from __future__ import annotations
@@ -56,10 +56,10 @@ def test_the_estimator_uses_only_train_from_the_training_module():
         for node in ast.walk(tree)
         if isinstance(node, ast.Attribute)
         and isinstance(node.value, ast.Name)
-        and node.value.id == "_training"
+        and node.value.id == "_training_run"
     }
     assert used == {"train"}
     assert not any(
-        isinstance(node, ast.ImportFrom) and (node.module or "").endswith("_training")
+        isinstance(node, ast.ImportFrom) and (node.module or "").endswith("_training_run")
         for node in ast.walk(tree)
     )
