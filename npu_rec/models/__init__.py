@@ -12,7 +12,6 @@ Both forms create the same tables (see `FeatureTables`) from a list of
 `npu_rec.data.FeatureSpec`s.
 """
 
-from npu_rec.models._estimator import TRAIN_OUTPUTS, estimator_model_fn
 from npu_rec.models._features import (
     FeatureTables,
     default_sparse_optimizer,
@@ -27,6 +26,7 @@ from npu_rec.models._keras import (
     hashed_embedding_fn,
     sparse_embedding_fn,
 )
+from npu_rec.models._model_fn import TRAIN_OUTPUTS, estimator_model_fn
 from npu_rec.models._networks import (
     MODELS,
     deepfm_logit,
