@@ -61,7 +61,7 @@ class EstimatorCore:
 
         `build_hook(graph)` runs between the input and the model_fn;
         `placement(graph)`: a context manager entered in the graph around all
-        of it (the ps route's device placement, `_distributed.Trainer.placement`).
+        of it (the ps route's device placement, `_ps.Trainer.placement`).
         """
         graph = tf.Graph()
         place = contextlib.nullcontext if placement is None else placement

@@ -22,7 +22,7 @@ import tensorflow as tf
 from npu_rec import _log as logging
 from npu_rec._paths import make_directory
 from npu_rec._rec_config import check_int
-from npu_rec.estimator import _distributed, _export, _training_run
+from npu_rec.estimator import _export, _ps, _training_run
 from npu_rec.estimator._core import EstimatorCore
 from npu_rec.estimator._graph import latest_dense
 from npu_rec.estimator._run_config import NPURunConfig, RunConfig
@@ -231,9 +231,9 @@ class NPUEstimator:
                 )
         if self._config.cluster.distributed:
             if self._config.task_type == "ps":
-                _distributed.serve(self._config)  # until every trainer has finished
+                _ps.serve(self._config)  # until every trainer has finished
                 return self
-            _distributed.check_trainable(self._config)
+            _ps.check_trainable(self._config)
         _training_run.train(self._core, input_fn, hooks, steps, max_steps, listeners=listeners)
         return self
 

@@ -18,7 +18,7 @@ from tensorflow.core.protobuf import rewriter_config_pb2
 
 from npu_rec._rec_config import check_int
 from npu_rec._validation import check_number, warn_once
-from npu_rec.estimator._cluster import ClusterInfo
+from npu_rec.estimator._ps import ClusterInfo
 from npu_rec.training._precision import check_precision_compatibility, parse_accelerate_train_mode
 
 _UNSET: Any = object()
@@ -342,7 +342,7 @@ class RunConfig(_Frozen):
     when the config is made, as in tf.estimator: `cluster_spec`, `task_type`,
     `task_id`, `is_chief`, `master`, `evaluation_master`, `num_ps_replicas`,
     `num_worker_replicas`, `global_id_in_cluster` (table of values in
-    `npu_rec/estimator/_cluster.py`; docs/distributed.md, "The Estimator route").
+    `npu_rec/estimator/_ps/_cluster.py`; docs/distributed.md, "The Estimator route").
 
     Raises:
       ValueError: a value breaks its rule (the message names it), or
@@ -470,7 +470,7 @@ class RunConfig(_Frozen):
     def random_seed(self):
         return self.tf_random_seed
 
-    # The task and its cluster, read from TF_CONFIG when the config is made (`_cluster`).
+    # The task and its cluster, read from TF_CONFIG when the config is made (`_ps.ClusterInfo`).
     @property
     def cluster(self) -> ClusterInfo:
         """All of the properties below in one object."""

@@ -15,9 +15,8 @@ import tensorflow as tf
 
 from npu_rec import _log as logging
 from npu_rec.estimator import _training_run
-from npu_rec.estimator._cluster import EVALUATOR
-from npu_rec.estimator._distributed import evaluate_checkpoints
 from npu_rec.estimator._estimator import core_of
+from npu_rec.estimator._ps import EVALUATOR, evaluate_checkpoints
 from npu_rec.estimator._spec import EvalSpec, TrainSpec
 from npu_rec.training._step_rules import check_train_and_evaluate
 

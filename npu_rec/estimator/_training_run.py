@@ -20,7 +20,7 @@ from npu_rec import _log as logging
 from npu_rec._rec_config import get_config
 from npu_rec._validation import log_once
 from npu_rec.checkpoint._training_dir import TrainingDir
-from npu_rec.estimator import _data_position_hook, _distributed, _hooks, _ps_position, _scaffold
+from npu_rec.estimator import _data_position_hook, _hooks, _ps, _scaffold
 from npu_rec.estimator._graph import RestorePlan, batch_size_of
 from npu_rec.estimator._sparse_train import add_missing_sparse_updates, enable_loss_scaling
 from npu_rec.estimator._spec import ModeKeys
@@ -85,7 +85,7 @@ class RunSettings:
       num_steps: Steps to run from the global step a session starts at (a ps
         route worker's `steps`), or None.
       save_steps: The checkpoint cadence in steps (0: none).
-      trainer: The ps route's chief or worker (`_distributed.Trainer`), or None.
+      trainer: The ps route's chief or worker (`_ps.Trainer`), or None.
       listeners: The call's `_hooks.SavingListeners`, or None.
     """
 
@@ -123,7 +123,7 @@ def train(core, input_fn, hooks, steps, max_steps, resolved=None, listeners=None
     else:
         resolved = dataclasses.replace(resolved, max_steps=max_steps)
     listeners = _hooks.SavingListeners(listeners)
-    trainer = _distributed.trainer_for(config)  # None in one process
+    trainer = _ps.trainer_for(config)  # None in one process
     if trainer is not None and not trainer.is_chief:
         # A worker of the ps route: no restore, no save, until the global step says.
         settings = RunSettings(
@@ -313,7 +313,7 @@ class TrainingRun:
     def _run(self, scaffold, all_hooks, spec, train_op, dtype, plan):
         """Opens the session and runs training steps until a hook stops it."""
         core, settings = self.core, self.settings
-        trainer, chief = settings.trainer, settings.chief
+        trainer = settings.trainer
         session_config = core.session_config(dtype)
         if trainer is None:
             session = tf.compat.v1.train.MonitoredTrainingSession(
@@ -334,7 +334,7 @@ class TrainingRun:
                 all_hooks,
                 list(spec.training_chief_hooks),
                 session_config,
-                positions=_ps_position.committed_states(plan.position_path) if chief else None,
+                position_path=plan.position_path,
             )
         loop = getattr(core.config, "iterations_per_loop", 1)
         global_step = tf.compat.v1.train.get_global_step()

@@ -9,7 +9,7 @@ batch's updates (`TrainerPositionHook.advance`; a `py_func` on the trainer
 reads the state from the dataset's `ReadingPosition`, tf.data's read-ahead
 excluded).
 
-The chief's checkpoint runs with the workers paused (`_ps_pause`: each worker
+The chief's checkpoint runs with the workers paused (`_pause`: each worker
 acknowledges after the run of its current step and waits until the save is
 done). It reads all trainers' positions, then the dense variables, then the
 tables, and commits the positions as `data_position-<step>.json`

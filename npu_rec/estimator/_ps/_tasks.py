@@ -1,21 +1,19 @@
-"""`NPUEstimator` on a `TF_CONFIG` cluster with ps tasks: tf.estimator's parameter-server route.
-
-What each task does (docs/distributed.md, "The Estimator route"):
+"""What each task of the ps route does: the ps tasks serve, the trainers train, the evaluator evaluates.
 
 * `ps`: `train()` serves its `tf.distribute.Server` until every trainer has
-  finished (`npu_rec.distribute._ps.serve`), then returns;
-* `chief` and `worker` (the trainers): `train()` builds the graph under the
-  replica device setter (dense variables on the ps tasks) with each table's
-  shards placed on the ps tasks by key hash, and trains asynchronously in a
-  `MonitoredSession` on the task's own server. Only the chief restores
-  checkpoints, writes them (npu_rec's committed versions) and summaries, and
-  locks `model_dir`; the workers wait until the chief has restored (a
-  `ready_op` on a flag the chief sets after its restore, polled every
-  `RECOVERY_WAIT_SECS`) and then train. Each trainer's reading position is a
-  variable on a ps task that the chief commits with each checkpoint and loads
-  on resume (`_ps_position`); the chief pauses the workers around each save,
-  so that a checkpoint is a consistent cut (`_ps_pause`). Each trainer tells
-  the ps tasks when it is done;
+  finished (`_servers.serve`), then returns;
+* `chief` and `worker` (the trainers, a `Trainer` each): `train()` builds the
+  graph under the replica device setter (dense variables on the ps tasks) with
+  each table's shards placed on the ps tasks by key hash, and trains
+  asynchronously in a `MonitoredSession` on the task's own server. Only the
+  chief restores checkpoints, writes them (npu_rec's committed versions) and
+  summaries, and locks `model_dir`; the workers wait until the chief has
+  restored (a `ready_op` on a flag the chief sets after its restore, polled
+  every `RECOVERY_WAIT_SECS`) and then train. Each trainer's reading position
+  is a variable on a ps task that the chief commits with each checkpoint and
+  loads on resume (`_position`); the chief pauses the workers around each
+  save, so that a checkpoint is a consistent cut (`_pause`). Each trainer
+  tells the ps tasks when it is done;
 * `evaluator`: `train_and_evaluate` evaluates each new checkpoint of
   `model_dir` and returns once one at `max_steps` (or later) is evaluated
   (`evaluate_checkpoints`).
@@ -29,10 +27,16 @@ import time
 import tensorflow as tf
 
 from npu_rec import _log as logging
-from npu_rec.distribute import _ps
-from npu_rec.estimator._cluster import EVALUATOR, PS
-from npu_rec.estimator._ps_pause import PauseBarrier, PauseHook
-from npu_rec.estimator._ps_position import TrainerPositionHook, TrainerPositions, trainer_names
+from npu_rec.distribute._ps import ps_device, table_placement
+from npu_rec.estimator._ps import _servers
+from npu_rec.estimator._ps._cluster import EVALUATOR, PS
+from npu_rec.estimator._ps._pause import PauseBarrier, PauseHook
+from npu_rec.estimator._ps._position import (
+    TrainerPositionHook,
+    TrainerPositions,
+    committed_states,
+    trainer_names,
+)
 
 #: How often a waiting worker checks whether the chief has prepared the session (s).
 RECOVERY_WAIT_SECS = 0.5
@@ -72,7 +76,7 @@ def serve(config) -> None:
         info.task_id,
         info.num_worker_replicas,
     )
-    _ps.serve(info.cluster_spec, info.task_id, info.num_worker_replicas)
+    _servers.serve(info.cluster_spec, info.task_id, info.num_worker_replicas)
 
 
 class _WorkerSessionCreator(tf.compat.v1.train.SessionCreator):
@@ -102,7 +106,7 @@ class Trainer:
     def __init__(self, config):
         check_trainable(config)
         self.info = config.cluster
-        self.server = _ps.start_server(
+        self.server = _servers.start_server(
             self.info.cluster_spec, self.info.task_type, self.info.task_id
         )
 
@@ -117,8 +121,10 @@ class Trainer:
     @contextlib.contextmanager
     def placement(self, graph: tf.Graph):
         """Inside `graph`: dense variables on the ps tasks, table shards by key hash."""
-        setter = _ps.device_setter(self.info.cluster_spec, self.info.task_type, self.info.task_id)
-        with graph.device(setter), _ps.table_placement(self.info.num_ps_replicas):
+        setter = _servers.device_setter(
+            self.info.cluster_spec, self.info.task_type, self.info.task_id
+        )
+        with graph.device(setter), table_placement(self.info.num_ps_replicas):
             yield
             # Not in any collection: no Saver holds it, no init_op initialises it.
             self._flag = tf.compat.v1.Variable(
@@ -127,22 +133,23 @@ class Trainer:
             names = trainer_names(self.info.cluster_spec)
             self.positions = TrainerPositions(names)
             workers = [n for n in names if not n.startswith("chief:")]
-            self.barrier = PauseBarrier(workers, _ps.ps_device(0))
+            self.barrier = PauseBarrier(workers, ps_device(0))
 
     def position_hook(self, data, model_dir: str) -> TrainerPositionHook:
-        """This trainer's reading position of `data = (source, ReadingPosition)` (`_ps_position`)."""
+        """This trainer's reading position of `data = (source, ReadingPosition)` (`_position`)."""
         return TrainerPositionHook(self.positions, self.name, data[0], data[1], model_dir)
 
     def session_config(self, base):
-        return _ps.session_config(self.info.task_type, self.info.task_id, base)
+        return _servers.session_config(self.info.task_type, self.info.task_id, base)
 
-    def session(self, scaffold, hooks, chief_hooks, config, positions=None):
+    def session(self, scaffold, hooks, chief_hooks, config, position_path=None):
         """The `MonitoredSession` of this trainer (`hooks` run on all, `chief_hooks` on the chief).
 
-        `positions`: the chief's restored `{trainer: source state}`, set before
-        the workers may start.
+        `position_path`: the chief's restored version's `data_position-<step>.json`
+        (or None); its `{trainer: source state}` is set before the workers may start.
         """
         config = self.session_config(config)
+        positions = committed_states(position_path) if self.is_chief else None
         flag = self._flag
         if self.is_chief:
             set_flag = flag.assign(True, read_value=False)
@@ -176,12 +183,12 @@ class Trainer:
         return tf.compat.v1.train.MonitoredSession(creator, hooks=[pause] + hooks)
 
     def paused(self, session):
-        """The chief: a context in which every started worker is paused (`_ps_pause`)."""
+        """The chief: a context in which every started worker is paused (`_pause`)."""
         return self.barrier.paused(session)
 
     def done(self) -> None:
         """Tells the ps tasks that this trainer finished."""
-        _ps.signal_done(
+        _servers.signal_done(
             self.server.target,
             self.info.num_ps_replicas,
             self.info.task_type,

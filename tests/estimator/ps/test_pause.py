@@ -1,4 +1,4 @@
-"""The chief's pause barrier around saves on the ps route (`npu_rec/estimator/_ps_pause.py`).
+"""The chief's pause barrier around saves on the ps route (`npu_rec/estimator/_ps/_pause.py`).
 
 In one process: a thread plays a worker (its `PauseHook` after each step), the
 test plays the chief. The cluster scenario (every row trained exactly once
@@ -11,7 +11,7 @@ import time
 import pytest
 import tensorflow as tf
 
-from npu_rec.estimator import _ps_pause
+from npu_rec.estimator._ps import _pause as _ps_pause
 
 _WORKERS = ["worker:0", "worker:1"]
 

@@ -1,4 +1,4 @@
-"""`TF_CONFIG` read by `NPURunConfig` as tf.estimator's RunConfig read it."""
+"""`TF_CONFIG` read by `NPURunConfig` as tf.estimator's RunConfig read it, and the ps route's tasks."""
 
 import json
 
@@ -7,7 +7,8 @@ import tensorflow as tf
 
 from npu_rec import estimator as E
 from npu_rec.distribute import _ps
-from npu_rec.estimator import _distributed
+from npu_rec.estimator import _ps as ps_route
+from npu_rec.estimator._ps import _servers, _tasks
 
 CLUSTER = {
     "chief": ["host0:2222"],
@@ -114,10 +115,10 @@ def test_tf_config_that_is_not_json_is_refused(monkeypatch):
     ],
 )
 def test_sessions_see_only_the_ps_tasks_and_themselves(task_type, task_id, filters):
-    config = _ps.session_config(task_type, task_id)
+    config = _servers.session_config(task_type, task_id)
     assert list(config.device_filters) == filters and config.allow_soft_placement
     user = tf.compat.v1.ConfigProto(device_filters=["/job:ps"], inter_op_parallelism_threads=2)
-    merged = _ps.session_config(task_type, task_id, user)
+    merged = _servers.session_config(task_type, task_id, user)
     assert list(merged.device_filters) == ["/job:ps"] and merged.inter_op_parallelism_threads == 2
 
 
@@ -160,7 +161,7 @@ def test_tables_are_sharded_over_the_ps_tasks_by_key_hash():
 def test_what_the_ps_route_cannot_train_is_refused(monkeypatch, tf_config, kwargs, message):
     monkeypatch.setenv("TF_CONFIG", json.dumps(tf_config))
     with pytest.raises(ValueError, match=message):
-        _distributed.check_trainable(E.NPURunConfig(**kwargs))
+        ps_route.check_trainable(E.NPURunConfig(**kwargs))
 
 
 class _FakeEstimator:
@@ -181,11 +182,11 @@ class _FakeEstimator:
 
 
 def test_evaluator_evaluates_each_new_checkpoint_until_max_steps(monkeypatch):
-    monkeypatch.setattr(_distributed, "EVAL_POLL_SECS", 0.0)
+    monkeypatch.setattr(_tasks, "EVAL_POLL_SECS", 0.0)
     est = _FakeEstimator([None, 10, 10, 20, 30, 40])
     spec = E.EvalSpec(lambda: None, steps=2)
-    result, exports = _distributed.evaluate_checkpoints(est, spec, max_steps=30)
+    result, exports = ps_route.evaluate_checkpoints(est, spec, max_steps=30)
     assert est.evaluated == ["/m/model.ckpt-10", "/m/model.ckpt-20", "/m/model.ckpt-30"]
     assert result["global_step"] == 30 and exports == []
     with pytest.raises(TimeoutError, match="no checkpoint at step 50 in '/m' within"):
-        _distributed.evaluate_checkpoints(_FakeEstimator([10]), spec, 50, timeout_secs=0.01)
+        ps_route.evaluate_checkpoints(_FakeEstimator([10]), spec, 50, timeout_secs=0.01)

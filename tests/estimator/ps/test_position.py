@@ -1,4 +1,4 @@
-"""Each trainer's reading position on the ps route (`npu_rec/estimator/_ps_position.py`), in one process.
+"""Each trainer's reading position on the ps route (`npu_rec/estimator/_ps/_position.py`), in one process.
 
 The cluster scenario (positions advanced by asynchronous trainers, committed,
 resumed after a kill) is `tests/distribute/test_ps_estimator.py`.
@@ -7,7 +7,8 @@ resumed after a kill) is `tests/distribute/test_ps_estimator.py`.
 import tensorflow as tf
 
 from npu_rec.data import SyntheticSource
-from npu_rec.estimator import _data_position_hook, _ps_position
+from npu_rec.estimator import _data_position_hook
+from npu_rec.estimator._ps import _position as _ps_position
 from npu_rec.training._data_position import save_position
 
 
