@@ -4,7 +4,8 @@ In this process only, `mx_rec` and `npu_bridge` (and every module below them)
 are importable as aliases of `npu_rec.compat.mx_rec` and
 `npu_rec.compat.npu_bridge`; nothing is installed. The program runs as
 `__main__` with `sys.argv = [PROGRAM.py, *ARGS]` and its directory first on
-`sys.path`, as `python PROGRAM.py ARGS` would run it.
+`sys.path`, as `python PROGRAM.py ARGS` would run it. `tf.compat.v1` gets the
+few `tf.contrib` names TF 1.15 model code uses (`npu_rec.compat._tf_contrib`).
 """
 
 from __future__ import annotations
@@ -65,6 +66,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"npu_rec.compat.run: error: no such program: {program}", file=sys.stderr)
         return 2
     install()
+    from npu_rec.compat import _tf_contrib
+
+    _tf_contrib.install()
     sys.argv = list(argv)
     sys.path.insert(0, os.path.dirname(os.path.abspath(program)))
     runpy.run_path(program, run_name="__main__")

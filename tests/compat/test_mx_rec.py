@@ -286,3 +286,53 @@ def test_util_package_reaches_rank_helpers_as_attributes():
 
     assert mxrec_util.communication.hccl_ops.get_rank_id() == 0
     assert mxrec_util.communication.hccl_ops.get_rank_size() == 1
+
+
+def test_init_accepts_the_shm_swap_setting_and_reads_it_back():
+    from npu_rec.compat.mx_rec.util.initialize import (
+        ConfigInitializer,
+        init,
+        terminate_config_initializer,
+    )
+
+    init(train_steps=2, eval_steps=1, use_shm_swap=True, use_lccl=False)
+    try:
+        assert ConfigInitializer.get_instance().use_shm_swap is True
+        assert npu_rec.get_config().train_steps == 2
+    finally:
+        terminate_config_initializer()
+    with pytest.raises(TypeError, match=r"use_shm_swap"):
+        init(train_steps=2, use_shm_swap="yes")
+
+
+def test_a_made_hash_optimizer_is_the_registered_instance():
+    from npu_rec.compat.mx_rec.util.initialize import ConfigInitializer
+
+    config = ConfigInitializer.get_instance()
+    opt = lazy_adam.create_hash_optimizer(0.1)
+    assert config.optimizer_config.optimizer_instance is opt
+    config.optimizer_config.optimizer_instance = "mine"  # a program's own optimizer sets it
+    assert ConfigInitializer.get_instance().optimizer_config.optimizer_instance == "mine"
+
+
+@pytest.mark.parametrize("field", ["_lr", "_learning_rate"])
+def test_scaling_the_learning_rate_field_scales_the_row_update(field):
+    """The samples' loss-scale wrappers: gradients x S, the rate field / S, same update."""
+    g = tf.Graph()
+    with g.as_default():
+        table = create_table(
+            tf.int64, 1, "scaled", tf.compat.v1.constant_initializer(1.0), device_vocabulary_size=8
+        )
+        emb = sparse_lookup(table, tf.constant([3], tf.int64), None, is_train=True)
+        _, sparse = get_dense_and_sparse_variable()
+        opt = gradient_descent.create_hash_optimizer(learning_rate=tf.constant(0.5))
+        setattr(opt, field, getattr(opt, field) / 1024.0)
+        assert opt._lr is opt._learning_rate is opt.sparse_optimizer.learning_rate
+        grads = tf.gradients(1024.0 * tf.reduce_sum(emb), sparse)
+        op = opt.apply_gradients(zip(grads, sparse, strict=True))
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            sess.run(op)
+            np.testing.assert_allclose(table.core.export(session=sess)["values"], [[0.5]])
+    with pytest.raises(ValueError, match="learning_rate"):
+        opt._lr = -1.0

@@ -5,10 +5,14 @@ The star import gives `tf` as `tf.compat.v1` with TensorFlow 2 behaviour off
 sessions and `tf.placeholder`), plus npu_bridge's `util`, `npu_plugin`,
 `hccl_ops`, `npu_ops`, `npu_hooks_append`, `NPUEstimator`, `NPURunConfig`,
 `NPUEstimatorSpec`, `NPUCheckpointSaverHook` and `ExperimentalConfig`.
+Importing it also gives `tf.compat.v1` the few `tf.contrib` names TF 1.15
+model code uses (`npu_rec.compat._tf_contrib`: `tf.contrib.layers`'
+regularizers).
 """
 
 import tensorflow as _tf
 
+from npu_rec.compat import _tf_contrib
 from npu_rec.compat.npu_bridge import npu_plugin, util
 from npu_rec.compat.npu_bridge.estimator import npu_ops
 from npu_rec.compat.npu_bridge.estimator.npu.npu_config import (
@@ -22,6 +26,7 @@ from npu_rec.compat.npu_bridge.hccl import hccl_ops
 from npu_rec.compat.npu_bridge.util import npu_hooks_append
 
 _tf.compat.v1.disable_v2_behavior()
+_tf_contrib.install()
 tf = _tf.compat.v1
 
 __all__ = [

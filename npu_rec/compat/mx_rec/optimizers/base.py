@@ -22,8 +22,10 @@ import tensorflow as tf
 
 import npu_rec
 from npu_rec import _compat
+from npu_rec.compat.mx_rec.util.initialize import ConfigInitializer
 from npu_rec.estimator._sparse_train import APPLIED_COLLECTION
 from npu_rec.optimizers import SparseOptimizer
+from npu_rec.optimizers._sparse_optimizers import _check_learning_rate
 
 __all__ = ["CustomizedOptimizer"]
 
@@ -111,13 +113,31 @@ class CustomizedOptimizer(tf.compat.v1.train.Optimizer):
 
 
 class _BuiltIn(CustomizedOptimizer):
-    """A hash optimizer applying one of npu_rec's per-row rules."""
+    """A hash optimizer applying one of npu_rec's per-row rules.
+
+    Its learning-rate fields `_lr` and `_learning_rate` (mx_rec's optimizers
+    have them) are the rule's `learning_rate`: a program that scales them
+    (the examples' loss-scale wrappers divide them by the loss scale) scales
+    the update of the rows. Made, it is `ConfigInitializer`'s
+    `optimizer_config.optimizer_instance`, as in mx_rec.
+    """
 
     def __init__(self, sparse: SparseOptimizer, learning_rate, use_locking, name):
+        del learning_rate  # the rule holds it
         self._get_name(name)
         super().__init__(use_locking, self.unique_name)
         self._sparse = sparse
-        self._lr = self._learning_rate = learning_rate
+        ConfigInitializer.get_instance().optimizer_config.optimizer_instance = self
+
+    @property
+    def _lr(self):
+        return self._sparse.learning_rate
+
+    @_lr.setter
+    def _lr(self, value):
+        self._sparse.learning_rate = _check_learning_rate(value)
+
+    _learning_rate = _lr
 
     def __repr__(self):
         return f"{type(self).__name__}({self._sparse!r})"

@@ -7,13 +7,30 @@ npu_rec runs one process: rank 0 of 1. The NPU data channel's helpers
 from __future__ import annotations
 
 import npu_rec
+from npu_rec._validation import check_bool
+
+#: mx_rec `init` settings that only tune NPU data movement: accepted (bool), no effect on a CPU.
+NPU_ONLY_SETTINGS = ("use_shm_swap",)
 
 
 def init(**kwargs) -> None:
     """mx_rec's `init`: `npu_rec.init` (same settings; `use_mpi` and other
-    multi-process settings are accepted and mean one process)."""
+    multi-process settings are accepted and mean one process).
+
+    `use_shm_swap` (mx_rec's shared-memory host/device swap, a PCIe transfer
+    speed-up) is accepted and read back by `ConfigInitializer`; it changes
+    nothing on a CPU.
+
+    Raises:
+      TypeError: `use_shm_swap` is not a bool.
+    """
+    own = {}
+    for name in NPU_ONLY_SETTINGS:
+        if name in kwargs:
+            own[name] = check_bool(name, kwargs.pop(name))
     npu_rec.init(**kwargs)
     ConfigInitializer._instance = None
+    ConfigInitializer.get_instance().__dict__["_own"].update(own)
 
 
 def terminate_config_initializer() -> None:
@@ -108,6 +125,14 @@ class _TrainParamsConfig:
         )
 
 
+class _OptimizerConfig:
+    """mx_rec's optimizer registry view: `optimizer_instance` is the hash optimizer made last
+    (set by each `create_hash_optimizer`, settable by a program's own one)."""
+
+    def __init__(self):
+        self.optimizer_instance = None
+
+
 class ConfigInitializer:
     """mx_rec's settings singleton: reads npu_rec's `init` settings.
 
@@ -119,7 +144,8 @@ class ConfigInitializer:
     _instance: ConfigInitializer | None = None
 
     def __init__(self):
-        self.__dict__["_own"] = {"if_load": False}
+        self.__dict__["_own"] = {"if_load": False, "use_shm_swap": False}
+        self.__dict__["optimizer_config"] = _OptimizerConfig()
         self.__dict__["host_pipeline_ops"] = _HostPipelineOps()
 
     @classmethod
