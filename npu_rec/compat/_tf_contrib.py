@@ -101,7 +101,7 @@ class _Namespace(types.SimpleNamespace):
 
     def __init__(self, path: str, **names):
         super().__init__(**names)
-        self.__dict__["_path"] = path
+        self._path = path
 
     def __getattr__(self, name):
         if name.startswith("__"):

@@ -211,6 +211,9 @@ class EvictHook(SessionRunHook):
       evict_time_interval: Seconds between evictions (number > 0; default 24 h).
       evict_step_interval: Steps between evictions (int >= 1) or None.
 
+    In a graph without a global step (a plain session loop, as mx_rec's
+    session samples run), a step is one `run` of the session the hook watches.
+
     Attributes:
       evictions: `(global_step, rows_freed)` per eviction run.
 
@@ -235,20 +238,27 @@ class EvictHook(SessionRunHook):
 
     def begin(self):
         self._tables = [t for t in _table_registry.tables() if t.config.eviction]
-        self._global_step = tf.compat.v1.train.get_global_step()
+        self._global_step = tf.compat.v1.train.get_global_step()  # None: count runs
+        self._runs = 0
         if self.evict_enable and not self._tables:
             logging.warning(
                 "npu_rec: EvictHook found no table with eviction on "
                 "(create_table(..., eviction_threshold=...)); it does nothing."
             )
 
+    def _step(self, session) -> int:
+        if self._global_step is None:
+            return self._runs
+        return int(session.run(self._global_step))
+
     def after_create_session(self, session, coord):
-        self._policy.start(int(session.run(self._global_step)))
+        self._policy.start(self._step(session))
 
     def after_run(self, run_context, run_values):
+        self._runs += 1
         if not self.evict_enable or not self._tables:
             return
-        step = int(run_context.session.run(self._global_step))
+        step = self._step(run_context.session)
         if self._policy.due(step):
             freed = TableEvictor(self._tables)(session=run_context.session)
             self.evictions.append((step, sum(freed.values())))

@@ -353,6 +353,23 @@ def test_evict_hook_evicts_by_steps(tmp_path):
     assert all(freed > 0 for _, freed in hook.evictions)
 
 
+def test_evict_hook_counts_session_runs_in_a_graph_without_global_step():
+    """A plain session loop (mx_rec's session samples) has no global step: a run is a step."""
+    with tf.Graph().as_default():
+        table = npu_rec.create_table(
+            "t", 2, optimizer=npu_rec.optimizers.SGD(0.1), access_threshold=0, eviction_threshold=0
+        )
+        ids = tf.compat.v1.placeholder(tf.int64, [2])
+        emb = npu_rec.sparse_lookup(table, ids, timestamps=tf.cast(ids, tf.int64) * 100)
+        train = tf.reduce_sum(emb)  # the lookup admits the keys
+        hook = E.EvictHook(evict_enable=True, evict_step_interval=3)
+        with tf.compat.v1.train.MonitoredSession(hooks=[hook]) as sess:
+            for i in range(7):
+                sess.run(train, {ids: [2 * i, 2 * i + 1]})
+    assert [s for s, _ in hook.evictions] == [3, 6]
+    assert all(freed > 0 for _, freed in hook.evictions)
+
+
 def test_restore_model_version_on_an_empty_model_dir_names_the_version_and_directory(tmp_path):
     est = _est(tmp_path / "empty")
     npu_rec.init(if_load=True, restore_model_version=5, bind_cpu=False)
