@@ -227,8 +227,9 @@ class HashedFallback:
         """The fallback's entries of the table state, as NumPy."""
         if self.graph_mode:
             return session.run(self._graph_ops["read"])
-        out = {f"{PREFIX}values": self.values.numpy(), f"{PREFIX}step": self.step.numpy()}
-        out.update({f"{PREFIX}slot/{n}": v.numpy() for n, v in self.slots.items()})
+        # Copies: a variable's NumPy view would follow its later in-place updates.
+        out = {f"{PREFIX}values": np.array(self.values.numpy()), f"{PREFIX}step": self.step.numpy()}
+        out.update({f"{PREFIX}slot/{n}": np.array(v.numpy()) for n, v in self.slots.items()})
         return out
 
     def _expected(self) -> dict[str, tuple]:
