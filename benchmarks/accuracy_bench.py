@@ -162,7 +162,7 @@ def load(data: str, seed: int):
 
 def table_options(not_admitted: str, value_dtype: str | None) -> dict:
     """`create_table` arguments of one combination (only those given are passed)."""
-    options = {"not_admitted": not_admitted}
+    options = {"not_admitted": not_admitted, "dynamic_expansion": True}
     if not_admitted == "hashed":
         options["fallback_buckets"] = _BUCKETS.value
     if value_dtype is not None:
