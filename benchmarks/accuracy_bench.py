@@ -68,6 +68,12 @@ _SPARSE_OPT = flags.DEFINE_list(
     ["adagrad"],
     "Table optimizers to compare: adagrad, rowwise_adagrad, sgd, adam, ftrl.",
 )
+_INIT = flags.DEFINE_string(
+    "initializer",
+    None,
+    "create_table(initializer=...) of the table, a Keras initializer name (default: the "
+    "keyed uniform(-0.05, 0.05)).",
+)
 _ACCESS = flags.DEFINE_integer(
     "access_threshold", 3, "Admission threshold of the table (-1 off).", lower_bound=-1
 )
@@ -167,6 +173,8 @@ def table_options(not_admitted: str, value_dtype: str | None) -> dict:
         options["fallback_buckets"] = _BUCKETS.value
     if value_dtype is not None:
         options["value_dtype"] = value_dtype
+    if _INIT.value is not None:
+        options["initializer"] = _INIT.value
     return options
 
 
@@ -299,6 +307,7 @@ def main(argv):
                 "sparse_optimizer",
                 "access_threshold",
                 "fallback_buckets",
+                "initializer",
                 "steps",
                 "batch_size",
                 "eval_rows",
