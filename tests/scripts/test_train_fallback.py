@@ -9,7 +9,7 @@ from absl import flags
 from absl.testing import flagsaver
 
 from npu_rec.checkpoint import _file_format
-from npu_rec.scripts import train
+from npu_rec.scripts import evaluate, export, train
 
 TINY = dict(batch_size=128, max_steps=6, eval_steps=2, save_steps=6, verbose=0)
 
@@ -35,6 +35,13 @@ def test_a_hashed_run_saves_the_trained_fallback_with_the_tables(tmp_path):
     values = arrays["tables/categorical/fallback/values"]
     assert values.shape == (512, 8)
     assert int(arrays["tables/categorical/fallback/step"]) > 0  # trained
+    # evaluate and export take --not_admitted from the run's record.
+    with flagsaver.flagsaver(model_dir=str(model_dir), eval_steps=1, verbose=0):
+        evaluate.main(["evaluate.py"])
+    assert json.loads((model_dir / "eval_metrics.json").read_text())["global_step"] == 6
+    with flagsaver.flagsaver(model_dir=str(model_dir), export_dir=str(tmp_path / "serving")):
+        path = export.run()
+    assert os.path.exists(os.path.join(path, "saved_model.pb"))
 
 
 @pytest.mark.parametrize(
