@@ -355,3 +355,16 @@ def test_graph_mode_lookup_training_and_checkpoint(tmp_path):
             manager.restore(1, session=sess)
             np.testing.assert_allclose(sess.run(table.fallback.values), after)
             assert sess.run(size) == 0
+
+
+def test_on_the_parameter_server_route_the_fallback_lives_beside_shard_0():
+    from npu_rec.distribute import _ps
+
+    with tf.Graph().as_default(), _ps.table_placement(2):
+        table = _table("ps", 2, threshold=2, buckets=4)
+        assert table.num_shards == 2
+        shard_devices = [s.storage.values.device for s in table.shards]
+        assert shard_devices[0] != shard_devices[1]
+        for var in table.fallback.variables():
+            assert var.device == shard_devices[0]
+        assert set(table.fallback.variables()) <= set(table.variables())
