@@ -45,7 +45,6 @@ PREFIX = "fallback/"
 #: Mixed into the key before hashing, so that buckets do not follow the shards
 #: (`_sharded.shard_of` hashes the bare key).
 _SALT = 0x2545F4914F6CDD1D
-_M64 = (1 << 64) - 1
 _GOLDEN, _MIX1, _MIX2 = 0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
 
 

@@ -171,6 +171,8 @@ def _apply_fallbacks(records, grads) -> tf.Operation:
     for rec, grad in zip(records, grads, strict=True):
         if grad is None or getattr(rec.table, "fallback", None) is None:
             continue
+        if rec.table.optimizer is None:  # its own `apply_rows` raises the error
+            continue
         entry = by_table.setdefault(id(rec.table), (rec.table, [], [], []))
         entry[1].append(rec.keys)
         entry[2].append(rec.rows)

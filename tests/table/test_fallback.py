@@ -368,3 +368,15 @@ def test_on_the_parameter_server_route_the_fallback_lives_beside_shard_0():
         for var in table.fallback.variables():
             assert var.device == shard_devices[0]
         assert set(table.fallback.variables()) <= set(table.variables())
+
+
+def test_a_hashed_table_without_optimizer_says_so_when_gradients_are_applied():
+    table = npu_rec.create_table("noopt", 2, access_threshold=2, not_admitted="hashed")
+    ids = tf.constant([1, 2], tf.int64)
+    with tf.GradientTape() as tape, npu_rec.record_lookups(tape) as records:
+        loss = tf.reduce_sum(npu_rec.sparse_lookup(table, ids))
+    grads = tape.gradient(loss, [r.embeddings for r in records])
+    with pytest.raises(ValueError, match="has no optimizer"):
+        npu_rec.apply_recorded_gradients(records, grads)
+    with pytest.raises(ValueError, match="has no optimizer"):
+        table.apply_gradients(ids, tf.ones([2, 2]))
