@@ -19,7 +19,7 @@ from npu_rec import _keras_private, optimizers
 from npu_rec._compat import shown_as_raised
 from npu_rec._validation import check_int
 from npu_rec.keras import _follow
-from npu_rec.table import _lookup
+from npu_rec.table import _fallback, _lookup
 from npu_rec.table import _registry as _table_registry
 from npu_rec.table._base import SparseTable
 from npu_rec.table._config import TableConfig
@@ -172,7 +172,8 @@ class SparseEmbedding(keras.layers.Layer):
         self._table_kwargs = table_kwargs
         self._table = table
         self._replace_registered = False
-        self._serving = None  # (keys -> rows StaticHashTable, values) in an export
+        # In an export: (keys -> rows StaticHashTable, rows, fallback rows or None).
+        self._serving = None
 
     @property
     def table(self) -> SparseTable:
@@ -244,11 +245,14 @@ class SparseEmbedding(keras.layers.Layer):
         return out
 
     def _serve(self, inputs):
-        index, values = self._serving
+        index, values, fallback = self._serving
         inputs = self._bags(inputs)
         flat = _flat_int64(inputs)
         rows = index.lookup(flat)
         emb = tf.gather(values, tf.maximum(rows, 0)) * tf.cast(rows >= 0, tf.float32)[:, None]
+        if fallback is not None:  # not_admitted="hashed": ids without a row read their bucket
+            buckets = _fallback.bucket_of(flat, self.table.config.fallback_buckets)
+            emb = tf.where((rows < 0)[:, None], tf.gather(fallback, buckets), emb)
         out = _lookup._shape_output(emb, inputs, self.combiner, self.dim)
         return self._with_static_shape(out, inputs)
 

@@ -4,7 +4,9 @@ Each `SparseEmbedding` is frozen into a static lookup: a
 `tf.lookup.StaticHashTable` from the table's keys (those holding a row) to
 row numbers, and a variable of their rows. Ids without a row (never
 admitted, evicted, or unseen) read as zeros, exactly as a non-training
-lookup of the live table does. The SavedModel holds only standard
+lookup of the live table does; a table with `not_admitted="hashed"` also
+freezes its fallback rows (a variable) and ids without a row read their
+fallback row (`npu_rec.table._fallback.bucket_of`, stock ops). The SavedModel holds only standard
 TensorFlow ops, so `tf.saved_model.load` works in a process that never
 imports npu_rec.
 
@@ -91,8 +93,14 @@ def _input_specs(model, input_signature):
     return specs
 
 
-def _freeze(layer) -> tuple[tf.lookup.StaticHashTable, tf.Variable]:
+def _freeze(layer) -> tuple[tf.lookup.StaticHashTable, tf.Variable, tf.Variable | None]:
     state = layer.table.export()
+    fallback = None
+    if layer.table.fallback is not None:
+        rows = layer.table.read_state(0, check=False)["fallback/values"]
+        fallback = tf.Variable(
+            np.asarray(rows, np.float32), trainable=False, name=f"{layer.table_name}_fallback"
+        )
     keys = np.asarray(state["keys"], np.int64)
     values = np.asarray(state["values"], np.float32).reshape([-1, layer.dim])
     index = tf.lookup.StaticHashTable(
@@ -102,7 +110,8 @@ def _freeze(layer) -> tuple[tf.lookup.StaticHashTable, tf.Variable]:
         default_value=-1,
         name=f"{layer.table_name}_index",
     )
-    return index, tf.Variable(values, trainable=False, name=f"{layer.table_name}_rows")
+    rows = tf.Variable(values, trainable=False, name=f"{layer.table_name}_rows")
+    return index, rows, fallback
 
 
 @contextlib.contextmanager
@@ -163,6 +172,7 @@ def export_for_serving(model: keras.Model, export_dir: str, *, input_signature=N
     module.dense_variables = [v.value if hasattr(v, "value") else v for v in model.variables]
     module.indexes = [f[0] for f in frozen]
     module.rows = [f[1] for f in frozen]
+    module.fallbacks = [f[2] for f in frozen if f[2] is not None]
     module.serve = serve
     sig_fn = tf.function(signature, input_signature=sig_specs).get_concrete_function()
     tf.saved_model.save(module, export_dir, signatures={"serving_default": sig_fn})

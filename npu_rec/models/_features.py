@@ -16,7 +16,7 @@ same tables with the same settings and look up the same keys:
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 from keras import ops
@@ -39,11 +39,14 @@ class FeatureTables:
       sparse_optimizer: a zero-argument callable returning a fresh
         `npu_rec.optimizers` instance for each table.
       share_keys: let features of a shared table share keys (no salt).
+      table_options: further `create_table` arguments of every table (e.g.
+        `{"not_admitted": "hashed"}`), or None.
     """
 
     specs: tuple
     sparse_optimizer: Callable = default_sparse_optimizer
     share_keys: bool = False
+    table_options: Mapping | None = None
 
     def __post_init__(self):
         specs = tuple(s for s in validate_feature_specs(self.specs) if not s.is_timestamp)
@@ -81,6 +84,7 @@ class FeatureTables:
             "eviction_threshold": -1
             if settings["eviction_threshold"] is None
             else settings["eviction_threshold"],
+            **(self.table_options or {}),
         }
 
     def keys(self, spec: FeatureSpec, ids):

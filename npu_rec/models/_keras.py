@@ -9,7 +9,7 @@ embeddings (`hashed_embedding_fn`) or npu_rec sparse tables
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import keras
 from keras import layers, ops
@@ -208,6 +208,7 @@ def build_rec_model(
     embedding_dim: int | None = None,
     sparse_optimizer: Callable | None = None,
     seed: int | None = None,
+    table_options: Mapping | None = None,
     **arch,
 ) -> RecModel:
     """A reference model as an `npu_rec.keras.RecModel` over sparse tables.
@@ -225,6 +226,8 @@ def build_rec_model(
       embedding_dim: factor width (default 8; DLRM 16, and its bottom MLP ends there).
       sparse_optimizer: zero-argument callable making each table's sparse
         optimizer (default `Adagrad(0.05)`).
+      table_options: further `create_table` arguments of every table, e.g.
+        `{"not_admitted": "hashed"}`.
       seed: seeds the dense layers' initialisers.
       **arch: further arguments of the builder (`hidden_units`, `top_units`, ...).
 
@@ -235,7 +238,9 @@ def build_rec_model(
     if model not in _BUILDERS:
         raise ValueError(f"`model` must be one of {list(_BUILDERS)}. Received: model={model!r}")
     tables = FeatureTables(
-        tuple(feature_specs), sparse_optimizer=sparse_optimizer or default_sparse_optimizer
+        tuple(feature_specs),
+        sparse_optimizer=sparse_optimizer or default_sparse_optimizer,
+        table_options=table_options,
     )
     if embedding_dim is not None:
         arch["embedding_dim"] = embedding_dim

@@ -10,7 +10,7 @@ optimizer in one op).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import tensorflow as tf
 
@@ -50,6 +50,7 @@ def estimator_model_fn(
     learning_rate: float = 1e-3,
     sparse_optimizer: Callable | None = None,
     seed: int | None = None,
+    table_options: Mapping | None = None,
     **arch,
 ) -> Callable:
     """A reference model as an Estimator `model_fn` for `npu_rec.estimator.NPUEstimator`.
@@ -67,6 +68,8 @@ def estimator_model_fn(
       learning_rate: Adam learning rate of the dense weights.
       sparse_optimizer: zero-argument callable making each table's sparse
         optimizer (default `Adagrad(0.05)`).
+      table_options: further `create_table` arguments of every table, e.g.
+        `{"not_admitted": "hashed"}`.
       seed: seeds the dense initialisers (op-level seeds).
       **arch: further network arguments (`hidden_units`, `top_units`, ...).
 
@@ -78,7 +81,9 @@ def estimator_model_fn(
       `auc`; `loss` is the mean log loss.
     """
     tables = FeatureTables(
-        tuple(feature_specs), sparse_optimizer=sparse_optimizer or default_sparse_optimizer
+        tuple(feature_specs),
+        sparse_optimizer=sparse_optimizer or default_sparse_optimizer,
+        table_options=table_options,
     )
     network = _networks.logit_fn(model)
     if embedding_dim is not None:

@@ -114,6 +114,21 @@ EVICTION_THRESHOLD = flags.DEFINE_integer(
     lower_bound=-1,
     upper_bound=2147483647,
 )
+NOT_ADMITTED = flags.DEFINE_enum(
+    "not_admitted",
+    "zeros",
+    ["zeros", "hashed"],
+    "What an id below --access_threshold reads and trains: the zero vector, or its row of a "
+    "small trained fallback table (row hash(id) mod --fallback_buckets; needs "
+    "--access_threshold >= 2).",
+)
+FALLBACK_BUCKETS = flags.DEFINE_integer(
+    "fallback_buckets",
+    1 << 20,
+    "Rows of each table's fallback with --not_admitted=hashed.",
+    lower_bound=1,
+    upper_bound=2147483647,
+)
 TABLE_PER_FEATURE = flags.DEFINE_bool(
     "table_per_feature",
     False,
@@ -227,7 +242,16 @@ GROUPS = (
             "keep_checkpoint_max",
         ),
     ),
-    ("admission and eviction", ("access_threshold", "eviction_threshold", "evict_steps")),
+    (
+        "admission and eviction",
+        (
+            "access_threshold",
+            "not_admitted",
+            "fallback_buckets",
+            "eviction_threshold",
+            "evict_steps",
+        ),
+    ),
     ("precision", ("accelerate_train_mode", "precision_mode")),
     ("output", ("report", "verbose")),
 )
@@ -240,6 +264,15 @@ GROUPS = (
 )
 def _eviction_needs_admission(v):
     return v["eviction_threshold"] < 0 or v["access_threshold"] >= 0
+
+
+@flags.multi_flags_validator(
+    ["not_admitted", "access_threshold"],
+    message="--not_admitted=hashed needs --access_threshold >= 2 (below that every id gets its "
+    "own row at its first sighting, so no id would read the fallback)",
+)
+def _hashed_needs_admission(v):
+    return v["not_admitted"] != "hashed" or v["access_threshold"] >= 2
 
 
 @flags.multi_flags_validator(

@@ -36,6 +36,8 @@ class RunSettings:
     model_dir: str = ""
     embedding_dim: int = 8
     access_threshold: int = -1
+    not_admitted: str = "zeros"
+    fallback_buckets: int = 1 << 20
     eviction_threshold: int = -1
     evict_steps: int = 100
     table_per_feature: bool = False
@@ -82,11 +84,17 @@ def _specs(s: RunSettings, plan: _data.DataPlan):
 
 def _model_kwargs(s: RunSettings, plan: _data.DataPlan) -> dict:
     lr = s.sparse_learning_rate
-    return dict(
+    kwargs = dict(
         embedding_dim=s.embedding_dim,
         seed=s.seed,
         sparse_optimizer=lambda: npu_rec.optimizers.Adagrad(lr),
     )
+    if s.not_admitted != "zeros":  # ids below the admission threshold: a trained fallback
+        kwargs["table_options"] = {
+            "not_admitted": s.not_admitted,
+            "fallback_buckets": s.fallback_buckets,
+        }
+    return kwargs
 
 
 def _result(s, plan, log, eval_results, sizes, step, seconds) -> dict:

@@ -2,7 +2,8 @@
 
 Training writes `run_flags.json` into a new --model_dir: the front end, the
 model, the embedding width, the table layout, the admission/eviction
-thresholds and the data flags with the column roles they resolve to. Every
+thresholds and what not-yet-admitted ids read (--not_admitted, --fallback_buckets),
+and the data flags with the column roles they resolve to. Every
 later script on that --model_dir (evaluate, export, a resumed train) takes
 those values for flags left at their defaults, and refuses an explicit value
 that would build a different graph, in one line naming both values: a
@@ -27,6 +28,8 @@ DEFAULTED = (
     *GRAPH,
     "access_threshold",
     "eviction_threshold",
+    "not_admitted",
+    "fallback_buckets",
     "data",
     "format",
     "label",
@@ -53,6 +56,7 @@ def write(model_dir: str, settings, plan) -> None:
     record.update(
         access_threshold=settings.access_threshold, eviction_threshold=settings.eviction_threshold
     )
+    record.update(not_admitted=settings.not_admitted, fallback_buckets=settings.fallback_buckets)
     record.update(
         {
             name: flags.FLAGS[name].value

@@ -68,6 +68,12 @@ class SparseTable(abc.ABC):
       >>> emb = npu_rec.sparse_lookup(table, tf.constant([3, 7, 3], tf.int64))  # [3, 8]
     """
 
+    #: The trained fallback of not-yet-admitted keys (`not_admitted="hashed"`,
+    #: `_fallback`) of the table a user created, or None.
+    fallback = None
+    #: The fallback a shard's newly admitted keys start from, or None.
+    fallback_init = None
+
     def __init__(self, config: TableConfig, backend, *, register: bool = True):
         self.config = config
         #: The `TableBackend` (`_backend`) chosen at creation: stock ops or the kernels.
@@ -318,6 +324,8 @@ class SparseTable(abc.ABC):
                 shard.config = dataclasses.replace(shard.config, optimizer=optimizer)
                 shard.optimizer = optimizer
             shard.add_optimizer_slots(optimizer.slot_specs)
+        if self.fallback is not None:
+            self.fallback.bind_optimizer(optimizer)
         self.config = config
         self.optimizer = optimizer
 
@@ -326,7 +334,8 @@ class SparseTable(abc.ABC):
         """Applies the table's sparse optimizer to the rows of `ids`.
 
         Gradients of repeated ids are summed first; ids without a row (not
-        admitted, or evicted) are ignored. The hash map is only read.
+        admitted, or evicted) are ignored, or train their fallback rows with
+        `not_admitted="hashed"`. The hash map is only read.
 
         Args:
           ids: int [...] tensor or `tf.RaggedTensor` of the ids looked up.
@@ -350,7 +359,11 @@ class SparseTable(abc.ABC):
         summed = tf.IndexedSlices(grads, idx)
         if not self.sums_slices:
             summed = tf.math.unsorted_segment_sum(grads, idx, tf.size(uniq, out_type=tf.int64))
-        op = self.apply_rows(self.find_rows(uniq), summed)
+        rows = self.find_rows(uniq)
+        op = self.apply_rows(rows, summed)
+        if self.fallback is not None:
+            dense = tf.math.unsorted_segment_sum(grads, idx, tf.size(uniq, out_type=tf.int64))
+            op = tf.group(op, self.fallback.apply(uniq, rows, dense))
         return None if tf.executing_eagerly() else op
 
     # ------------------------------------------------------------ maintenance

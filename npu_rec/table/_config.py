@@ -9,6 +9,7 @@ from typing import Any
 import tensorflow as tf
 
 from npu_rec._validation import ConfigError, ConfigTypeError, check_bool, check_int
+from npu_rec.table import _fallback
 
 #: Rows allocated up front by a table with dynamic expansion and no `capacity`.
 DEFAULT_DYNAMIC_CAPACITY = 1024
@@ -48,6 +49,10 @@ class TableConfig:
       capacity: Initial rows; the fixed size when dynamic expansion is off.
       access_threshold: Sightings before a key gets a row; -1 = admission off.
       eviction_threshold: Idle seconds before a key's row is freed; -1 = off.
+      not_admitted: What a key below `access_threshold` reads and trains: "zeros"
+        (the zero vector, no update) or "hashed" (row `hash(key) mod
+        fallback_buckets` of the table's trained fallback, `npu_rec.table._fallback`).
+      fallback_buckets: Rows of the fallback (`not_admitted="hashed"`), >= 1.
       dynamic_expansion: Grow storage on demand (doubling).
       max_pending_keys: Bound on the counted not-yet-admitted keys.
       num_shards: Key-hash shards of the table (>= 1).
@@ -61,6 +66,8 @@ class TableConfig:
     capacity: int = DEFAULT_FIXED_CAPACITY
     access_threshold: int = -1
     eviction_threshold: int = -1
+    not_admitted: str = "zeros"
+    fallback_buckets: int = 1 << 20
     dynamic_expansion: bool = False
     max_pending_keys: int = DEFAULT_MAX_PENDING_KEYS
     num_shards: int = 1
@@ -104,6 +111,7 @@ class TableConfig:
                 f"access_threshold={self.access_threshold}"
             )
         check_bool("dynamic_expansion", self.dynamic_expansion, rule="a bool or None")
+        _fallback.validate(self)
         if self.initializer is not None and not callable(self.initializer):
             raise ConfigTypeError(
                 "`initializer` must be None, a Keras/TF initializer or a callable "

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from npu_rec._validation import ConfigError
 from npu_rec.table._base import SparseTable
 from npu_rec.table._config import (
     DEFAULT_DYNAMIC_CAPACITY,
@@ -17,6 +18,7 @@ from npu_rec.table._config import (
     TableConfig,
     global_use_dynamic_expansion,
 )
+from npu_rec.table._fallback import attach as attach_fallback
 from npu_rec.table._fused import select_backend
 from npu_rec.table._sharded import ShardedTable
 from npu_rec.table._sparse import SingleShardTable
@@ -32,6 +34,8 @@ def create_table(
     capacity: int | None = None,
     access_threshold: int = -1,
     eviction_threshold: int = -1,
+    not_admitted: str = "zeros",
+    fallback_buckets: int = 1 << 20,
     dynamic_expansion: bool | None = None,
     max_pending_keys: int = DEFAULT_MAX_PENDING_KEYS,
     num_shards: int = 1,
@@ -56,6 +60,13 @@ def create_table(
         included) reach this; 0 = at once; -1 = admission off.
       eviction_threshold: Free rows of keys idle longer than this many seconds
         at `evict()`; -1 = off. Needs `access_threshold >= 0`.
+      not_admitted: What a key below `access_threshold` reads and trains:
+        "zeros" (the zero vector, no update; mx_rec's behaviour) or "hashed"
+        (row `hash(key) mod fallback_buckets` of a small dense table the table
+        owns, trained by the table's optimizer; an admitted key's row starts
+        from its fallback row). "hashed" needs `access_threshold >= 2` and is
+        not available on tables sharded across workers.
+      fallback_buckets: Rows of the fallback table (`not_admitted="hashed"`).
       dynamic_expansion: Grow on demand; None = `npu_rec.init`'s
         `use_dynamic_expansion` (False before init).
       max_pending_keys: Bound on counted not-yet-admitted keys (see
@@ -104,21 +115,34 @@ def create_table(
         capacity=capacity,
         access_threshold=access_threshold,
         eviction_threshold=eviction_threshold,
+        not_admitted=not_admitted,
+        fallback_buckets=fallback_buckets,
         dynamic_expansion=dynamic_expansion,
         max_pending_keys=max_pending_keys,
         num_shards=num_shards,
     )
     from npu_rec.distribute._ps import table_for_ps  # noqa: PLC0415
-    from npu_rec.distribute._strategy import table_for_strategy  # noqa: PLC0415
+    from npu_rec.distribute._strategy import (  # noqa: PLC0415
+        current_exchange,
+        table_for_strategy,
+    )
 
+    if config.not_admitted == "hashed" and current_exchange() is not None:
+        raise ConfigError(
+            "not_admitted='hashed' is not available for tables sharded across the workers "
+            "of a MultiWorkerMirroredStrategy (the fallback would need its own exchange); "
+            "use not_admitted='zeros' there. Received: not_admitted='hashed' for table "
+            f"{name!r}"
+        )
     backend = select_backend()  # stock ops or the compiled kernels, for the table's life
     table = table_for_strategy(config, backend)  # sharded across workers (multi-worker strategy)
     if table is None:
         table = table_for_ps(
             config, backend
         )  # shards on the ps tasks (Estimator, TF_CONFIG with ps)
-    if table is not None:
-        return table
-    if num_shards > 1:
-        return ShardedTable(config, backend)
-    return SingleShardTable(config, backend)
+    if table is None:
+        table = (
+            ShardedTable(config, backend) if num_shards > 1 else SingleShardTable(config, backend)
+        )
+    attach_fallback(table)
+    return table

@@ -31,6 +31,7 @@ from typing import Any, NamedTuple
 import tensorflow as tf
 
 from npu_rec._compat import keep_out_of_meta_graphs
+from npu_rec.table import _fallback
 from npu_rec.table._base import SparseTable, key_times
 from npu_rec.table._key_pipeline import PreparedIds
 from npu_rec.table._key_pipeline import flat_keys as _flat_keys
@@ -48,7 +49,8 @@ class LookupRecord(NamedTuple):
     Attributes:
       table: The `SparseTable` looked up.
       keys: int64 [u], the unique keys of the batch.
-      rows: int64 [u], their rows (-1 = not admitted: zeros, no update).
+      rows: int64 [u], their rows (-1 = not admitted: zeros and no update, or
+        with `not_admitted="hashed"` the key's fallback row, which is trained).
       embeddings: float32 [u, dim], the unique-row tensor; differentiate the
         loss with respect to it.
     """
@@ -125,7 +127,7 @@ def apply_recorded_gradients(records, grads) -> tf.Operation | None:
         entry[1].append(rec.rows)
         entry[2].append(grad)
         entry[3].append(rec.embeddings)
-    ops = []
+    ops = [_apply_fallbacks(records, grads)] if _has_fallback(records) else []
     together: dict = {}  # exchange_group -> [(table, rows, grads, all_rows)]
     for table, rows, gs, embs in by_table.values():
         group = getattr(table, "exchange_group", None)
@@ -157,6 +159,30 @@ def apply_recorded_gradients(records, grads) -> tf.Operation | None:
         else:
             ops.append(updates[0][0].apply_rows_together(updates))
     return None if tf.executing_eagerly() else tf.group(*ops)
+
+
+def _has_fallback(records) -> bool:
+    return any(getattr(rec.table, "fallback", None) is not None for rec in records)
+
+
+def _apply_fallbacks(records, grads) -> tf.Operation:
+    """One step of each table's fallback on the recorded keys that read it (rows < 0)."""
+    by_table: dict[int, tuple] = {}
+    for rec, grad in zip(records, grads, strict=True):
+        if grad is None or getattr(rec.table, "fallback", None) is None:
+            continue
+        if rec.table.optimizer is None:  # its own `apply_rows` raises the error
+            continue
+        entry = by_table.setdefault(id(rec.table), (rec.table, [], [], []))
+        entry[1].append(rec.keys)
+        entry[2].append(rec.rows)
+        entry[3].append(densify(grad, tf.shape(rec.rows, out_type=tf.int64)[0]))
+    return tf.group(
+        *[
+            table.fallback.apply(tf.concat(keys, 0), tf.concat(rows, 0), tf.concat(gs, 0))
+            for table, keys, rows, gs in by_table.values()
+        ]
+    )
 
 
 #: Up to this many gradient rows, `densify` sums with `tf.scatter_nd`, above it with
@@ -254,7 +280,8 @@ def sparse_lookup(
         clock and counted (`evict()` warns).
       is_training: When True the lookup counts sightings, admits keys, records
         last-seen times and is recorded for `record_lookups`. When False it only
-        reads (unknown keys read as zeros).
+        reads (unknown keys read as zeros, or their fallback rows with
+        `not_admitted="hashed"`).
       name: Optional name scope.
 
     Returns:
@@ -287,11 +314,14 @@ def sparse_lookup(
             flat = _flat_keys(ids)
         if is_training:
             uniq, idx, rows, emb_u = _training_lookup(table, prepared, flat, ids, timestamps)
+            emb_u = _fallback.fill(table, uniq, rows, emb_u)
             _record(LookupRecord(table, uniq, rows, emb_u))
         else:
             if prepared is None:
                 uniq, idx = tf.unique(flat, out_idx=tf.int64)
-            _, emb_u = table.lookup_unique(table.checked_keys(uniq), None, None, False)
+            uniq = table.checked_keys(uniq)
+            rows, emb_u = table.lookup_unique(uniq, None, None, False)
+            emb_u = _fallback.fill(table, uniq, rows, emb_u)
         # The table's backend expands (on the kernel path `NpuRecExpand`: the same
         # values and gradient as `tf.gather`).
         return _shape_output(table.backend.expand(emb_u, idx), ids, combiner, table.dim)

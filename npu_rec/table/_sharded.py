@@ -31,6 +31,7 @@ import numpy as np
 import tensorflow as tf
 
 from npu_rec.table import _check as _table_check
+from npu_rec.table import _fallback
 from npu_rec.table._base import NO_NOW, SparseTable, rows_with_values
 from npu_rec.table._config import TableConfig
 from npu_rec.table._keyed_init import _splitmix64
@@ -113,7 +114,8 @@ class ShardedTable(SparseTable):
         return self._shards[0].slot_names
 
     def variables(self) -> list[tf.Variable]:
-        return [v for s in self._shards for v in s.variables()]
+        fallback = [] if self.fallback is None else self.fallback.variables()
+        return [v for s in self._shards for v in s.variables()] + fallback
 
     # ------------------------------------------------------------ routing
     def _partition(self, keys: tf.Tensor, *values):
@@ -204,9 +206,11 @@ class ShardedTable(SparseTable):
         st["opt_step"] = parts[0]["opt_step"]
         if check:  # a key in two shards (each shard checked itself)
             _table_check.verify_unique_keys(self.name, st["keys"])
-        return st
+        return _fallback.read_into(self, st, session)
 
     def write_state(self, st: dict[str, np.ndarray], session=None) -> None:
+        _fallback.write_from(self, st, session)
+        st = {k: v for k, v in st.items() if not k.startswith(_fallback.PREFIX)}
         row_fields = [*_ROW_FIELDS, *[f"slot/{n}" for n in self.slot_names]]
         rows_sid = shard_of_numpy(st["keys"], self.num_shards)
         pend_sid = shard_of_numpy(st["pending_keys"], self.num_shards)

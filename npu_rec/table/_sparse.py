@@ -30,7 +30,7 @@ import numpy as np
 import tensorflow as tf
 
 from npu_rec.table import _check as _table_check
-from npu_rec.table import _keyed_init, _row_init
+from npu_rec.table import _fallback, _keyed_init, _row_init
 from npu_rec.table._backend import TableBackend
 from npu_rec.table._base import SparseTable
 from npu_rec.table._config import TableConfig
@@ -111,10 +111,16 @@ class SingleShardTable(SparseTable):
         return self.backend.sums_slices
 
     def variables(self) -> list[tf.Variable]:
-        return self.state.variables()
+        fallback = [] if self.fallback is None else self.fallback.variables()
+        return self.state.variables() + fallback
 
     def initial_values(self, keys: tf.Tensor) -> tf.Tensor:
-        """float32 [k, dim]: the first rows of newly admitted `keys` (the initializer's)."""
+        """float32 [k, dim]: the first rows of newly admitted `keys`.
+
+        The initializer's, or with `not_admitted="hashed"` the keys' fallback rows.
+        """
+        if self.fallback_init is not None:
+            return self.fallback_init.rows_of(keys)
         return self._initial_values(keys)
 
     def build_memory_stats(self) -> dict[str, tf.Tensor]:
@@ -268,9 +274,10 @@ class SingleShardTable(SparseTable):
         st["deleted_keys"] = np.sort(st["deleted_keys"])
         if check:
             _table_check.verify(self.name, chk, st["keys"])
-        return st
+        return _fallback.read_into(self, st, session)
 
     def write_state(self, st: dict[str, np.ndarray], session=None) -> None:
+        _fallback.write_from(self, st, session)
         sig = self.state.signature(self.dim)
         st = {**st, "deleted_keys": np.zeros([0], np.int64)}  # a restore starts a new period
         st = {

@@ -24,12 +24,14 @@ def deepfm_model_fn(features, labels, mode, params):
         dim,
         optimizer=npu_rec.optimizers.Adagrad(params.get("sparse_lr", 0.05)),
         access_threshold=params.get("access_threshold", -1),
+        **params.get("table_kwargs", {}),
     )
     linear = npu_rec.create_table(
         "cat_linear",
         1,
         optimizer=npu_rec.optimizers.Adagrad(params.get("sparse_lr", 0.05)),
         access_threshold=params.get("access_threshold", -1),
+        **params.get("table_kwargs", {}),
     )
     ids = features["cat"]  # int64 [b, 26]
     emb = npu_rec.sparse_lookup(table, ids, is_training=is_training)  # [b, 26, d]
