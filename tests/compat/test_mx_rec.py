@@ -4,6 +4,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import warnings
 
 import numpy as np
 import pytest
@@ -288,21 +289,26 @@ def test_util_package_reaches_rank_helpers_as_attributes():
     assert mxrec_util.communication.hccl_ops.get_rank_size() == 1
 
 
-def test_init_accepts_the_shm_swap_setting_and_reads_it_back():
+def test_init_accepts_the_shm_swap_and_mpi_settings_and_reads_them_back():
     from npu_rec.compat.mx_rec.util.initialize import (
         ConfigInitializer,
         init,
         terminate_config_initializer,
     )
 
-    init(train_steps=2, eval_steps=1, use_shm_swap=True, use_lccl=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "unknown setting" warning for mx_rec's own settings
+        init(train_steps=2, eval_steps=1, use_shm_swap=True, use_lccl=False, use_mpi=False)
     try:
         assert ConfigInitializer.get_instance().use_shm_swap is True
+        assert ConfigInitializer.get_instance().use_mpi is False
         assert npu_rec.get_config().train_steps == 2
     finally:
         terminate_config_initializer()
     with pytest.raises(TypeError, match=r"use_shm_swap"):
         init(train_steps=2, use_shm_swap="yes")
+    with pytest.raises(TypeError, match=r"use_mpi"):
+        init(train_steps=2, use_mpi=1)
 
 
 def test_a_made_hash_optimizer_is_the_registered_instance():

@@ -9,8 +9,10 @@ from __future__ import annotations
 import npu_rec
 from npu_rec._validation import check_bool
 
-#: mx_rec `init` settings that only tune NPU data movement: accepted (bool), no effect on a CPU.
-NPU_ONLY_SETTINGS = ("use_shm_swap",)
+#: mx_rec `init` settings with no CPU meaning: accepted (bool), read back, no effect here.
+#: `use_shm_swap` tunes the host/device swap; `use_mpi` says ranks come from MPI (npu_rec
+#: runs one process per `init`; its workers come from `npu_rec.launch`).
+NPU_ONLY_SETTINGS = ("use_shm_swap", "use_mpi")
 
 
 def init(**kwargs) -> None:
@@ -22,7 +24,7 @@ def init(**kwargs) -> None:
     nothing on a CPU.
 
     Raises:
-      TypeError: `use_shm_swap` is not a bool.
+      TypeError: `use_shm_swap` or `use_mpi` is not a bool.
     """
     own = {}
     for name in NPU_ONLY_SETTINGS:
