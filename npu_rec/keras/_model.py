@@ -283,20 +283,23 @@ class RecModel(ModelStateMixin, keras.Model):
         )
         return x, y, y_pred, sample_weight, loss
 
-    def _gathered_lookups(self, data, training: bool):
+    def _gathered_lookups(self, data, training: bool, predicting: bool = False):
         """Under a multi-worker strategy: the step's table lookups exchanged in one go.
 
         The ids of every worker-sharded table come from a first pass of the
         model on the batch (`training=False`, outputs unused; see
-        `npu_rec.distribute._step_exchange`): the step then makes 3 sparse
-        collectives (2 when it does not train) whatever the number of tables.
+        `npu_rec.distribute._step_exchange`): the step then makes 4 sparse
+        collectives (a size exchange and 3 all-to-alls; 3 when it does not
+        train) whatever the number of tables.
         """
         if not _keras_fixes.multi_worker(tf.distribute.get_strategy()):
             return contextlib.nullcontext()
 
         def forward():
             x, y, _ = keras.utils.unpack_x_y_sample_weight(data)
-            if self._loss_in_network:
+            if predicting:
+                self(x, training=False)
+            elif self._loss_in_network:
                 self.network(data, training=False)
             elif not training and self.eval_network is not None:
                 self.eval_network(x, y, training=False)
@@ -385,6 +388,10 @@ class RecModel(ModelStateMixin, keras.Model):
     def test_step(self, data):
         with self._gathered_lookups(data, training=False):
             return _keras_fixes.logs_for_reduction(self._test_logs(data))
+
+    def predict_step(self, data):
+        with self._gathered_lookups(data, training=False, predicting=True):
+            return super().predict_step(data)
 
     def _test_logs(self, data):
         if self.eval_network is None and not self._loss_in_network:
