@@ -56,7 +56,11 @@ def build():
     items = keras.Input(shape=(3,), dtype="int64", name="items")
     clicked = keras.Input(shape=(), dtype="int64", name="clicked")
     u = SparseEmbedding(
-        "user3", 8, optimizer=npu_rec.optimizers.Adagrad(0.05), eviction_threshold=30
+        "user3",
+        8,
+        optimizer=npu_rec.optimizers.Adagrad(0.05),
+        access_threshold=0,
+        eviction_threshold=30,
     )(user, timestamps=ts)
     item = SparseEmbedding(
         "item3", 8, combiner="sum", optimizer=npu_rec.optimizers.SGD(0.05), access_threshold=2
