@@ -3,7 +3,7 @@
 Run under `python -m npu_rec.launch --workers 2 benchmarks/collective_probe.py`:
 each worker times chains of `--chain` dependent `CollectiveAllToAllV2` ops
 (each worker sends `bytes / W` to every worker) for payloads from 1 KB to 4 MB, and
-of the size exchange (`CollectiveGatherV2` of W int32), through
+of the size exchange (an all-to-all of W int32 to every worker), through
 `npu_rec.distribute.Exchange`. Worker 0 prints the median ms per collective and the
 fit `latency + bytes / bandwidth` (least squares) of the all-to-all, and a ring `CollectiveReduceV2` of the same
 payloads for comparison: the terms of the scaling model of
@@ -111,7 +111,7 @@ def main() -> None:
                 f"{r * 1e3:.2f} ms",
                 flush=True,
             )
-        print(f"size exchange (gather of {workers} int32): {gather_time * 1e3:.2f} ms")
+        print(f"size exchange ({workers} int32 to every worker): {gather_time * 1e3:.2f} ms")
         print(
             f"fit: latency {intercept * 1e3:.2f} ms + bytes / {1 / slope / 1e9:.2f} GB/s "
             f"(load average {os.getloadavg()[0]:.1f})",

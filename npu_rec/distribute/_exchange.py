@@ -5,8 +5,9 @@ traced step, so each exchange below is a collective that all workers issue
 in the same order. A `Route` sends each of this worker's items to one worker
 (its owner) with TensorFlow's raw collectives, not the strategy's:
 
-* the sizes: one `CollectiveGatherV2` of each worker's count per destination
-  (W int32), so every worker knows the W x W matrix of part sizes;
+* the sizes: one `CollectiveAllToAllV2` that sends each worker's count per
+  destination (W int32) to every worker, so every worker knows the W x W
+  matrix of part sizes;
 * the items: one `CollectiveAllToAllV2` of a [W, P, ...] buffer, part `o` for
   worker `o`, each part padded to P, the largest part of the matrix rounded
   up to a size bucket (at most 1/8 more). The all-to-all needs equal shapes on
@@ -118,17 +119,21 @@ class Exchange:
 
     # ------------------------------------------------------------ raw collectives
     def gather_sizes(self, counts: tf.Tensor, site: int) -> tf.Tensor:
-        """int32 [W, W]: every worker's `counts` (int32 [W]), row w from worker w."""
-        got = tf.raw_ops.CollectiveGatherV2(
-            input=counts,
-            group_size=self.num_workers,
+        """int32 [W, W]: every worker's `counts` (int32 [W]), row w from worker w.
+
+        An all-to-all of `counts` to every worker: its W - 1 messages leave at
+        once (a ring gather would take W - 1 hops one after the other).
+        """
+        workers = self.num_workers
+        return tf.raw_ops.CollectiveAllToAllV2(
+            input=tf.tile(tf.reshape(counts, [1, workers]), [workers, 1]),
+            group_size=workers,
             group_key=GROUP_KEY,
             instance_key=site,
             ordering_token=[],
-            communication_hint="ring",
+            communication_hint="auto",
             timeout_seconds=0,
         )
-        return tf.reshape(got, [self.num_workers, self.num_workers])
 
     def all_to_all(self, buffer: tf.Tensor, site: int, bucket: tf.Tensor) -> tf.Tensor:
         """Part w of `buffer` ([W, P, ...]) goes to worker w; part w of the result came from it."""

@@ -119,7 +119,8 @@ class Lookups:
             self.entries, tf.split(rows, sizes), tf.split(emb, sizes), strict=True
         ):
             v = v[:, : entry.table.dim]
-            _REGISTERED[id(v)] = (v, self, len(self.results))
+            # The way back for the gradient, on the tensor itself (it lives as long as its graph).
+            v._npu_rec_lookups = (self, len(self.results))
             self.results.append((r, v))
 
     @tf.autograph.experimental.do_not_convert
@@ -154,16 +155,9 @@ class Lookups:
         return tf.group(ops)
 
 
-#: id(embeddings tensor) -> (the tensor, its Lookups, its index): the gradient's way back.
-_REGISTERED: dict[int, tuple[tf.Tensor, Lookups, int]] = {}
-
-
 def registered(embeddings: tf.Tensor):
-    """(Lookups, index) that produced `embeddings`, or None."""
-    hit = _REGISTERED.get(id(embeddings))
-    if hit is None or hit[0] is not embeddings:
-        return None
-    return hit[1], hit[2]
+    """(Lookups, index) that produced `embeddings` (a lookup's result), or None."""
+    return getattr(embeddings, "_npu_rec_lookups", None)
 
 
 def _counts(entry: Entry) -> tf.Tensor:
