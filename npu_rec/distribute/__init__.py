@@ -23,7 +23,6 @@ from npu_rec.distribute._exchange import (
 )
 from npu_rec.distribute._faults import PEER_ERRORS, WorkerLostError, lost_tasks
 from npu_rec.distribute._faults import explain as explain_peer_error
-from npu_rec.distribute._step_exchange import prefetched_lookups
 from npu_rec.distribute._strategy import multi_worker_strategy, worker_rank
 from npu_rec.distribute._worker_table import WorkerShardedTable, updates_only_when
 
@@ -39,7 +38,6 @@ __all__ = [
     "lost_tasks",
     "merge_states",
     "multi_worker_strategy",
-    "prefetched_lookups",
     "restore_chains",
     "restore_tables",
     "save_tables",

@@ -11,6 +11,7 @@ import tensorflow as tf
 from npu_rec import _keras_private, distribute
 from npu_rec import _log as logging
 from npu_rec._keras_private import Functional, Trainer, functional_init_arguments
+from npu_rec.distribute import _step_exchange
 from npu_rec.keras import _amp, _finite, _follow, _keras_fixes, _online, _serving
 from npu_rec.keras._layers import model_tables, sparse_embeddings
 from npu_rec.keras._model_state import ModelStateMixin
@@ -306,7 +307,7 @@ class RecModel(ModelStateMixin, keras.Model):
             else:
                 self(x, training=False)
 
-        return distribute.prefetched_lookups(forward, training)
+        return _step_exchange.prefetched_lookups(forward, training)
 
     @_waits_for_the_batch
     def train_step(self, data):
