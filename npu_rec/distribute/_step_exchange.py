@@ -87,31 +87,39 @@ class Lookups:
         self._route = exchange.route(dest, self.entries[0].table.name)
         got = self._route.send(tf.stack(columns, 1))  # [m, 2 or 4]
         self._which = tf.cast(got[:, 1], tf.int32)
-        positions, local_rows, answers = [], [], []
+        # One partition op per column for all the lookups (few ops per lookup: a step's
+        # ops run one after another on a worker's thread).
+        n_entries = len(self.entries)
+        positions = tf.dynamic_partition(tf.range(tf.shape(got)[0]), self._which, n_entries)
+        keys_of = tf.dynamic_partition(got[:, 0], self._which, n_entries)
+        if training:
+            counts_of = tf.dynamic_partition(got[:, 2], self._which, n_entries)
+            times_of = tf.dynamic_partition(got[:, 3], self._which, n_entries)
+        local_rows, embs = [], []
         for i, entry in enumerate(self.entries):
-            pos = tf.cast(tf.where(tf.equal(self._which, i))[:, 0], tf.int32)
-            mine = tf.gather(got, pos)
-            uniq, at = tf.unique(mine[:, 0], out_idx=tf.int64)
+            uniq, at = tf.unique(keys_of[i], out_idx=tf.int64)
             local = entry.table.local
             if entry.training:
                 n_uniq = tf.size(uniq, out_type=tf.int64)
-                counts = tf.math.unsorted_segment_sum(mine[:, 2], at, n_uniq)
-                times = tf.math.unsorted_segment_max(mine[:, 3], at, n_uniq)
+                counts = tf.math.unsorted_segment_sum(counts_of[i], at, n_uniq)
+                times = tf.math.unsorted_segment_max(times_of[i], at, n_uniq)
                 rows, emb = local.lookup_unique(
                     uniq, counts, times, True, from_feature=entry.from_feature
                 )
             else:
                 rows, emb = local.lookup_unique(uniq, None, None, False)
-            rows, emb = tf.gather(rows, at), tf.gather(emb, at)
-            positions.append(pos)
-            local_rows.append(rows)
-            global_rows = tf.where(rows >= 0, rows * workers + rank, tf.constant(-1, tf.int64))
-            answers.append(
-                _pack(global_rows, tf.pad(emb, [[0, 0], [0, self.width - entry.table.dim]]))
-            )
+            if entry.table.dim != self.width:
+                emb = tf.pad(emb, [[0, 0], [0, self.width - entry.table.dim]])
+            local_rows.append(tf.gather(rows, at))
+            embs.append(tf.gather(emb, at))
         #: Per received item: this worker's row (-1: not admitted).
         self._local_rows = tf.dynamic_stitch(positions, local_rows)
-        back = self._route.reply(tf.dynamic_stitch(positions, answers))
+        global_rows = tf.where(
+            self._local_rows >= 0,
+            self._local_rows * workers + rank,
+            tf.constant(-1, tf.int64),
+        )
+        back = self._route.reply(_pack(global_rows, tf.dynamic_stitch(positions, embs)))
         rows, emb = _unpack(back)
         sizes = [tf.shape(e.keys)[0] for e in self.entries]
         self.results = []
@@ -142,14 +150,21 @@ class Lookups:
                 g = tf.cast(g, tf.float32)
                 parts.append(tf.pad(g, [[0, 0], [0, self.width - entry.table.dim]]))
         got = self._route.send(tf.concat(parts, 0))
-        tables: dict[int, tuple[object, list[int]]] = {}
+        tables: dict[int, tuple[object, int]] = {}  # id(table) -> (table, its bin)
+        bin_of = [-1] * len(self.entries)
         for i in sorted(grads):
-            tables.setdefault(id(self.entries[i].table), (self.entries[i].table, []))[1].append(i)
+            table = self.entries[i].table
+            bin_of[i] = tables.setdefault(id(table), (table, len(tables)))[1]
+        n_bins = len(tables)
+        # Bin of each received row: its table's, or the last (discarded): not admitted,
+        # or a lookup without a gradient.
+        bins = tf.gather(tf.constant(bin_of, tf.int32), self._which)
+        bins = tf.where((bins >= 0) & (self._local_rows >= 0), bins, n_bins)
+        rows_of = tf.dynamic_partition(self._local_rows, bins, n_bins + 1)
+        grads_of = tf.dynamic_partition(got, bins, n_bins + 1)
         ops = []
-        for table, lookups in tables.values():
-            mine = tf.reduce_any(tf.equal(self._which[:, None], lookups), 1)
-            mine &= self._local_rows >= 0
-            op = table.apply_local(self._local_rows, got[:, : table.dim], mine, condition)
+        for table, b in tables.values():
+            op = table.apply_local(rows_of[b], grads_of[b][:, : table.dim], None, condition)
             if op is not None:
                 ops.append(op)
         return tf.group(ops)

@@ -195,13 +195,14 @@ class WorkerShardedTable(SparseTable):
     def apply_local(self, local_rows, grads, mine, condition=None):
         """Sums the gradients of this worker's rows `local_rows[mine]` per row and steps once.
 
-        `condition` (a bool scalar equal on every worker, or None): step only if True.
+        `mine`: bool [n], or None for every row. `condition` (a bool scalar
+        equal on every worker, or None): step only if True.
         """
-        mine = tf.where(mine)[:, 0]
-        rows, at = tf.unique(tf.gather(local_rows, mine), out_idx=tf.int64)
-        summed = tf.math.unsorted_segment_sum(
-            tf.gather(grads, mine), at, tf.size(rows, out_type=tf.int64)
-        )
+        if mine is not None:
+            mine = tf.where(mine)[:, 0]
+            local_rows, grads = tf.gather(local_rows, mine), tf.gather(grads, mine)
+        rows, at = tf.unique(local_rows, out_idx=tf.int64)
+        summed = tf.math.unsorted_segment_sum(grads, at, tf.size(rows, out_type=tf.int64))
         if condition is None:
             return self.local.apply_rows(rows, summed, all_rows=True)
 
