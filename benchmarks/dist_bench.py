@@ -11,18 +11,23 @@ Adagrad on one `SparseEmbedding` table per feature, no admission or eviction).
                (started by `npu_rec.launch`) with 1 thread each; every table is sharded
                by key hash across them, each worker trains on half of every global batch
 
-`--one_table` uses one table for all 26 features instead (3 exchanges per step; with a
-table per feature a step makes 2 per table for the lookups and one for the gradients
-of all the tables).
+`--one_table` uses one table for all 26 features instead; `--mlp_only` keeps the dense
+model and replaces the 26 embeddings by a fixed function of the ids (no tables: the
+strategy's dense all-reduce alone). Either way a training step exchanges the ids of
+all its tables at once (docs/distributed.md, "Communication per step").
 Both time `--steps` steps after `--warmup` untimed ones (tracing), `--rounds` times,
-and report the median samples/s of the global batch. The two-worker run also reports
-the bytes each worker receives per step, computed from the batches' unique ids with
-the exchange model of docs/distributed.md (ids, counts and times out, rows back,
-gradients out; the dense all-reduce), and the step time it would need on a 10 Gb/s
-link, the collectives of one training step counted by kind from the step's graph as
-TensorFlow executes it (run metadata of the first `fit`, see `step_collectives`), and
-each worker's thread count at the end (`Threads:` of /proc/self/status; it stays flat
-over a run, see `dist_threads.py`). Prints a table and writes JSON.
+and report the median samples/s of the global batch; `--pairs N` runs the two back to
+back N times and reports the median of the N ratios (the load of a shared machine
+drifts between runs). The two-worker run also reports
+the bytes each worker sends (= receives) per step, computed from the batches' unique
+ids with the exchange's layout (`exchange_bytes`: the size exchange, the ids with
+table, count and time, the rows back, the gradients out, each part padded to the
+largest part's size bucket; the dense all-reduce), and the step time it would need on
+a 10 Gb/s link, the collectives of one training step counted by kind from the step's
+graph as TensorFlow executes it (run metadata of the first `fit`, see
+`step_collectives`), and each worker's thread count at the end (`Threads:` of
+/proc/self/status; it stays flat over a run, see `dist_threads.py`). Prints a table
+and writes JSON.
 
 Example (quick):
   python benchmarks/dist_bench.py --batch_size 1024 --steps 10 --rounds 2 --distinct_ids 1000000
@@ -64,28 +69,57 @@ _ONE_TABLE = flags.DEFINE_bool(
     "One table for all 26 features (table batching: one exchange "
     "per step instead of one per feature).",
 )
+_MLP_ONLY = flags.DEFINE_bool(
+    "mlp_only",
+    False,
+    "No tables: the 26 embeddings are a fixed function of the ids (the dense model alone).",
+)
+_PAIRS = flags.DEFINE_integer(
+    "pairs",
+    1,
+    "Back-to-back (one process, two workers) runs; the ratio is the median over the pairs.",
+    lower_bound=1,
+)
 _LINK = 10e9 / 8  # bytes/s of a 10 Gb/s link
 _NUM_WORKERS = 2
 
 
-def exchange_bytes(unique_per_worker: list[np.ndarray], dim: int, dense_params: int) -> dict:
-    """Bytes one worker receives in a step (mean over workers), by the docs' exchange model.
+def exchange_bytes(
+    keys_per_worker: list[list[np.ndarray]], dim: int, dense_params: int, training: bool = True
+) -> dict:
+    """Bytes one worker sends (and receives) over the network in a step, mean over workers.
 
     Args:
-      unique_per_worker: per worker, an int array [tables] of its batch's unique ids.
-      dim: Embedding width.
+      keys_per_worker: per worker, per table, its batch's unique ids (int64).
+      dim: Embedding width (every table's).
       dense_params: Dense parameters (all-reduced in float32 by a ring).
+      training: a training step (ids with count and time; gradients back to the owners).
+
+    The layout of `npu_rec.distribute._step_exchange.Lookups` with every table in one
+    exchange: each worker's (table, id) pairs go to the owner of the id; every part is
+    padded to the largest part of the W x W size matrix rounded up to a size bucket;
+    a worker's own part does not cross the network.
     """
-    u = np.stack(unique_per_worker).astype(np.float64)  # [W, tables]
-    w = u.shape[0]
-    others = u.sum(0)[None, :] - u  # ids sent by the others
-    ids = others * 32  # key, sender, count, time (int64)
-    rows = others * (4 * dim + 8)  # answers: row id + row
-    # row ids (+ the table's position, several tables in one exchange) + gradients
-    grads = others * (4 * dim + (12 if u.shape[1] > 1 else 8))
-    sparse = (ids + rows + grads).sum(1).mean()
+    from npu_rec.distribute._exchange import BUCKETS
+    from npu_rec.table._sharded import shard_of_numpy
+
+    w = len(keys_per_worker)
+    sizes = np.zeros((w, w), np.int64)
+    for r, tables in enumerate(keys_per_worker):
+        for keys in tables:
+            sizes[r] += np.bincount(shard_of_numpy(keys, w), minlength=w)
+    pad = int(BUCKETS[np.searchsorted(BUCKETS, max(int(sizes.max()), 1))])
+    per_item = (32 if training else 16) + (8 + 4 * dim) + (4 * dim if training else 0)
+    sparse = (w - 1) * pad * per_item + (w - 1) * w * 4  # + the size exchange
     dense = 2 * (w - 1) / w * 4 * dense_params
-    return {"sparse": float(sparse), "dense": float(dense), "total": float(sparse + dense)}
+    useful = float((sizes.sum() - np.trace(sizes)) / w * per_item)
+    return {
+        "sparse": float(sparse),
+        "sparse_unpadded": useful,
+        "dense": float(dense),
+        "total": float(sparse + dense),
+        "pad": pad,
+    }
 
 
 def _model(batches, vocab):
@@ -97,7 +131,10 @@ def _model(batches, vocab):
     dense = keras.Input((kb.NUM_DENSE,), name="numeric")
     cats = keras.Input((kb.NUM_CAT,), dtype="int64", name="cats")
     opt = npu_rec.optimizers.Adagrad(kb.LR)
-    if _ONE_TABLE.value:  # the ids of different features are distinct in this data
+    if _MLP_ONLY.value:  # a fixed function of the ids in place of each embedding
+        ids = keras.ops.cast(keras.ops.mod(cats, 1009), "float32") / 1009.0 - 0.5
+        embs = [keras.ops.repeat(ids, kb.DIM, axis=1)]
+    elif _ONE_TABLE.value:  # the ids of different features are distinct in this data
         emb = SparseEmbedding(
             "all_C",
             kb.DIM,
@@ -199,16 +236,20 @@ def _run_role(out_path: str) -> None:
         rank = npu_rec.distribute.worker_rank(_STRATEGY)
         half = kb._BATCH.value // _NUM_WORKERS
         features = (
-            [list(range(kb.NUM_CAT))] if _ONE_TABLE.value else [[f] for f in range(kb.NUM_CAT)]
+            []
+            if _MLP_ONLY.value
+            else [list(range(kb.NUM_CAT))]
+            if _ONE_TABLE.value
+            else [[f] for f in range(kb.NUM_CAT)]
         )
-        unique = [
+        keys = [
             [
-                np.array([len(np.unique(b[1][r * half : (r + 1) * half, f])) for f in features])
+                [np.unique(b[1][r * half : (r + 1) * half, f]) for f in features]
                 for r in range(_NUM_WORKERS)
             ]
             for b in batches
         ]
-        per_step = [exchange_bytes(u, kb.DIM, dense_params) for u in unique]
+        per_step = [exchange_bytes(k, kb.DIM, dense_params) for k in keys]
         result = {
             "rank": rank,
             "rates": rates,
@@ -253,6 +294,7 @@ def _flag_args() -> list[str]:
             "distinct_batches",
             "distinct_ids",
             "one_table",
+            "mlp_only",
         )
     ]
 
@@ -299,20 +341,31 @@ def main(argv):
     if _ROLE != "driver":
         _run_role(_OUT.value)
         return
-    results = _driver()
-    one = statistics.median(results["one_process"]["rates"])
-    two = statistics.median(results["two_workers"]["rates"])
+    pairs = []
+    for _ in range(_PAIRS.value):  # back to back: the machine's load drifts between runs
+        pairs.append(_driver())
+        pairs[-1]["load_average"] = os.getloadavg()
+    results = dict(pairs[-1])
+    results["pairs"] = pairs
+    ones = [statistics.median(p["one_process"]["rates"]) for p in pairs]
+    twos = [statistics.median(p["two_workers"]["rates"]) for p in pairs]
+    ratio = statistics.median(t / o for t, o in zip(twos, ones, strict=True))
+    one, two = statistics.median(ones), statistics.median(twos)
     nbytes = results["two_workers"]["bytes"]
     print(
         f"batch {kb._BATCH.value}, {kb._STEPS.value} steps x {kb._ROUNDS.value} rounds, "
         f"{kb._IDS.value} distinct ids, "
-        f"{'one table' if _ONE_TABLE.value else 'one table per feature'}"
+        f"{'no tables (mlp_only)' if _MLP_ONLY.value else 'one table' if _ONE_TABLE.value else 'one table per feature'}"
     )
     print(f"{'run':<28}{'samples/s':>12}")
     print(f"{'one process x 2 threads':<28}{one:>12.0f}")
-    print(f"{'2 workers x 1 thread':<28}{two:>12.0f}   ({two / one:.2f}x)")
     print(
-        f"bytes received per worker per step: sparse {nbytes['sparse'] / 1e6:.2f} MB, "
+        f"{'2 workers x 1 thread':<28}{two:>12.0f}   ({ratio:.2f}x: median of "
+        f"{', '.join(f'{t / o:.2f}' for t, o in zip(twos, ones, strict=True))})"
+    )
+    print(
+        f"bytes sent (= received) per worker per step: sparse {nbytes['sparse'] / 1e6:.2f} MB "
+        f"({nbytes['sparse_unpadded'] / 1e6:.2f} MB without padding), "
         f"dense {nbytes['dense'] / 1e6:.2f} MB; at 10 Gb/s: "
         f"{nbytes['total'] / _LINK * 1e3:.1f} ms"
     )
@@ -322,14 +375,20 @@ def main(argv):
         f"({', '.join(f'{n} {op}' for op, n in sorted(collectives.items())) or 'none'})"
     )
     print(f"threads per worker at the end: {results['two_workers']['threads_at_end']}")
+    print(
+        "load average (1, 5, 15 min) at the end: " + ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    )
     results.update(
         {
             "one_table": _ONE_TABLE.value,
+            "mlp_only": _MLP_ONLY.value,
+            "load_average": os.getloadavg(),
             "batch_size": kb._BATCH.value,
             "steps": kb._STEPS.value,
             "rounds": kb._ROUNDS.value,
             "distinct_ids": kb._IDS.value,
             "samples_per_sec": {"one_process": one, "two_workers": two},
+            "ratio": ratio,
         }
     )
     with open(_OUT.value, "w") as f:

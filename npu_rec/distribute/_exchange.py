@@ -1,20 +1,61 @@
 """Moving ids, rows and gradients between workers inside a replica step.
 
 Every worker of a `tf.distribute.MultiWorkerMirroredStrategy` runs the same
-traced step, so each exchange below is one collective that all workers issue
-in the same order. The exchange is an all-gather with a different first
-dimension per worker (each worker receives every worker's part, in worker
-order), which TensorFlow's RING collectives support between CPU workers; the
-owner then keeps the part it owns. (`CollectiveAllToAllV2` would move 1/W of
-this, but needs equal shapes on all workers and an instance key per shape;
-see docs/distributed.md for the bytes moved and where this stops scaling.)
+traced step, so each exchange below is a collective that all workers issue
+in the same order. A `Route` sends each of this worker's items to one worker
+(its owner) with TensorFlow's raw collectives, not the strategy's:
 
-Measured on 2 cores (2 local workers): a 100k-id exchange takes 9-16 ms.
+* the sizes: one `CollectiveAllToAllV2` that sends each worker's count per
+  destination (W int32) to every worker, so every worker knows the W x W
+  matrix of part sizes;
+* the items: one `CollectiveAllToAllV2` of a [W, P, ...] buffer, part `o` for
+  worker `o`, each part padded to P, the largest part of the matrix rounded
+  up to a size bucket (at most 1/8 more). The all-to-all needs equal shapes on
+  every worker, and TensorFlow fixes a collective's shape by its instance key,
+  so the key is the call site's base plus the bucket's index: a bounded set of
+  keys, each always used with one shape;
+* the answers (`Route.reply`) come back the same way without a size exchange
+  (the sizes are the matrix's transpose), and so can further items sent the
+  same way (`Route.send` again: the row gradients go to the owners that
+  looked the rows up).
+
+A worker receives only what it owns: (W - 1) / W of the ids it is sent, not
+every worker's ids as an all-gather would deliver. The collectives run with
+no timeout (the watchdog of `multi_worker_strategy` bounds a lost worker)
+and in a group of their own (`GROUP_KEY`), apart from the strategy's.
 """
 
 from __future__ import annotations
 
+import itertools
+
+import numpy as np
 import tensorflow as tf
+
+#: The collective group of the exchanges (the strategy numbers its groups from 1).
+GROUP_KEY = 0x4E505552
+#: Instance keys of the exchanges: a call site's base is `_KEY_BASE + site * _SITE_STRIDE`.
+_KEY_BASE = 1 << 20
+_SITE_STRIDE = 256
+_SITES = itertools.count()
+
+
+def _bucket_sizes() -> np.ndarray:
+    """Padded part sizes: 1..8, then 8..15 times a power of two (at most 1/8 above a size)."""
+    sizes = set(range(1, 9))
+    for e in range(28):
+        sizes.update(m << e for m in range(8, 16))
+    return np.array(sorted(sizes), np.int32)
+
+
+BUCKETS = _bucket_sizes()
+assert len(BUCKETS) <= _SITE_STRIDE
+
+
+def next_site() -> int:
+    """The base instance key of a new call site (taken in trace order, alike on every worker)."""
+    return _KEY_BASE + next(_SITES) * _SITE_STRIDE
+
 
 #: Seconds within which a lost or stalled worker fails the others' step (see `_faults.Watchdog`).
 DEFAULT_TIMEOUT_SECONDS = 60.0
@@ -39,7 +80,7 @@ class NotInReplicaStepError(RuntimeError):
 
 
 class Exchange:
-    """All-gathers of variable-length tensors between the workers of one strategy.
+    """The collectives between the workers of one strategy: `route` (raw all-to-all), `gather`.
 
     Args:
       num_workers: Workers (replicas) in the group.
@@ -67,7 +108,103 @@ class Exchange:
         return ctx
 
     def gather(self, value: tf.Tensor, table_name: str) -> tf.Tensor:
-        """Every worker's `value` ([n_w, ...], n_w may differ), concatenated in worker order."""
+        """Every worker's `value` ([n_w, ...], n_w may differ), concatenated in worker order.
+
+        The strategy's all-gather (two collectives: the lengths, then the padded
+        data); used only where no `Route` of the step's lookups exists.
+        """
         ctx = self._context(table_name)
         # tf.identity: the gather input must be a tensor made inside the replica function.
         return ctx.all_gather(tf.identity(value), axis=0, options=self.options)
+
+    # ------------------------------------------------------------ raw collectives
+    def gather_sizes(self, counts: tf.Tensor, site: int) -> tf.Tensor:
+        """int32 [W, W]: every worker's `counts` (int32 [W]), row w from worker w.
+
+        An all-to-all of `counts` to every worker: its W - 1 messages leave at
+        once (a ring gather would take W - 1 hops one after the other).
+        """
+        workers = self.num_workers
+        return tf.raw_ops.CollectiveAllToAllV2(
+            input=tf.tile(tf.reshape(counts, [1, workers]), [workers, 1]),
+            group_size=workers,
+            group_key=GROUP_KEY,
+            instance_key=site,
+            ordering_token=[],
+            communication_hint="auto",
+            timeout_seconds=0,
+        )
+
+    def all_to_all(self, buffer: tf.Tensor, site: int, bucket: tf.Tensor) -> tf.Tensor:
+        """Part w of `buffer` ([W, P, ...]) goes to worker w; part w of the result came from it."""
+        return tf.raw_ops.CollectiveAllToAllV2(
+            input=buffer,
+            group_size=self.num_workers,
+            group_key=GROUP_KEY,
+            instance_key=site + bucket,
+            ordering_token=[],
+            communication_hint="auto",
+            timeout_seconds=0,
+        )
+
+    def route(self, dest: tf.Tensor, table_name: str) -> Route:
+        """A `Route` for items going to the workers `dest` (int32 [n]); exchanges the sizes."""
+        self._context(table_name)
+        return Route(self, dest)
+
+
+class Route:
+    """Where each of this worker's n items goes, and the padded layout that moves them.
+
+    Made by `Exchange.route` (one size exchange). Then `send` moves items to
+    their workers (each receiver gets its items in sender order, each sender's
+    in this worker's order), `reply` moves answers to received items back to
+    their senders, in the senders' original order.
+    """
+
+    def __init__(self, exchange: Exchange, dest: tf.Tensor):
+        self._exchange = exchange
+        workers, rank = exchange.num_workers, exchange.rank
+        dest = tf.cast(dest, tf.int32)
+        n = tf.size(dest)
+        self._order = tf.argsort(dest, stable=True)
+        sorted_dest = tf.gather(dest, self._order)
+        counts = tf.math.bincount(dest, minlength=workers, maxlength=workers, dtype=tf.int32)
+        matrix = exchange.gather_sizes(counts, next_site())  # [sender, receiver]
+        largest = tf.maximum(tf.reduce_max(matrix), 1)
+        self._bucket = tf.searchsorted(BUCKETS, tf.reshape(largest, [1]), out_type=tf.int32)[0]
+        self.pad = tf.gather(BUCKETS, self._bucket)
+        starts = tf.cumsum(counts, exclusive=True)
+        # Position of each (destination-sorted) item in the flat [W * P] send buffer.
+        self._slot = sorted_dest * self.pad + tf.range(n) - tf.gather(starts, sorted_dest)
+        incoming = matrix[:, rank]
+        valid = tf.range(self.pad)[None, :] < incoming[:, None]  # [W, P]
+        self._received = tf.cast(tf.where(tf.reshape(valid, [-1]))[:, 0], tf.int32)
+        #: int32 [W, W]: items per (sender, receiver).
+        self.sizes = matrix
+
+    def _exchange_buffer(self, flat: tf.Tensor, site: int) -> tf.Tensor:
+        workers = self._exchange.num_workers
+        shaped = tf.reshape(flat, tf.concat([[workers, self.pad], tf.shape(flat)[1:]], 0))
+        got = self._exchange.all_to_all(shaped, site, self._bucket)
+        return tf.reshape(got, tf.shape(flat))
+
+    def _buffer_shape(self, values: tf.Tensor) -> tf.Tensor:
+        return tf.concat([[self._exchange.num_workers * self.pad], tf.shape(values)[1:]], 0)
+
+    def send(self, values: tf.Tensor) -> tf.Tensor:
+        """This worker's items ([n, ...], n as in `dest`) to their workers: the items received.
+
+        Returns [m, ...]: the items sent to this worker, by sender, each
+        sender's in its order. Every worker must call it (a collective).
+        """
+        buffer = tf.scatter_nd(
+            self._slot[:, None], tf.gather(values, self._order), self._buffer_shape(values)
+        )
+        return tf.gather(self._exchange_buffer(buffer, next_site()), self._received)
+
+    def reply(self, answers: tf.Tensor) -> tf.Tensor:
+        """Answers ([m, ...], one per item `send` returned) back: one per item this worker sent."""
+        buffer = tf.scatter_nd(self._received[:, None], answers, self._buffer_shape(answers))
+        got = tf.gather(self._exchange_buffer(buffer, next_site()), self._slot)
+        return tf.gather(got, tf.math.invert_permutation(self._order))

@@ -8,14 +8,15 @@ hash map, rows, optimizer slots, admission counters and free list, in plain
 
 Inside a replica step (`model.fit` under `MultiWorkerMirroredStrategy`):
 
-* lookup: each worker deduplicates its batch (as one process does), all
-  workers exchange their unique keys with their counts and newest
-  timestamps; each owner merges the copies of its keys (counts summed,
+* lookup: each worker deduplicates its batch (as one process does) and
+  sends each unique key, with its count and newest timestamp, to its owner
+  only (`_step_exchange.Lookups`: a raw all-to-all; `RecModel`'s steps send
+  the keys of all their tables in one); each owner merges the copies of its keys (counts summed,
   times maxed), so admission, eviction clocks and counts are exactly those
   of one process on the global batch, looks them up in `.local`, and the
   rows come back to the workers that asked;
 * update: each worker sends the gradients of the rows it looked up to
-  their owners; an owner sums the copies of a row and applies its sparse
+  their owners (the way the keys went, one all-to-all per exchange); an owner sums the copies of a row and applies its sparse
   optimizer once per step (every owner steps, possibly with no rows, so
   Adam's step count is the one-process count).
 
@@ -35,7 +36,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from npu_rec.distribute import _tf_private
+from npu_rec.distribute import _step_exchange, _tf_private
 from npu_rec.distribute._exchange import Exchange
 from npu_rec.table._base import SparseTable, rows_with_values
 from npu_rec.table._config import TableConfig
@@ -79,6 +80,9 @@ class WorkerShardedTable(SparseTable):
       >>> table.num_workers, table.rank
       (2, 0)
     """
+
+    #: Its lookups in `RecModel`'s steps are gathered into one exchange (`_step_exchange`).
+    gathers_lookups = True
 
     def __init__(self, config: TableConfig, exchange: Exchange, backend):  # noqa: D107
         super().__init__(config, backend)
@@ -130,39 +134,15 @@ class WorkerShardedTable(SparseTable):
 
     @tf.autograph.experimental.do_not_convert
     def lookup_unique(self, keys, counts, times, training, from_feature=False, batch_time=None):
-        # Two collectives (three with the update): each costs a network round trip
-        # (~5 ms on loopback here), which dominates a step of many small tables.
-        n_workers, rank = self.num_workers, self.rank
         keys = tf.cast(keys, tf.int64)
-        sender = tf.fill(tf.shape(keys), tf.constant(rank, tf.int64))
-        columns = [keys, sender]
-        if training:
-            columns += [tf.cast(counts, tf.int64), tf.cast(times, tf.int64)]
-        everyone = self._gather(tf.stack(columns, 1))  # [N, 2 or 4]
-        owner = self.owner_of(everyone[:, 0])
-        mine = tf.where(tf.equal(owner, rank))[:, 0]
-        uniq, at = tf.unique(tf.gather(everyone[:, 0], mine), out_idx=tf.int64)
-        n_uniq = tf.size(uniq, out_type=tf.int64)
-        if training:
-            mine_rows = tf.gather(everyone, mine)
-            got_counts = tf.math.unsorted_segment_sum(mine_rows[:, 2], at, n_uniq)
-            got_times = tf.math.unsorted_segment_max(mine_rows[:, 3], at, n_uniq)
-            rows, emb = self.local.lookup_unique(
-                uniq, got_counts, got_times, True, from_feature=from_feature
-            )
-        else:
-            rows, emb = self.local.lookup_unique(uniq, None, None, False)
-        rows = tf.where(rows >= 0, rows * n_workers + rank, tf.constant(-1, tf.int64))
-        # Answers in the order of the asked positions this worker owns; gathered, they are
-        # ordered by owner, so position p's answer is at inverse(concat of owners' positions)[p].
-        answers = self._gather(_pack(tf.gather(rows, at), tf.gather(emb, at)))
-        by_owner = tf.dynamic_partition(
-            tf.range(tf.size(owner, out_type=tf.int64)), owner, n_workers
-        )
-        where = tf.math.invert_permutation(tf.concat(by_owner, 0))
-        asked_here = tf.where(tf.equal(everyone[:, 1], rank))[:, 0]  # in this worker's order
-        got_rows, got_emb = _unpack(tf.gather(answers, tf.gather(where, asked_here)))
-        return got_rows, got_emb
+        mode = _step_exchange.current()
+        if mode is not None:  # the step's lookups are gathered (`prefetched_lookups`)
+            got = mode.lookup(self, keys, counts, times, training, from_feature)
+            if got is not None:
+                return got
+        # A lookup on its own: a size exchange, the ids out, the rows back.
+        entry = _step_exchange.Entry(self, keys, counts, times, training, from_feature)
+        return _step_exchange.Lookups(self._exchange, [entry]).results[0]
 
     def find_rows(self, keys):
         raise NotImplementedError(
@@ -174,6 +154,7 @@ class WorkerShardedTable(SparseTable):
     # --------------------------------------------------------- gradients
     @tf.autograph.experimental.do_not_convert
     def apply_rows(self, rows, grads, all_rows=False, current=None):
+        """Rows from anywhere: one all-gather of (row, gradient) to every worker (slow path)."""
         if self.optimizer is None:
             return self.local.apply_rows(rows, grads)  # raises the no-optimizer error
         rows, grads, _ = rows_with_values(rows, tf.cast(grads, tf.float32), None, all_rows)
@@ -182,20 +163,67 @@ class WorkerShardedTable(SparseTable):
 
     @property
     def exchange_group(self):
-        """Tables of one group send their gradients in one exchange (`apply_rows_together`)."""
+        """Tables of one group send their gradients together (`apply_records_together`)."""
         return None if self.optimizer is None else ("workers", self.num_workers, self.rank)
 
     @tf.autograph.experimental.do_not_convert
+    def apply_records_together(self, pairs):
+        """Applies the gradients of recorded lookups of tables of this `exchange_group`.
+
+        Args:
+          pairs: `(LookupRecord, dense gradient [u, dim])` per lookup.
+
+        The gradients of the lookups exchanged together (`_step_exchange.Lookups`)
+        go back to their owners in one collective, the way their ids went.
+        """
+        by_lookups: dict[int, tuple[_step_exchange.Lookups, dict]] = {}
+        rest = []
+        for rec, grad in pairs:
+            hit = _step_exchange.registered(rec.embeddings)
+            if hit is None:
+                rest.append((rec.table, rec.rows, grad, rec.table.admits_at_once))
+                continue
+            lookups, index = hit
+            grads = by_lookups.setdefault(id(lookups), (lookups, {}))[1]
+            grads[index] = grad if index not in grads else grads[index] + grad
+        flag = getattr(_CONDITION, "flag", None)
+        ops = [lookups.apply(grads, flag) for lookups, grads in by_lookups.values()]
+        if rest:
+            ops.append(self.apply_rows_together(rest))
+        return tf.group(ops)
+
+    def apply_local(self, local_rows, grads, mine, condition=None):
+        """Sums the gradients of this worker's rows `local_rows[mine]` per row and steps once.
+
+        `mine`: bool [n], or None for every row. `condition` (a bool scalar
+        equal on every worker, or None): step only if True.
+        """
+        if mine is not None:
+            mine = tf.where(mine)[:, 0]
+            local_rows, grads = tf.gather(local_rows, mine), tf.gather(grads, mine)
+        rows, at = tf.unique(local_rows, out_idx=tf.int64)
+        summed = tf.math.unsorted_segment_sum(grads, at, tf.size(rows, out_type=tf.int64))
+        if condition is None:
+            return self.local.apply_rows(rows, summed, all_rows=True)
+
+        def apply():
+            op = self.local.apply_rows(rows, summed, all_rows=True)
+            with tf.control_dependencies([] if op is None else [op]):
+                return tf.constant(True)
+
+        return tf.cond(condition, apply, lambda: tf.constant(False))
+
+    @tf.autograph.experimental.do_not_convert
     def apply_rows_together(self, updates):
-        """`apply_rows` of several tables of this `exchange_group` with one collective.
+        """`apply_rows` of several tables of this `exchange_group` with one all-gather.
 
         Args:
           updates: `(table, rows, grads, all_rows)` per table, as `apply_rows` takes them.
 
-        Each worker sends float32 [n, 3 + max dim]: the row id (int64 bit-cast into
-        two columns), the table's position in `updates`, the gradient padded to the
-        widest table; each owner picks its rows of each table. One collective per
-        step instead of one per table: each costs a network round trip.
+        The slow path, for rows not looked up by a `_step_exchange.Lookups` of
+        this step: each worker sends float32 [n, 3 + max dim] (the row id bit-cast
+        into two columns, the table's position in `updates`, the gradient padded
+        to the widest table) to every worker; each owner picks its rows.
         """
         width = max(t.dim for t, *_ in updates)
         parts = []
@@ -216,22 +244,9 @@ class WorkerShardedTable(SparseTable):
         return tf.group([op for op in ops if op is not None])
 
     def _apply_mine(self, rows, grads, mine):
-        """Sums the gradients of the `mine` rows per row and applies this worker's optimizer."""
-        mine = tf.where(mine)[:, 0]
-        local_rows, at = tf.unique(tf.gather(rows, mine) // self.num_workers, out_idx=tf.int64)
-        summed = tf.math.unsorted_segment_sum(
-            tf.gather(grads, mine), at, tf.size(local_rows, out_type=tf.int64)
-        )
+        """Sums the gradients of the `mine` rows (global ids) per row and applies them."""
         flag = getattr(_CONDITION, "flag", None)
-        if flag is None:
-            return self.local.apply_rows(local_rows, summed, all_rows=True)
-
-        def apply():
-            op = self.local.apply_rows(local_rows, summed, all_rows=True)
-            with tf.control_dependencies([] if op is None else [op]):
-                return tf.constant(True)
-
-        return tf.cond(flag, apply, lambda: tf.constant(False))
+        return self.apply_local(rows // self.num_workers, grads, mine, flag)
 
     # ------------------------------------------------------- maintenance
     # `size()` and `evict()` (from `SparseTable`) count and free this worker's keys;

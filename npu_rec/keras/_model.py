@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import keras
@@ -10,6 +11,7 @@ import tensorflow as tf
 from npu_rec import _keras_private, distribute
 from npu_rec import _log as logging
 from npu_rec._keras_private import Functional, Trainer, functional_init_arguments
+from npu_rec.distribute import _step_exchange
 from npu_rec.keras import _amp, _finite, _follow, _keras_fixes, _online, _serving
 from npu_rec.keras._layers import model_tables, sparse_embeddings
 from npu_rec.keras._model_state import ModelStateMixin
@@ -282,9 +284,38 @@ class RecModel(ModelStateMixin, keras.Model):
         )
         return x, y, y_pred, sample_weight, loss
 
+    def _gathered_lookups(self, data, training: bool, predicting: bool = False):
+        """Under a multi-worker strategy: the step's table lookups exchanged in one go.
+
+        The ids of every worker-sharded table come from a first pass of the
+        model on the batch (`training=False`, outputs unused; see
+        `npu_rec.distribute._step_exchange`): the step then makes 4 sparse
+        collectives (a size exchange and 3 all-to-alls; 3 when it does not
+        train) whatever the number of tables.
+        """
+        if not _keras_fixes.multi_worker(tf.distribute.get_strategy()):
+            return contextlib.nullcontext()
+
+        def forward():
+            x, y, _ = keras.utils.unpack_x_y_sample_weight(data)
+            if predicting:
+                self(x, training=False)
+            elif self._loss_in_network:
+                self.network(data, training=False)
+            elif not training and self.eval_network is not None:
+                self.eval_network(x, y, training=False)
+            else:
+                self(x, training=False)
+
+        return _step_exchange.prefetched_lookups(forward, training)
+
     @_waits_for_the_batch
     def train_step(self, data):
-        with tf.GradientTape() as tape, _lookup.record_lookups(tape) as records:
+        with (
+            self._gathered_lookups(data, training=True),
+            tf.GradientTape() as tape,
+            _lookup.record_lookups(tape) as records,
+        ):
             x, y, y_pred, sample_weight, loss = self._forward_loss(data, training=True)
             # Keras divides a compiled loss by the replicas (their gradients are summed).
             _keras_private.loss_tracker(self).update_state(
@@ -356,7 +387,12 @@ class RecModel(ModelStateMixin, keras.Model):
 
     @_waits_for_the_batch
     def test_step(self, data):
-        return _keras_fixes.logs_for_reduction(self._test_logs(data))
+        with self._gathered_lookups(data, training=False):
+            return _keras_fixes.logs_for_reduction(self._test_logs(data))
+
+    def predict_step(self, data):
+        with self._gathered_lookups(data, training=False, predicting=True):
+            return super().predict_step(data)
 
     def _test_logs(self, data):
         if self.eval_network is None and not self._loss_in_network:

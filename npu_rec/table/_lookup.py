@@ -91,6 +91,21 @@ def record_lookups(tape: tf.GradientTape | None = None):
         _recorders().pop()
 
 
+@contextlib.contextmanager
+def lookup_mode(training_of):
+    """Inside the block, `sparse_lookup(table, ..., is_training=x)` trains iff `training_of(table, x)`.
+
+    For a front end's pass that gathers a step's ids before the step (see
+    `npu_rec.distribute._step_exchange`); nests (the innermost decides).
+    """
+    previous = getattr(_STATE, "training_of", None)
+    _STATE.training_of = training_of
+    try:
+        yield
+    finally:
+        _STATE.training_of = previous
+
+
 @tf.autograph.experimental.do_not_convert
 def apply_recorded_gradients(records, grads) -> tf.Operation | None:
     """Applies each table's sparse optimizer to recorded lookups.
@@ -128,17 +143,16 @@ def apply_recorded_gradients(records, grads) -> tf.Operation | None:
         entry[2].append(grad)
         entry[3].append(rec.embeddings)
     ops = [_apply_fallbacks(records, grads)] if _has_fallback(records) else []
-    together: dict = {}  # exchange_group -> [(table, rows, grads, all_rows)]
-    for table, rows, gs, embs in by_table.values():
-        group = getattr(table, "exchange_group", None)
-        if group is not None:  # tables sharded across workers: one exchange for all
-            gs = [
-                densify(g, tf.shape(r, out_type=tf.int64)[0]) for r, g in zip(rows, gs, strict=True)
-            ]
+    together: dict = {}  # exchange_group -> [(record, grad)]
+    for rec, grad in zip(records, grads, strict=True):
+        group = getattr(rec.table, "exchange_group", None)
+        if group is not None and grad is not None:
             together.setdefault(group, []).append(
-                (table, tf.concat(rows, 0), tf.concat(gs, 0), table.admits_at_once)
+                (rec, densify(grad, tf.shape(rec.rows, out_type=tf.int64)[0]))
             )
-            continue
+    for table, rows, gs, embs in by_table.values():
+        if getattr(table, "exchange_group", None) is not None:
+            continue  # tables sharded across workers: their exchange sends all of them
         # Rows of training lookups are all >= 0 when the table admits at once.
         if len(rows) == 1:
             # The lookup's embeddings are the rows' values: no second read.
@@ -152,12 +166,8 @@ def apply_recorded_gradients(records, grads) -> tf.Operation | None:
             tf.concat(gs, 0), idx, tf.size(uniq, out_type=tf.int64)
         )
         ops.append(table.apply_rows(uniq, summed, all_rows=table.admits_at_once))
-    for updates in together.values():
-        if len(updates) == 1:
-            table, rows, grads, all_rows = updates[0]
-            ops.append(table.apply_rows(rows, grads, all_rows=all_rows))
-        else:
-            ops.append(updates[0][0].apply_rows_together(updates))
+    for pairs in together.values():
+        ops.append(pairs[0][0].table.apply_records_together(pairs))
     return None if tf.executing_eagerly() else tf.group(*ops)
 
 
@@ -306,6 +316,9 @@ def sparse_lookup(
         raise ValueError(
             "SparseTensor ids need a `combiner` ('sum', 'mean' or 'sqrtn'). Received: combiner=None"
         )
+    training_of = getattr(_STATE, "training_of", None)
+    if training_of is not None:
+        is_training = training_of(table, is_training)
     with tf.name_scope(name or f"sparse_lookup_{table.name}"):
         if prepared is not None:
             uniq, idx = prepared.unique, prepared.index

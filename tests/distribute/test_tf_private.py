@@ -26,3 +26,25 @@ def test_variables_made_outside_the_strategy_are_plain_inside_its_scope():
 
 def test_a_strategy_without_options_has_no_timeout():
     assert _tf_private.strategy_timeout(tf.distribute.get_strategy()) is None
+
+
+def test_the_raw_collective_of_the_exchange_takes_the_arguments_it_passes():
+    import inspect
+
+    for name in ("CollectiveAllToAllV2",):
+        op = getattr(tf.raw_ops, name, None)
+        assert op is not None, f"TensorFlow {tf.__version__} has no tf.raw_ops.{name}"
+        params = set(inspect.signature(op).parameters)
+        wanted = {
+            "input",
+            "group_size",
+            "group_key",
+            "instance_key",
+            "ordering_token",
+            "communication_hint",
+            "timeout_seconds",
+        }
+        assert wanted <= params, (
+            f"TensorFlow {tf.__version__}: tf.raw_ops.{name} lost {sorted(wanted - params)}; "
+            "fix npu_rec/distribute/_exchange.py"
+        )
