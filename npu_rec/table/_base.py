@@ -317,7 +317,7 @@ class SparseTable(abc.ABC):
             if shard is not self:
                 shard.config = dataclasses.replace(shard.config, optimizer=optimizer)
                 shard.optimizer = optimizer
-            shard.add_optimizer_slots(optimizer.slot_specs)
+            shard.add_optimizer_slots(optimizer.slot_specs, getattr(optimizer, "row_slots", ()))
         self.config = config
         self.optimizer = optimizer
 
