@@ -50,6 +50,7 @@ def estimator_model_fn(
     learning_rate: float = 1e-3,
     sparse_optimizer: Callable | None = None,
     seed: int | None = None,
+    value_dtype="float32",
     **arch,
 ) -> Callable:
     """A reference model as an Estimator `model_fn` for `npu_rec.estimator.NPUEstimator`.
@@ -67,6 +68,8 @@ def estimator_model_fn(
       learning_rate: Adam learning rate of the dense weights.
       sparse_optimizer: zero-argument callable making each table's sparse
         optimizer (default `Adagrad(0.05)`).
+      value_dtype: the tables' row storage dtype ("float32", "bfloat16",
+        "float16"; `npu_rec.create_table`'s `value_dtype`).
       seed: seeds the dense initialisers (op-level seeds).
       **arch: further network arguments (`hidden_units`, `top_units`, ...).
 
@@ -78,7 +81,9 @@ def estimator_model_fn(
       `auc`; `loss` is the mean log loss.
     """
     tables = FeatureTables(
-        tuple(feature_specs), sparse_optimizer=sparse_optimizer or default_sparse_optimizer
+        tuple(feature_specs),
+        sparse_optimizer=sparse_optimizer or default_sparse_optimizer,
+        value_dtype=value_dtype,
     )
     network = _networks.logit_fn(model)
     if embedding_dim is not None:

@@ -208,6 +208,7 @@ def build_rec_model(
     embedding_dim: int | None = None,
     sparse_optimizer: Callable | None = None,
     seed: int | None = None,
+    value_dtype="float32",
     **arch,
 ) -> RecModel:
     """A reference model as an `npu_rec.keras.RecModel` over sparse tables.
@@ -225,6 +226,8 @@ def build_rec_model(
       embedding_dim: factor width (default 8; DLRM 16, and its bottom MLP ends there).
       sparse_optimizer: zero-argument callable making each table's sparse
         optimizer (default `Adagrad(0.05)`).
+      value_dtype: the tables' row storage dtype ("float32", "bfloat16",
+        "float16"; `npu_rec.create_table`'s `value_dtype`).
       seed: seeds the dense layers' initialisers.
       **arch: further arguments of the builder (`hidden_units`, `top_units`, ...).
 
@@ -235,7 +238,9 @@ def build_rec_model(
     if model not in _BUILDERS:
         raise ValueError(f"`model` must be one of {list(_BUILDERS)}. Received: model={model!r}")
     tables = FeatureTables(
-        tuple(feature_specs), sparse_optimizer=sparse_optimizer or default_sparse_optimizer
+        tuple(feature_specs),
+        sparse_optimizer=sparse_optimizer or default_sparse_optimizer,
+        value_dtype=value_dtype,
     )
     if embedding_dim is not None:
         arch["embedding_dim"] = embedding_dim

@@ -207,6 +207,7 @@ class ShardedTable(SparseTable):
         return st
 
     def write_state(self, st: dict[str, np.ndarray], session=None) -> None:
+        self.note_value_conversion(st["values"])
         row_fields = [*_ROW_FIELDS, *[f"slot/{n}" for n in self.slot_names]]
         rows_sid = shard_of_numpy(st["keys"], self.num_shards)
         pend_sid = shard_of_numpy(st["pending_keys"], self.num_shards)

@@ -271,6 +271,8 @@ class SingleShardTable(SparseTable):
         return st
 
     def write_state(self, st: dict[str, np.ndarray], session=None) -> None:
+        if self.registered:  # a sharded table's shards: it logs once for all
+            self.note_value_conversion(st["values"])
         sig = self.state.signature(self.dim)
         st = {**st, "deleted_keys": np.zeros([0], np.int64)}  # a restore starts a new period
         st = {

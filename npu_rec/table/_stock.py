@@ -21,11 +21,31 @@ import tensorflow as tf
 from npu_rec.table._backend import TableBackend
 from npu_rec.table._base import MAX_SECONDS_AHEAD, NO_NOW, key_times, rows_with_values
 from npu_rec.table._config import TableConfig
-from npu_rec.table._key_index import MAX_LOAD
+from npu_rec.table._key_index import MAX_LOAD, buckets_for
 from npu_rec.table._rounding import RoundedRows
 from npu_rec.table._state import ShardState
 
 _INDEX_BUCKET_BYTES = 16
+#: Per-row metadata: counts, saved counts, last-seen, key (int64 each), free list (int32).
+_METADATA_ROW_BYTES = 4 * 8 + 4
+
+
+def restored_memory(keys: int, dim: int, value_bytes: int, slot_widths) -> dict[str, int]:
+    """`memory_stats` of a table holding exactly `keys` rows (as a restore makes it).
+
+    Args:
+      keys: Live keys (= rows: no spare capacity).
+      dim: Row width.
+      value_bytes: Bytes of one stored element (4 float32, 2 bfloat16/float16).
+      slot_widths: The float32 width of each optimizer slot (dim, or 1 for a row-wise one).
+    """
+    return {
+        "live_keys": keys,
+        "rows": keys * dim * value_bytes,
+        "slots": keys * 4 * sum(slot_widths),
+        "metadata": keys * _METADATA_ROW_BYTES,
+        "index": buckets_for(keys) * _INDEX_BUCKET_BYTES,
+    }
 
 
 class AdmissionPlan(NamedTuple):
