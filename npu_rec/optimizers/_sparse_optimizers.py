@@ -229,11 +229,28 @@ class Adagrad(SparseOptimizer):
         )
 
 
+def _row_mean_square(grads: tf.Tensor) -> tf.Tensor:
+    """float32 [n, 1]: the mean of each row's squares, summed in element order.
+
+    A fixed order (the compiled kernel sums the same way), where
+    `tf.reduce_mean`'s order depends on how TensorFlow vectorises it.
+    """
+    dim = grads.shape[-1]
+    if dim is None:
+        return tf.reduce_mean(tf.square(grads), axis=1, keepdims=True)
+    squares = tf.square(grads)
+    total = squares[:, :1]
+    for d in range(1, dim):
+        total = total + squares[:, d : d + 1]
+    return total / float(dim)
+
+
 class RowWiseAdagrad(SparseOptimizer):
     """Row-wise Adagrad: one float32 accumulator per row instead of one per element.
 
     For a row with summed gradient `g` (dim elements):
-    `acc += mean(g*g)` (the mean over the row's elements);
+    `acc += mean(g*g)` (the mean over the row's elements: the squares summed in
+    element order, divided by dim);
     `row -= lr * g / (sqrt(acc) + epsilon)`. This is the update of FBGEMM's
     `EXACT_ROWWISE_ADAGRAD` (epsilon outside the square root, as in
     `Adagrad`). The slot costs 4 bytes per row instead of 4 * dim.
@@ -267,9 +284,7 @@ class RowWiseAdagrad(SparseOptimizer):
         }
 
     def apply_sparse(self, values, slots, rows, grads, step, current=None):
-        acc = tf.gather(slots["accumulator"], rows) + tf.reduce_mean(
-            tf.square(grads), axis=1, keepdims=True
-        )
+        acc = tf.gather(slots["accumulator"], rows) + _row_mean_square(grads)
         step_size = self.learning_rate_at(step) * grads / (tf.sqrt(acc) + self.epsilon)
         new = self._rows_now(values, rows, current) - step_size
         return tf.group(

@@ -11,17 +11,18 @@ high-water mark; the index insert). For the other tables only the keys
 without a row go on to admission in stock ops (pending counters, row
 allocation, the initialiser, the index insert) inside a `tf.cond` that runs
 when a key is admitted: there a second kernel (`NpuRecGatherTouch`) reads and
-touches the new rows, merged into the result. The optimizer step of the four
-built-in optimizers is one kernel (`NpuRecSparseApply`, which also sums the
-per-id gradients), and unique rows are expanded to the ids by `NpuRecExpand`.
-Everything else (eviction, export and import, int32 keys, other optimizers,
-`RowWiseAdagrad`'s step) is the stock backend's, which this one derives from.
+touches the new rows, merged into the result. The optimizer step of the five
+built-in optimizers (SGD, Adagrad, RowWiseAdagrad, Adam, Ftrl) is one kernel
+(`NpuRecSparseApply`, which also sums the per-id gradients), and unique rows
+are expanded to the ids by `NpuRecExpand`. Everything else (eviction, export
+and import, int32 keys, other optimizers) is the stock backend's, which this
+one derives from.
 
-Compact rows (`value_dtype` bfloat16 or float16) run on the stock ops
-entirely: their lookups and optimizer steps are the stock backend's (the same
-results, bit for bit, since it is the same code); the kernels read and write
-float32 rows only. A table with a slot kept per row (`RowWiseAdagrad`) uses
-the fused lookup but admits its keys in stock ops.
+Compact rows (`value_dtype` bfloat16 or float16) run on the same kernels:
+they read rows as float32, write initial rows rounded to nearest and an
+optimizer step's rows rounded stochastically with the hash of
+`npu_rec.table._rounding`, computed in C++; the results equal the stock
+path's bit for bit (tests/table/test_table_compact.py).
 
 The stock path (`StockBackend`) computes the same state and is the reference
 (tests/table/test_table_kernels.py). `select_backend` is the one place that
@@ -71,21 +72,15 @@ class KernelBackend(StockBackend):
         return tf.lookup.experimental.DenseHashTable
 
     # ---------------------------------------------------------------- lookups
-    @staticmethod
-    def _compact(shard) -> bool:
-        """Rows stored in bfloat16 or float16: the stock ops run them (module docstring)."""
-        return shard.state.rows.value_dtype != tf.float32
-
     def lookup_ids(self, shard, ids, times, from_feature: bool, batch_time):
-        # int32 ids are range-checked after deduplication; compact rows are stock-only.
-        if shard.key_dtype == tf.int32 or self._compact(shard):
+        if shard.key_dtype == tf.int32:  # ids are range-checked after deduplication
             return super().lookup_ids(shard, ids, times, from_feature, batch_time)
         return shard.state.locked(
             lambda: self.fused_lookup(shard, ids, None, times, from_feature, batch_time)
         )
 
     def lookup_unique(self, shard, keys, counts, times, training: bool, from_feature, batch_time):
-        if not training or self._compact(shard):
+        if not training:
             return super().lookup_unique(
                 shard, keys, counts, times, training, from_feature, batch_time
             )
@@ -149,16 +144,8 @@ class KernelBackend(StockBackend):
 
     @staticmethod
     def _admits_in_kernel(shard) -> bool:
-        """Admission at the first sighting with the keyed initialiser: all in the kernel.
-
-        Not with a slot kept per row: the kernel fills `dim` values per slot row.
-        """
-        s = shard.state.rows
-        return (
-            shard.admits_at_once
-            and shard.config.initializer is None
-            and all(w == s.dim for w in s.slot_dims.values())
-        )
+        """Admission at the first sighting with the keyed initialiser: all in the kernel."""
+        return shard.admits_at_once and shard.config.initializer is None
 
     def _admit_misses(self, shard, out):
         """(rows, embeddings, [effects]) once the kernel's misses went through admission."""
@@ -199,11 +186,12 @@ class KernelBackend(StockBackend):
 
     # -------------------------------------------------------------- gradients
     def apply(self, shard, rows, grads, step, all_rows: bool, current) -> tf.Operation:
-        if not _kernel_ops.supports(shard.optimizer) or self._compact(shard):
-            # A user's optimizer, RowWiseAdagrad, compact rows: stock ops.
+        if not _kernel_ops.supports(shard.optimizer):  # a user's optimizer: stock ops
             return super().apply(shard, rows, grads, step, all_rows, current)
         # Sums per-id gradients (IndexedSlices) and updates in one kernel; skips rows < 0.
-        return _kernel_ops.sparse_apply(shard.optimizer, shard.state.rows, rows, grads, step)
+        return _kernel_ops.sparse_apply(
+            shard.optimizer, shard.state.rows, rows, grads, step, seed=shard.seed
+        )
 
 
 _STOCK = StockBackend()

@@ -117,7 +117,11 @@ class RefOptimizer:
             row["slots"]["accumulator"] = acc
             row["value"] = row["value"] - lr * g / (np.sqrt(acc) + f32(hp["epsilon"]))
         elif self.kind == "rowwise_adagrad":
-            acc = row["slots"]["accumulator"] + np.mean(g * g, dtype=np.float32)
+            squares = g * g
+            total = squares[0]
+            for d in range(1, len(g)):  # summed in element order
+                total = total + squares[d]
+            acc = row["slots"]["accumulator"] + total / np.float32(len(g))
             row["slots"]["accumulator"] = acc
             row["value"] = row["value"] - lr * g / (np.sqrt(acc) + f32(hp["epsilon"]))
         elif self.kind == "adam":
