@@ -17,7 +17,8 @@ shared machine affects them alike and their ratios stay meaningful.
 
 for each (row storage dtype, sparse optimizer) pair of `--value_dtypes` x
 `--optimizers` (e.g. float32 + Adagrad against bfloat16 + RowWiseAdagrad, in
-one run), with admission+eviction off (`access_threshold=-1`) and on (threshold 2,
+one run; with several pairs, their training steps are also timed side by side
+in alternating blocks, so their step rates compare), with admission+eviction off (`access_threshold=-1`) and on (threshold 2,
 eviction 3600 s; 1% of the ids are fresh keys that go through admission,
 and `evict()` runs every `--evict_every` steps inside the timed loop). It also reports
 bytes per live key: the table's variable bytes / live keys, the key index's
@@ -257,6 +258,51 @@ def bench_table(
     return result
 
 
+def bench_pairs(tf, npu_rec, n_keys, dim, rng, pairs):
+    """Training steps of one table per (value_dtype, optimizer) pair, timed side by side.
+
+    Each pair's table is filled with the same `n_keys` keys (admission and eviction
+    off); their steps run in alternating blocks on the same batches, so the rates
+    compare within the run. Returns {"value_dtype/optimizer": step keys/s}.
+    """
+    npu_rec.table._registry.clear()
+    ids_per_batch = _BATCH.value * _FIELDS.value
+    batches = [
+        (tf.constant(_raw_keys(_zipf_ranks(rng, n_keys, ids_per_batch)).reshape(_BATCH.value, -1)),)
+        for _ in range(8)
+    ]
+    cases, tables = {}, []
+    for value_dtype, opt in pairs:
+        table = npu_rec.create_table(
+            f"pair_{value_dtype}_{opt}",
+            dim,
+            optimizer=_optimizer(npu_rec, opt),
+            capacity=n_keys + n_keys // 8 + 1024,
+            dynamic_expansion=True,
+            value_dtype=value_dtype,
+        )
+        tables.append(table)
+        fill = tf.function(lambda keys, t=table: tf.reduce_sum(npu_rec.sparse_lookup(t, keys)[:1]))
+        for start in range(0, n_keys, ids_per_batch):
+            fill(tf.constant(_raw_keys(np.arange(start, min(n_keys, start + ids_per_batch)))))
+
+        @tf.function
+        def train_step(ids, table=table):
+            with tf.GradientTape() as tape, npu_rec.record_lookups(tape) as recs:
+                loss = tf.reduce_sum(tf.square(npu_rec.sparse_lookup(table, ids)))
+            grads = tape.gradient(loss, [r.embeddings for r in recs])
+            npu_rec.apply_recorded_gradients(recs, grads)
+            return loss
+
+        cases[f"{value_dtype}/{opt}"] = (train_step, batches, None)
+    spent = _interleaved(cases, _STEPS.value, _WARMUP.value)
+    for table in tables:
+        _release(tf, table)
+    npu_rec.table._registry.clear()
+    gc.collect()
+    return {name: ids_per_batch * _STEPS.value / sec for name, sec in spent.items()}
+
+
 @contextlib.contextmanager
 def _stock_backend(table):
     """Within the block, `table` builds its ops with the stock backend.
@@ -433,6 +479,21 @@ def main(argv):
             if release is not None:
                 release()
             gc.collect()
+            pairs = [(d, o) for d in _VALUE_DTYPES.value for o in _OPTIMIZERS.value]
+            if len(pairs) > 1:
+                rates = bench_pairs(tf, npu_rec, n_keys, dim, rng, pairs)
+                first = next(iter(rates.values()))
+                side = {"keys": n_keys, "dim": dim, "step_keys_per_s": rates}
+                side["over_first"] = {k: v / first for k, v in rates.items()}
+                results.append({"pairs_side_by_side": side})
+                print(
+                    "steps side by side (admission off): "
+                    + ", ".join(
+                        f"{k} {v:.3g} ({side['over_first'][k]:.2f}x)" for k, v in rates.items()
+                    ),
+                    flush=True,
+                )
+                _write_json(tf, results)
     print(f"wrote {_JSON.value}")
 
 
