@@ -30,7 +30,7 @@ Where storage plugs in:
   through `apply`, `create_state`'s initial rows and `load`; both backends
   convert there (`RowStorage.read` / `stored`, `_rounding.RoundedRows`, the
   kernels' `RowsView`), and `memory_stats` reports the bytes really held.
-* A tiered row store (hot rows in memory, cold rows on disk; not built yet): `create_state`
+* A tiered row store (hot rows in memory, cold rows on disk): `create_state`
   makes the store; a training lookup (`lookup_ids`, `lookup_unique` with
   `training=True`) is the one place where a batch's keys are known before
   their rows are read, so promotion happens there, once per step; `evict`,
