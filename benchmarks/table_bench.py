@@ -15,18 +15,24 @@ For each table size and dim it measures, on Zipf-distributed batches of
 The four are timed in alternating blocks of 5 steps, so that other load on a
 shared machine affects them alike and their ratios stay meaningful.
 
-with admission+eviction off (`access_threshold=-1`) and on (threshold 2,
+for each (row storage dtype, sparse optimizer) pair of `--value_dtypes` x
+`--optimizers` (e.g. float32 + Adagrad against bfloat16 + RowWiseAdagrad, in
+one run; with several pairs, their training steps are also timed side by side
+in alternating blocks, so their step rates compare), with admission+eviction off (`access_threshold=-1`) and on (threshold 2,
 eviction 3600 s; 1% of the ids are fresh keys that go through admission,
 and `evict()` runs every `--evict_every` steps inside the timed loop). It also reports
 bytes per live key: the table's variable bytes / live keys, the key index's
-bucket array / live keys, and the growth of the process RSS while the table
-was created and filled (which includes both).
+bucket array / live keys, `table.memory_stats()["bytes_per_live_key"]`, and
+the growth of the process RSS while the table was created and filled (which
+includes all of them).
 
 Usage:
   python benchmarks/table_bench.py                                   # full run
   python benchmarks/table_bench.py --sizes=100000 --dims=16 --steps=10  # quick
   python benchmarks/table_bench.py --sizes=50000000 --dims=16 --modes=off --steps=5 \
       --skip_baseline                                                # 50M-key fit check
+  python benchmarks/table_bench.py --sizes=1000000 --dims=16 --modes=off \
+      --value_dtypes=float32,bfloat16 --optimizers=adagrad,rowwise_adagrad   # bytes per key
 """
 
 from __future__ import annotations
@@ -57,6 +63,12 @@ _EVICT_EVERY = flags.DEFINE_integer(
     "evict_every", 20, "Steps between evict() calls (mode on).", lower_bound=1
 )
 _THREADS = flags.DEFINE_integer("threads", 2, "TF intra/inter-op threads.", lower_bound=1)
+_VALUE_DTYPES = flags.DEFINE_list(
+    "value_dtypes", ["float32"], "Row storage dtypes (float32, bfloat16, float16)."
+)
+_OPTIMIZERS = flags.DEFINE_list(
+    "optimizers", ["adagrad"], "Sparse optimizers: adagrad, rowwise_adagrad (every pair is run)."
+)
 _SKIP_BASELINE = flags.DEFINE_bool("skip_baseline", False, "Skip the tf.Variable baseline.")
 _SKIP_NUMPY = flags.DEFINE_bool("skip_numpy", False, "Skip the np.take ceiling (saves a copy).")
 _SKIP_STOCK = flags.DEFINE_bool(
@@ -112,18 +124,29 @@ def _interleaved(cases, steps, warmup, block=5):
     return spent
 
 
-def bench_table(tf, npu_rec, n_keys, dim, mode, rng, baseline):
+def _optimizer(npu_rec, name):
+    if name == "rowwise_adagrad":
+        return npu_rec.optimizers.RowWiseAdagrad(0.05)
+    if name == "adagrad":
+        return npu_rec.optimizers.Adagrad(0.05)
+    raise app.UsageError(f"--optimizers: adagrad or rowwise_adagrad. Received: {name!r}")
+
+
+def bench_table(
+    tf, npu_rec, n_keys, dim, mode, rng, baseline, value_dtype="float32", opt="adagrad"
+):
     npu_rec.table._registry.clear()
     on = mode == "on"
     rss0 = _rss()
     table = npu_rec.create_table(
-        f"bench_{n_keys}_{dim}_{mode}",
+        f"bench_{n_keys}_{dim}_{mode}_{value_dtype}_{opt}",
         dim,
-        optimizer=npu_rec.optimizers.Adagrad(0.05),
+        optimizer=_optimizer(npu_rec, opt),
         capacity=n_keys + n_keys // 8 + 1024,
         dynamic_expansion=True,
         access_threshold=2 if on else -1,
         eviction_threshold=3600 if on else -1,
+        value_dtype=value_dtype,
     )
     ids_per_batch = _BATCH.value * _FIELDS.value
 
@@ -149,6 +172,7 @@ def bench_table(tf, npu_rec, n_keys, dim, mode, rng, baseline):
     # export hands out its arrays without a copy; only the length is read).
     index_bytes = 16 * int(table.key_index.map.export()[0].shape[0])
     rss_per_key = rss_per_key_bytes / live
+    stats = table.memory_stats()
 
     batches = []
     for _ in range(8):
@@ -198,6 +222,8 @@ def bench_table(tf, npu_rec, n_keys, dim, mode, rng, baseline):
         "keys": n_keys,
         "dim": dim,
         "admission_eviction": mode,
+        "value_dtype": value_dtype,
+        "optimizer": opt,
         "live_keys": live,
         "fill_seconds": round(fill_s, 2),
         "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
@@ -219,13 +245,62 @@ def bench_table(tf, npu_rec, n_keys, dim, mode, rng, baseline):
         "variable_bytes_per_live_key": var_bytes / live,
         "index_bytes_per_live_key": index_bytes / live,
         "rss_bytes_per_live_key": rss_per_key,
-        "raw_row_plus_slot_bytes": 2 * 4 * dim,
+        "memory_stats": stats,
+        "raw_row_plus_slot_bytes": (
+            dim * (2 if value_dtype != "float32" else 4)
+            + 4 * (1 if opt == "rowwise_adagrad" else dim)
+        ),
     }
 
     _release(tf, table)
     npu_rec.table._registry.clear()
     gc.collect()
     return result
+
+
+def bench_pairs(tf, npu_rec, n_keys, dim, rng, pairs):
+    """Training steps of one table per (value_dtype, optimizer) pair, timed side by side.
+
+    Each pair's table is filled with the same `n_keys` keys (admission and eviction
+    off); their steps run in alternating blocks on the same batches, so the rates
+    compare within the run. Returns {"value_dtype/optimizer": step keys/s}.
+    """
+    npu_rec.table._registry.clear()
+    ids_per_batch = _BATCH.value * _FIELDS.value
+    batches = [
+        (tf.constant(_raw_keys(_zipf_ranks(rng, n_keys, ids_per_batch)).reshape(_BATCH.value, -1)),)
+        for _ in range(8)
+    ]
+    cases, tables = {}, []
+    for value_dtype, opt in pairs:
+        table = npu_rec.create_table(
+            f"pair_{value_dtype}_{opt}",
+            dim,
+            optimizer=_optimizer(npu_rec, opt),
+            capacity=n_keys + n_keys // 8 + 1024,
+            dynamic_expansion=True,
+            value_dtype=value_dtype,
+        )
+        tables.append(table)
+        fill = tf.function(lambda keys, t=table: tf.reduce_sum(npu_rec.sparse_lookup(t, keys)[:1]))
+        for start in range(0, n_keys, ids_per_batch):
+            fill(tf.constant(_raw_keys(np.arange(start, min(n_keys, start + ids_per_batch)))))
+
+        @tf.function
+        def train_step(ids, table=table):
+            with tf.GradientTape() as tape, npu_rec.record_lookups(tape) as recs:
+                loss = tf.reduce_sum(tf.square(npu_rec.sparse_lookup(table, ids)))
+            grads = tape.gradient(loss, [r.embeddings for r in recs])
+            npu_rec.apply_recorded_gradients(recs, grads)
+            return loss
+
+        cases[f"{value_dtype}/{opt}"] = (train_step, batches, None)
+    spent = _interleaved(cases, _STEPS.value, _WARMUP.value)
+    for table in tables:
+        _release(tf, table)
+    npu_rec.table._registry.clear()
+    gc.collect()
+    return {name: ids_per_batch * _STEPS.value / sec for name, sec in spent.items()}
 
 
 @contextlib.contextmanager
@@ -321,15 +396,17 @@ def _warm_up(tf, npu_rec):
     """Runs TensorFlow's one-time start-up (thread pools, kernel library, allocator
     pools, the first traces) on a small table, so that the RSS growth measured for
     each table is the table's own."""
-    for threshold in (1, 2):
+    pairs = [(d, o) for d in _VALUE_DTYPES.value for o in _OPTIMIZERS.value]
+    for threshold, (value_dtype, opt) in [(t, p) for t in (1, 2) for p in pairs]:
         table = npu_rec.create_table(
-            f"warm_up_{threshold}",
+            f"warm_up_{threshold}_{value_dtype}_{opt}",
             16,
-            optimizer=npu_rec.optimizers.Adagrad(0.05),
+            optimizer=_optimizer(npu_rec, opt),
             capacity=1 << 16,
             dynamic_expansion=True,
             access_threshold=threshold,
             eviction_threshold=3600,
+            value_dtype=value_dtype,
         )
 
         @tf.function
@@ -360,7 +437,7 @@ def main(argv):
     _warm_up(tf, npu_rec)
     results = []
     header = (
-        f"{'keys':>10} {'dim':>4} {'adm+ev':>6} {'lookup k/s':>12} {'step k/s':>11} "
+        f"{'keys':>10} {'dim':>4} {'adm+ev':>6} {'rows':>8} {'optimizer':>15} {'lookup k/s':>12} {'step k/s':>11} "
         f"{'baseline k/s':>13} {'step/base':>9} {'lookup/np':>9} {'np rows/s':>11} "
         f"{'var B/key':>9} {'idx B/key':>9} {'rss B/key':>9} {'stock step k/s':>14} "
         f"{'step/stock':>10}"
@@ -371,8 +448,14 @@ def main(argv):
             baseline, release = (
                 (None, None) if _SKIP_BASELINE.value else bench_baseline(tf, n_keys, dim, rng)
             )
-            for mode in _MODES.value:
-                r = bench_table(tf, npu_rec, n_keys, dim, mode, rng, baseline)
+            runs = [
+                (mode, d, o)
+                for mode in _MODES.value
+                for d in _VALUE_DTYPES.value
+                for o in _OPTIMIZERS.value
+            ]
+            for mode, value_dtype, opt in runs:
+                r = bench_table(tf, npu_rec, n_keys, dim, mode, rng, baseline, value_dtype, opt)
                 base = r["baseline_step_keys_per_s"]
                 r["step_over_baseline"] = r["table_step_keys_per_s"] / base if base else None
                 npy = r["numpy_take_rows_per_s"]
@@ -381,7 +464,8 @@ def main(argv):
                 r["step_over_stock"] = r["table_step_keys_per_s"] / stock if stock else None
                 results.append(r)
                 print(
-                    f"{n_keys:>10} {dim:>4} {mode:>6} {r['table_lookup_keys_per_s']:>12.3g} "
+                    f"{n_keys:>10} {dim:>4} {mode:>6} {value_dtype:>8} {opt:>15} "
+                    f"{r['table_lookup_keys_per_s']:>12.3g} "
                     f"{r['table_step_keys_per_s']:>11.3g} {base or float('nan'):>13.3g} "
                     f"{r['step_over_baseline'] or float('nan'):>9.2f} "
                     f"{r['lookup_over_numpy'] or float('nan'):>9.2f} {npy or float('nan'):>11.3g} "
@@ -395,6 +479,21 @@ def main(argv):
             if release is not None:
                 release()
             gc.collect()
+            pairs = [(d, o) for d in _VALUE_DTYPES.value for o in _OPTIMIZERS.value]
+            if len(pairs) > 1:
+                rates = bench_pairs(tf, npu_rec, n_keys, dim, rng, pairs)
+                first = next(iter(rates.values()))
+                side = {"keys": n_keys, "dim": dim, "step_keys_per_s": rates}
+                side["over_first"] = {k: v / first for k, v in rates.items()}
+                results.append({"pairs_side_by_side": side})
+                print(
+                    "steps side by side (admission off): "
+                    + ", ".join(
+                        f"{k} {v:.3g} ({side['over_first'][k]:.2f}x)" for k, v in rates.items()
+                    ),
+                    flush=True,
+                )
+                _write_json(tf, results)
     print(f"wrote {_JSON.value}")
 
 

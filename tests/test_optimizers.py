@@ -3,11 +3,13 @@
 import numpy as np
 import pytest
 import tensorflow as tf
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import npu_rec
 from npu_rec import optimizers
 from tests.table.table_helpers import OPTIMIZERS, assert_same_state
-from tests.table.table_reference import ReferenceTable
+from tests.table.table_reference import ReferenceTable, RefOptimizer
 
 
 @pytest.mark.parametrize("name", sorted(OPTIMIZERS))
@@ -39,11 +41,70 @@ def test_only_rows_in_the_batch_move(name):
         np.testing.assert_array_equal(after["slots"][slot][[0, 2]], before["slots"][slot][[0, 2]])
 
 
+@settings(max_examples=15, deadline=None, derandomize=True)
+@given(
+    dim=st.integers(1, 9),
+    lr=st.floats(0.001, 1.0),
+    init=st.floats(0.0, 1.0),
+    seed=st.integers(0, 2**16),
+    kernels=st.booleans(),
+)
+def test_rowwise_adagrad_matches_reference(dim, lr, init, seed, kernels):
+    """One accumulator per row: acc += mean(g*g); row -= lr * g / (sqrt(acc) + eps)."""
+    from npu_rec._kernels import _build
+    from npu_rec.table import _registry as _table_registry
+
+    _table_registry.clear()
+    with _build.forced(kernels):
+        table = npu_rec.create_table(
+            "rw", dim, optimizer=optimizers.RowWiseAdagrad(lr, initial_accumulator_value=init)
+        )
+    ref = ReferenceTable(
+        "rw",
+        dim,
+        RefOptimizer(
+            "rowwise_adagrad", learning_rate=lr, initial_accumulator_value=init, epsilon=1e-7
+        ),
+    )
+    rng = np.random.default_rng(seed)
+    for _ in range(4):
+        ids = rng.integers(0, 10, size=12)
+        grads = rng.normal(size=(12, dim)).astype(np.float32)
+        npu_rec.sparse_lookup(table, tf.constant(ids), timestamps=1)
+        table.apply_gradients(tf.constant(ids), tf.constant(grads))
+        ref.lookup(ids, [1] * 12)
+        ref.apply(ids, grads)
+    assert_same_state(table, ref, atol=1e-6)
+    assert table.export()["slots"]["accumulator"].shape == (len(ref.rows), 1)
+
+
+def test_rowwise_adagrad_keeps_one_accumulator_per_row():
+    opt = optimizers.RowWiseAdagrad(0.05)
+    assert opt.get_config() == {
+        "learning_rate": 0.05,
+        "name": "RowWiseAdagrad",
+        "initial_accumulator_value": 0.1,
+        "epsilon": 1e-7,
+    }
+    table = npu_rec.create_table("rw_slot", 16, optimizer=opt)
+    assert table.storage.slots["accumulator"].shape[1] == 1
+    late = npu_rec.create_table("rw_late", 16)
+    npu_rec.sparse_lookup(late, tf.constant([1, 2], tf.int64))
+    late.bind_optimizer(optimizers.RowWiseAdagrad(0.05, initial_accumulator_value=0.3))
+    late.apply_gradients(tf.constant([2], tf.int64), tf.ones([1, 16]))
+    acc = late.export()["slots"]["accumulator"]
+    np.testing.assert_allclose(acc, [[0.3], [1.3]])
+
+
 @pytest.mark.parametrize(
     "factory, match",
     [
         (lambda: optimizers.SGD(learning_rate=0), "`learning_rate` must be a number > 0.0"),
         (lambda: optimizers.Adagrad(epsilon=-1), "`epsilon`"),
+        (
+            lambda: optimizers.RowWiseAdagrad(0.1, initial_accumulator_value=-1),
+            "`initial_accumulator_value`",
+        ),
         (lambda: optimizers.Adam(beta_1=1.0), "`beta_1` must be a number >= 0.0 and < 1.0"),
         (lambda: optimizers.Ftrl(learning_rate_power=0.5), "`learning_rate_power`"),
         (lambda: optimizers.Ftrl(l1=True), "`l1`"),

@@ -9,6 +9,9 @@ variables and mirror the stock code they replace:
   admission: `tf.unique_with_counts`, the newest time per key (clamped),
   the key mixing and `KeyIndex.lookup`, and `gather_touch` of the keys found;
   it returns the keys not found for the stock admission ops.
+Rows may be stored as float32, bfloat16 or float16 (read as float32, written
+rounded as the stock path does); slots are float32.
+
 * `gather_touch` = `tf.gather` of the rows' values (zeros for rows < 0) plus,
   when training, `counts += add` and `last_seen = max(last_seen, times)`
   (the stock gather + scatter-assign of `SparseTable._lookup_unique`).
@@ -148,7 +151,7 @@ def gather_touch(storage, rows, add=None, times=None) -> tf.Tensor:
 
 
 def supports(optimizer) -> bool:
-    """True when `optimizer` is one of the four built-in ones with their own update.
+    """True when `optimizer` is one of the five built-in ones with their own update.
 
     SGD with `weight_decay` runs on the stock ops (the kernel has no decay term).
     """
@@ -156,7 +159,7 @@ def supports(optimizer) -> bool:
         return False
     return any(
         type(optimizer).apply_sparse is cls.apply_sparse
-        for cls in (_opt.SGD, _opt.Adagrad, _opt.Adam, _opt.Ftrl)
+        for cls in (_opt.SGD, _opt.Adagrad, _opt.RowWiseAdagrad, _opt.Adam, _opt.Ftrl)
     )
 
 
@@ -169,6 +172,8 @@ def _attrs(optimizer, step: tf.Tensor):
     lr = optimizer.learning_rate_at(step)
     if isinstance(optimizer, _opt.Adagrad):
         return "adagrad", lr, {"epsilon": optimizer.epsilon}
+    if isinstance(optimizer, _opt.RowWiseAdagrad):
+        return "rowwise_adagrad", lr, {"epsilon": optimizer.epsilon}
     if isinstance(optimizer, _opt.Adam):
         t = tf.cast(step, tf.float32)
         b1, b2 = optimizer.beta_1, optimizer.beta_2
@@ -197,16 +202,20 @@ def _attrs(optimizer, step: tf.Tensor):
     return "sgd", lr, {}
 
 
-def sparse_apply(optimizer, storage, rows, grads, step) -> tf.Operation:
+def sparse_apply(optimizer, storage, rows, grads, step, seed: int = 0) -> tf.Operation:
     """One optimizer step on unique `rows` (int64 [u]; rows < 0 are skipped).
 
+    Rows stored as bfloat16 or float16 are written back rounded stochastically
+    for (`seed`, the row's key, `step`), as `_rounding.RoundedRows` does.
+
     Args:
-      optimizer: an `npu_rec.optimizers` SGD, Adagrad, Adam or Ftrl.
+      optimizer: an `npu_rec.optimizers` SGD, Adagrad, RowWiseAdagrad, Adam or Ftrl.
       storage: the table's `RowStorage`.
       rows: int64 [u], unique.
       grads: float32 [u, dim] (summed), or a `tf.IndexedSlices` of per-id
         gradients whose indices point into `rows` (summed by the kernel).
       step: int64 scalar, this update's 1-based count.
+      seed: the table's seed (of the rounding hash).
     """
     if isinstance(grads, tf.IndexedSlices):
         values = tf.cast(grads.values, tf.float32)
@@ -226,6 +235,9 @@ def sparse_apply(optimizer, storage, rows, grads, step) -> tf.Operation:
         grads=values,
         grad_index=index,
         lr=lr,
+        row_keys=storage.row_keys.handle,
+        step=tf.cast(step, tf.int64),
         optimizer=kind,
+        seed=int(seed),
         **attrs,
     )

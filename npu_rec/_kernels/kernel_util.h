@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "tensorflow/core/framework/allocator.h"
+#include "tensorflow/core/framework/numeric_types.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/resource_mgr.h"
 #include "tensorflow/core/framework/resource_var.h"
@@ -123,6 +124,127 @@ inline absl::Status CheckRows(const Tensor& var, const char* what, const int64_t
           std::string("npu_rec kernel: row ") + std::to_string(rows[i]) + " of `" + what +
           "` is outside the capacity " + std::to_string(cap));
     }
+  }
+  return absl::OkStatus();
+}
+
+// SplitMix64's output function (npu_rec/table/_keyed_init.py, _rounding.py).
+inline uint64_t SplitMix64(uint64_t z) {
+  z += 0x9E3779B97F4A7C15ULL;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+  return z ^ (z >> 31);
+}
+
+// The per-row part of the stochastic rounding hash of npu_rec/table/_rounding.py:
+// splitmix64(splitmix64(key ^ seed ^ SALT) + step).
+inline uint64_t RoundingRowHash(int64_t key, uint64_t seed, int64_t step) {
+  constexpr uint64_t kSalt = 0xD1B54A32D192ED03ULL;
+  return SplitMix64(SplitMix64(static_cast<uint64_t>(key) ^ (seed ^ kSalt)) +
+                    static_cast<uint64_t>(step));
+}
+
+// float32 `x` (element `e` of a row whose hash is `row_hash`) with random bits
+// added below the `drop` mantissa bits the storage dtype drops, which are then
+// cleared (Inf and NaN kept): the float32 of step 3 of npu_rec/table/_rounding.py.
+inline float StochasticBits(float x, uint64_t row_hash, int64_t e, int drop) {
+  uint32_t bits;
+  std::memcpy(&bits, &x, sizeof bits);
+  if ((bits & 0x7F800000u) != 0x7F800000u) {
+    const uint64_t u = SplitMix64(row_hash + static_cast<uint64_t>(e)) >> 32;
+    const uint64_t sum = static_cast<uint64_t>(bits) + (u >> (32 - drop));
+    bits = static_cast<uint32_t>(sum & (0xFFFFFFFFull ^ ((1ull << drop) - 1)));
+  }
+  float out;
+  std::memcpy(&out, &bits, sizeof out);
+  return out;
+}
+
+// A table's rows variable as float32 values: stored as float, bfloat16 or half.
+// Conversions to the storage type round to nearest even (as TensorFlow's Cast);
+// `WriteRounded` rounds stochastically (npu_rec/table/_rounding.py).
+class RowsView {
+ public:
+  explicit RowsView(Tensor* t) : dtype_(t->dtype()), data_(static_cast<char*>(t->data())) {}
+
+  static bool Supported(::tensorflow::DataType d) {
+    return d == ::tensorflow::DT_FLOAT || d == ::tensorflow::DT_BFLOAT16 ||
+           d == ::tensorflow::DT_HALF;
+  }
+  const char* Address(int64_t off) const {
+    return data_ + off * ::tensorflow::DataTypeSize(dtype_);
+  }
+
+  // dst[0..n) = elements off..off+n as float32.
+  void Read(int64_t off, int64_t n, float* dst) const {
+    switch (dtype_) {
+      case ::tensorflow::DT_BFLOAT16: {
+        const auto* src = reinterpret_cast<const Eigen::bfloat16*>(data_) + off;
+        for (int64_t d = 0; d < n; ++d) dst[d] = static_cast<float>(src[d]);
+        return;
+      }
+      case ::tensorflow::DT_HALF: {
+        const auto* src = reinterpret_cast<const Eigen::half*>(data_) + off;
+        for (int64_t d = 0; d < n; ++d) dst[d] = static_cast<float>(src[d]);
+        return;
+      }
+      default:
+        std::memcpy(dst, reinterpret_cast<const float*>(data_) + off, sizeof(float) * n);
+    }
+  }
+
+  // Elements off..off+n = src, rounded to nearest.
+  void WriteNearest(int64_t off, int64_t n, const float* src) {
+    switch (dtype_) {
+      case ::tensorflow::DT_BFLOAT16: {
+        auto* dst = reinterpret_cast<Eigen::bfloat16*>(data_) + off;
+        for (int64_t d = 0; d < n; ++d) dst[d] = static_cast<Eigen::bfloat16>(src[d]);
+        return;
+      }
+      case ::tensorflow::DT_HALF: {
+        auto* dst = reinterpret_cast<Eigen::half*>(data_) + off;
+        for (int64_t d = 0; d < n; ++d) dst[d] = static_cast<Eigen::half>(src[d]);
+        return;
+      }
+      default:
+        std::memcpy(reinterpret_cast<float*>(data_) + off, src, sizeof(float) * n);
+    }
+  }
+
+  // Elements off..off+n = src rounded stochastically (float rows: exact).
+  void WriteRounded(int64_t off, int64_t n, const float* src, uint64_t row_hash) {
+    switch (dtype_) {
+      case ::tensorflow::DT_BFLOAT16: {
+        auto* dst = reinterpret_cast<Eigen::bfloat16*>(data_) + off;
+        for (int64_t d = 0; d < n; ++d) {
+          dst[d] = static_cast<Eigen::bfloat16>(StochasticBits(src[d], row_hash, d, 16));
+        }
+        return;
+      }
+      case ::tensorflow::DT_HALF: {
+        auto* dst = reinterpret_cast<Eigen::half*>(data_) + off;
+        for (int64_t d = 0; d < n; ++d) {
+          dst[d] = static_cast<Eigen::half>(StochasticBits(src[d], row_hash, d, 13));
+        }
+        return;
+      }
+      default:
+        std::memcpy(reinterpret_cast<float*>(data_) + off, src, sizeof(float) * n);
+    }
+  }
+
+  bool compact() const { return dtype_ != ::tensorflow::DT_FLOAT; }
+
+ private:
+  ::tensorflow::DataType dtype_;
+  char* data_;
+};
+
+inline absl::Status CheckRowsDtype(const Tensor& values) {
+  if (!RowsView::Supported(values.dtype())) {
+    return absl::InvalidArgumentError(
+        "npu_rec kernel: the rows variable must be float32, bfloat16 or float16; it is " +
+        ::tensorflow::DataTypeString(values.dtype()));
   }
   return absl::OkStatus();
 }

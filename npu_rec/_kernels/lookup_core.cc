@@ -29,13 +29,8 @@ constexpr int64_t kDeletedKey = INT64_MIN + 1;
 constexpr int64_t kInlineProbe = 16384;
 constexpr int64_t kProbeChunk = 8192;
 
-// npu_rec/table/_keyed_init.py: SplitMix64 and the keyed uniform initial values.
-inline uint64_t SplitMix(uint64_t z) {
-  z += 0x9E3779B97F4A7C15ULL;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-  return z ^ (z >> 31);
-}
+// npu_rec/table/_keyed_init.py: the keyed uniform initial values.
+inline uint64_t SplitMix(uint64_t z) { return SplitMix64(z); }
 
 inline void KeyedUniform(int64_t key, uint64_t seed, int64_t dim, float* out) {
   const uint64_t base = SplitMix(static_cast<uint64_t>(key) ^ seed);
@@ -236,7 +231,8 @@ absl::Status Admit(OpKernelContext* ctx, const TableAttrs& attrs,
   next_row = needed;
   // Initial rows and metadata.
   const int64_t dim = attrs.dim;
-  float* w = values->tensor()->flat<float>().data();
+  RowsView w(values->tensor());
+  std::vector<float> init(dim);
   int64_t* kk = more.row_keys->tensor()->flat<int64_t>().data();
   int64_t* cnt = counts->tensor()->flat<int64_t>().data();
   int64_t* sav = more.saved->tensor()->flat<int64_t>().data();
@@ -244,12 +240,15 @@ absl::Status Admit(OpKernelContext* ctx, const TableAttrs& attrs,
   for (int64_t j = 0; j < n; ++j) {
     const int64_t r = new_rows[j];
     const int64_t key = u.keys[miss[j]];
-    KeyedUniform(key, static_cast<uint64_t>(attrs.seed), dim, w + r * dim);
+    KeyedUniform(key, static_cast<uint64_t>(attrs.seed), dim, init.data());
+    w.WriteNearest(r * dim, dim, init.data());
     kk[r] = key;
     cnt[r] = sav[r] = last[r] = 0;
     for (size_t k = 0; k < more.slots.size(); ++k) {
-      float* slot = more.slots[k]->tensor()->flat<float>().data() + r * dim;
-      std::fill(slot, slot + dim, attrs.slot_init[k]);
+      // A slot holds `dim` values per row, or one (kept per row, e.g. RowWiseAdagrad's).
+      const int64_t width = more.slots[k]->tensor()->dim_size(1);
+      float* slot = more.slots[k]->tensor()->flat<float>().data() + r * width;
+      std::fill(slot, slot + width, attrs.slot_init[k]);
     }
     rows[miss[j]] = r;
   }
@@ -339,6 +338,7 @@ absl::Status LookupRows(OpKernelContext* ctx, const TableAttrs& attrs, const Uni
     for (auto& v : held) vars.push_back(v.get());
   }
   VarLocks locks(vars);
+  TF_RETURN_IF_ERROR(CheckRowsDtype(*values->tensor()));
   if (admit) {
     TF_RETURN_IF_ERROR(
         Admit(ctx, attrs, u, *miss, values.get(), counts.get(), seen.get(), more, rows));
@@ -350,7 +350,7 @@ absl::Status LookupRows(OpKernelContext* ctx, const TableAttrs& attrs, const Uni
   TF_RETURN_IF_ERROR(PrepareWrite(ctx, seen.get()));
   TF_RETURN_IF_ERROR(CheckRows(*counts->tensor(), "counts", rows, n, 0));
   TF_RETURN_IF_ERROR(CheckRows(*seen->tensor(), "last_seen", rows, n, 0));
-  const float* src = values->tensor()->flat<float>().data();
+  const RowsView src(values->tensor());
   int64_t* cnt = counts->tensor()->flat<int64_t>().data();
   int64_t* last = seen->tensor()->flat<int64_t>().data();
   const int64_t dim = attrs.dim;
@@ -361,7 +361,7 @@ absl::Status LookupRows(OpKernelContext* ctx, const TableAttrs& attrs, const Uni
     for (int64_t i = begin; i < end; ++i) {
       if (i + kAhead < end && rows[i + kAhead] >= 0) {  // rows are scattered: prefetch
         const int64_t p = rows[i + kAhead];
-        __builtin_prefetch(src + p * dim);
+        __builtin_prefetch(src.Address(p * dim));
         __builtin_prefetch(cnt + p, 1);
         __builtin_prefetch(last + p, 1);
       }
@@ -370,7 +370,7 @@ absl::Status LookupRows(OpKernelContext* ctx, const TableAttrs& attrs, const Uni
         std::memset(emb + i * dim, 0, sizeof(float) * dim);
         continue;
       }
-      std::memcpy(emb + i * dim, src + r * dim, sizeof(float) * dim);
+      src.Read(r * dim, dim, emb + i * dim);
       cnt[r] += add[i];
       const int64_t t = when ? when[i] : batch;
       if (t > last[r]) last[r] = t;

@@ -11,9 +11,14 @@
 //                      last_seen[row] = max(last_seen[row], time).
 //   NpuRecSparseApply  per-id gradients [n, dim] with their unique-row index
 //                      [n] -> summed per unique row, then one row-wise
-//                      optimizer step (SGD, Adagrad, lazy Adam, FTRL) on the
-//                      rows and their slots, with the Python path's formulas
-//                      evaluated in the same order.
+//                      optimizer step (SGD, Adagrad, RowWiseAdagrad, lazy
+//                      Adam, FTRL) on the rows and their slots, with the
+//                      Python path's formulas evaluated in the same order; rows
+//                      stored as bfloat16 or float16 are read as float32 and
+//                      written back rounded stochastically for (seed, the
+//                      row's key, step) (npu_rec/table/_rounding.py).
+//
+// Rows are float32, bfloat16 or float16 (`RowsView`); slots are float32.
 //   NpuRecExpand       unique rows [u, dim] and an index [n] -> [n, dim], row
 //                      index[i] of the unique rows at i: `tf.gather` on axis
 //                      0, without its sharding for the few thousand ids of a
@@ -77,8 +82,11 @@ REGISTER_OP("NpuRecSparseApply")
     .Input("grads: float")
     .Input("grad_index: int64")
     .Input("lr: float")
+    .Input("row_keys: resource")
+    .Input("step: int64")
     .Attr("num_slots: int >= 0")
-    .Attr("optimizer: {'sgd', 'adagrad', 'adam', 'ftrl'}")
+    .Attr("optimizer: {'sgd', 'adagrad', 'rowwise_adagrad', 'adam', 'ftrl'}")
+    .Attr("seed: int = 0")
     .Attr("epsilon: float = 0.0")
     .Attr("beta_1: float = 0.0")
     .Attr("one_minus_beta_1: float = 0.0")
@@ -182,8 +190,9 @@ class GatherTouchOp : public OpKernel {
       vars.push_back(seen.get());
     }
     VarLocks locks(vars);
+    OP_REQUIRES_OK(ctx, CheckRowsDtype(*values->tensor()));
     OP_REQUIRES_OK(ctx, CheckRows(*values->tensor(), "values", rows, u, dim_));
-    const float* src = values->tensor()->flat<float>().data();
+    const RowsView src(values->tensor());
     const int64_t dim = dim_;
     int64_t* cnt = nullptr;
     int64_t* last = nullptr;
@@ -202,14 +211,14 @@ class GatherTouchOp : public OpKernel {
     ParallelRows(ctx, u, 4 * dim + 40, [&](int64_t begin, int64_t end) {
       for (int64_t i = begin; i < end; ++i) {
         if (i + kAhead < end && rows[i + kAhead] >= 0) {  // scattered rows: prefetch
-          __builtin_prefetch(src + rows[i + kAhead] * dim);
+          __builtin_prefetch(src.Address(rows[i + kAhead] * dim));
         }
         const int64_t r = rows[i];
         if (r < 0) {
           std::memset(dst + i * dim, 0, sizeof(float) * dim);
           continue;
         }
-        std::memcpy(dst + i * dim, src + r * dim, sizeof(float) * dim);
+        src.Read(r * dim, dim, dst + i * dim);
         if (cnt == nullptr) continue;
         cnt[r] += add[i];
         const int64_t t = one_time ? times[0] : times[i];
@@ -223,7 +232,7 @@ class GatherTouchOp : public OpKernel {
   int64_t dim_;
 };
 
-enum class Kind { kSgd, kAdagrad, kAdam, kFtrl };
+enum class Kind { kSgd, kAdagrad, kRowWiseAdagrad, kAdam, kFtrl };
 
 class SparseApplyOp : public OpKernel {
  public:
@@ -232,9 +241,13 @@ class SparseApplyOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("optimizer", &kind));
     kind_ = kind == "sgd" ? Kind::kSgd
             : kind == "adagrad" ? Kind::kAdagrad
+            : kind == "rowwise_adagrad" ? Kind::kRowWiseAdagrad
             : kind == "adam" ? Kind::kAdam : Kind::kFtrl;
     OP_REQUIRES_OK(ctx, ctx->GetAttr("num_slots", &num_slots_));
-    const int want = kind_ == Kind::kSgd ? 0 : kind_ == Kind::kAdagrad ? 1 : 2;
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("seed", &seed_));
+    const int want = kind_ == Kind::kSgd                                        ? 0
+                     : kind_ == Kind::kAdagrad || kind_ == Kind::kRowWiseAdagrad ? 1
+                                                                                  : 2;
     OP_REQUIRES(ctx, num_slots_ == want,
                 absl::InvalidArgumentError("npu_rec kernel: optimizer " + kind + " needs " +
                                            std::to_string(want) + " slots"));
@@ -254,6 +267,7 @@ class SparseApplyOp : public OpKernel {
     const Tensor& grads_t = ctx->input(2 + k);
     const Tensor& index_t = ctx->input(3 + k);
     const Tensor& lr_t = ctx->input(4 + k);
+    const int64_t step = ctx->input(6 + k).scalar<int64_t>()();
     OP_REQUIRES(ctx, grads_t.dims() == 2 && index_t.dims() == 1 &&
                          index_t.dim_size(0) == grads_t.dim_size(0),
                 absl::InvalidArgumentError(
@@ -292,24 +306,38 @@ class SparseApplyOp : public OpKernel {
       OP_REQUIRES_OK(ctx, GetVar(ctx, 1 + s, &slots[s]));
       vars.push_back(slots[s].get());
     }
-    VarLocks locks(vars);
-    for (Var* v : vars) {
+    RefCountPtr<Var> keys_var;
+    OP_REQUIRES_OK(ctx, GetVar(ctx, 5 + k, &keys_var));
+    std::vector<Var*> locked = vars;
+    locked.push_back(keys_var.get());
+    VarLocks locks(locked);
+    OP_REQUIRES_OK(ctx, CheckRowsDtype(*values->tensor()));
+    for (size_t i = 0; i < vars.size(); ++i) {
+      Var* v = vars[i];
+      // RowWiseAdagrad's accumulator holds one value per row.
+      const int64_t width = i == 1 && kind_ == Kind::kRowWiseAdagrad ? 1 : dim;
       OP_REQUIRES_OK(ctx, PrepareWrite(ctx, v));
-      OP_REQUIRES_OK(ctx, CheckRows(*v->tensor(), "values or slot", rows, u, dim));
+      OP_REQUIRES_OK(ctx, CheckRows(*v->tensor(), "values or slot", rows, u, width));
     }
-    float* w = values->tensor()->flat<float>().data();
+    RowsView w(values->tensor());
+    const int64_t* row_keys = nullptr;
+    if (w.compact()) {  // the rounding hash needs each row's key
+      OP_REQUIRES_OK(ctx, CheckRows(*keys_var->tensor(), "row_keys", rows, u, 0));
+      row_keys = keys_var->tensor()->flat<int64_t>().data();
+    }
     float* s0 = k > 0 ? slots[0]->tensor()->flat<float>().data() : nullptr;
     float* s1 = k > 1 ? slots[1]->tensor()->flat<float>().data() : nullptr;
     // Rows are unique, so the ranges update disjoint rows and slots.
     const int64_t ids_per_row = n / std::max<int64_t>(u, 1);
     const int64_t cost = (kind_ == Kind::kFtrl ? 60 : 20) * dim + 8 * dim * ids_per_row;
+    const int64_t s0_width = kind_ == Kind::kRowWiseAdagrad ? 1 : dim;
     ParallelRows(ctx, u, cost, [&](int64_t begin, int64_t end) {
-      std::vector<float> g(dim);
+      std::vector<float> g(dim), row(dim);
       for (int64_t i = begin; i < end; ++i) {
         if (i + kAhead < end && rows[i + kAhead] >= 0) {  // scattered rows: prefetch
           const int64_t p = rows[i + kAhead] * dim;
-          __builtin_prefetch(w + p, 1);
-          if (s0 != nullptr) __builtin_prefetch(s0 + p, 1);
+          __builtin_prefetch(w.Address(p), 1);
+          if (s0 != nullptr) __builtin_prefetch(s0 + rows[i + kAhead] * s0_width, 1);
           if (s1 != nullptr) __builtin_prefetch(s1 + p, 1);
         }
         const int64_t r = rows[i];
@@ -319,16 +347,24 @@ class SparseApplyOp : public OpKernel {
           const float* src = grads + order[p] * dim;
           for (int64_t d = 0; d < dim; ++d) g[d] += src[d];
         }
-        ApplyRow(r * dim, dim, g.data(), lr, w, s0, s1);
+        w.Read(r * dim, dim, row.data());
+        ApplyRow(r, dim, g.data(), lr, row.data(), s0, s1);
+        if (row_keys == nullptr) {
+          w.WriteNearest(r * dim, dim, row.data());  // float32 rows: a copy
+        } else {
+          w.WriteRounded(r * dim, dim, row.data(),
+                         RoundingRowHash(row_keys[r], static_cast<uint64_t>(seed_), step));
+        }
       }
     });
   }
 
  private:
-  // One optimizer step of the row at `off` (and its slots) from its summed gradient.
-  void ApplyRow(int64_t off, int64_t dim, const float* g, float lr, float* w, float* s0,
+  // One optimizer step of row `r` (its float32 values in `row`, and its slots)
+  // from its summed gradient.
+  void ApplyRow(int64_t r, int64_t dim, const float* g, float lr, float* row, float* s0,
                 float* s1) const {
-    float* row = w + off;
+    const int64_t off = r * dim;
     switch (kind_) {
       case Kind::kSgd:
         for (int64_t d = 0; d < dim; ++d) row[d] = row[d] - lr * g[d];
@@ -338,6 +374,18 @@ class SparseApplyOp : public OpKernel {
         for (int64_t d = 0; d < dim; ++d) {
           const float a = acc[d] + g[d] * g[d];
           acc[d] = a;
+          row[d] = row[d] - (lr * g[d]) / (std::sqrt(a) + eps_);
+        }
+        break;
+      }
+      case Kind::kRowWiseAdagrad: {
+        // acc += mean(g*g): the squares summed in element order, then divided by dim
+        // (RowWiseAdagrad.apply_sparse's order).
+        float sum = g[0] * g[0];
+        for (int64_t d = 1; d < dim; ++d) sum = sum + g[d] * g[d];
+        const float a = s0[r] + sum / static_cast<float>(dim);
+        s0[r] = a;
+        for (int64_t d = 0; d < dim; ++d) {
           row[d] = row[d] - (lr * g[d]) / (std::sqrt(a) + eps_);
         }
         break;
@@ -374,6 +422,7 @@ class SparseApplyOp : public OpKernel {
 
   Kind kind_;
   int num_slots_;
+  int64_t seed_;
   float eps_, b1_, c1_, b2_, c2_, power_, l1_, two_l2_;
 };
 

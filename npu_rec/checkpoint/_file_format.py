@@ -5,6 +5,7 @@ Layout of a file:
     b"NPURECT1"                  8-byte magic
     header length                8 bytes, little-endian unsigned
     header                       UTF-8 JSON: {"meta": ..., "arrays": [{name, dtype, shape}]}
+                                 (dtype: NumPy's `dtype.str`, or "bfloat16")
     array bytes                  each array C-ordered, in header order
     SHA-256 digest               32 bytes, of everything above
 
@@ -27,6 +28,22 @@ import numpy as np
 from npu_rec._paths import atomic_file, fsync_path  # noqa: F401  (fsync_path re-exported)
 
 MAGIC = b"NPURECT1"
+#: Dtypes NumPy spells as raw bytes (bfloat16's `dtype.str` is "<V2"): written by name.
+_NAMED = ("bfloat16",)
+
+
+def _dtype_name(dtype: np.dtype) -> str:
+    return dtype.name if dtype.name in _NAMED else dtype.str
+
+
+def _dtype(name: str) -> np.dtype:
+    if name == "bfloat16":
+        import tensorflow as tf  # noqa: PLC0415  (its NumPy bfloat16; only such files need it)
+
+        return np.dtype(tf.bfloat16.as_numpy_dtype)
+    return np.dtype(name)
+
+
 _DIGEST = 32
 _CHUNK = 1 << 24
 
@@ -48,7 +65,8 @@ def write_file(path: str, arrays: dict[str, np.ndarray], meta: dict[str, Any]) -
         {
             "meta": meta,
             "arrays": [
-                {"name": k, "dtype": v.dtype.str, "shape": list(v.shape)} for k, v in arrays.items()
+                {"name": k, "dtype": _dtype_name(v.dtype), "shape": list(v.shape)}
+                for k, v in arrays.items()
             ],
         },
         sort_keys=True,
@@ -98,7 +116,7 @@ def read_file(path: str) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         raw_header = f.read(hlen)
         try:
             header = json.loads(raw_header.decode("utf-8"))
-            specs = [(a["name"], np.dtype(a["dtype"]), tuple(a["shape"])) for a in header["arrays"]]
+            specs = [(a["name"], _dtype(a["dtype"]), tuple(a["shape"])) for a in header["arrays"]]
         except (ValueError, KeyError, TypeError) as err:
             raise corrupt(f"unreadable header: {err}") from None
         body = sum(int(np.prod(s, dtype=np.int64)) * d.itemsize for _, d, s in specs)

@@ -25,6 +25,7 @@ from npu_rec.table._base import SparseTable
 from npu_rec.table._config import TableConfig
 from npu_rec.table._create import create_table
 from npu_rec.table._key_pipeline import PreparedIds
+from npu_rec.table._rounding import check_value_dtype
 
 #: `create_table` arguments a layer that creates its table accepts: every field of the
 #: table's config but its name and dim (derived, so a new table setting reaches the layer).
@@ -99,7 +100,8 @@ class SparseEmbedding(keras.layers.Layer):
       combiner: None, "sum", "mean" or "sqrtn".
       **table_kwargs: `npu_rec.create_table` arguments (`optimizer`,
         `initializer`, `capacity`, `access_threshold`, `eviction_threshold`,
-        `key_dtype`, `dynamic_expansion`, `max_pending_keys`, `num_shards`:
+        `key_dtype`, `dynamic_expansion`, `max_pending_keys`, `num_shards`,
+        `value_dtype` (the rows' storage dtype; the layer still returns float32):
         every field of `npu_rec.TableConfig` but `name` and `dim`) when a name
         is given, plus the Keras layer arguments `name` and `trainable`.
 
@@ -290,6 +292,8 @@ class SparseEmbedding(keras.layers.Layer):
         kw["initializer"] = _serialize_initializer(kw.get("initializer"), self.name)
         if kw.get("key_dtype") is not None:
             kw["key_dtype"] = tf.as_dtype(kw["key_dtype"]).name
+        if kw.get("value_dtype") is not None:
+            kw["value_dtype"] = check_value_dtype(kw["value_dtype"]).name
         config = {
             "table_or_name": self.table_name,
             "dim": self.dim,

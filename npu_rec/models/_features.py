@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 from keras import ops
@@ -39,6 +40,7 @@ class FeatureTables:
       sparse_optimizer: a zero-argument callable returning a fresh
         `npu_rec.optimizers` instance for each table.
       share_keys: let features of a shared table share keys (no salt).
+      value_dtype: the tables' row storage dtype (`create_table`'s `value_dtype`).
       table_options: further `create_table` arguments of every table (e.g.
         `{"not_admitted": "hashed"}`), or None.
     """
@@ -47,6 +49,7 @@ class FeatureTables:
     sparse_optimizer: Callable = default_sparse_optimizer
     share_keys: bool = False
     table_options: Mapping | None = None
+    value_dtype: Any = "float32"
 
     def __post_init__(self):
         specs = tuple(s for s in validate_feature_specs(self.specs) if not s.is_timestamp)
@@ -78,6 +81,7 @@ class FeatureTables:
         settings = table_settings(self.specs)[spec.table_name]
         return {
             "optimizer": self.sparse_optimizer(),
+            "value_dtype": self.value_dtype,
             "access_threshold": -1
             if settings["access_threshold"] is None
             else settings["access_threshold"],

@@ -208,6 +208,7 @@ def build_rec_model(
     embedding_dim: int | None = None,
     sparse_optimizer: Callable | None = None,
     seed: int | None = None,
+    value_dtype="float32",
     table_options: Mapping | None = None,
     **arch,
 ) -> RecModel:
@@ -226,6 +227,8 @@ def build_rec_model(
       embedding_dim: factor width (default 8; DLRM 16, and its bottom MLP ends there).
       sparse_optimizer: zero-argument callable making each table's sparse
         optimizer (default `Adagrad(0.05)`).
+      value_dtype: the tables' row storage dtype ("float32", "bfloat16",
+        "float16"; `npu_rec.create_table`'s `value_dtype`).
       table_options: further `create_table` arguments of every table, e.g.
         `{"not_admitted": "hashed"}`.
       seed: seeds the dense layers' initialisers.
@@ -240,6 +243,7 @@ def build_rec_model(
     tables = FeatureTables(
         tuple(feature_specs),
         sparse_optimizer=sparse_optimizer or default_sparse_optimizer,
+        value_dtype=value_dtype,
         table_options=table_options,
     )
     if embedding_dim is not None:

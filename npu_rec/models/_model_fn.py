@@ -50,6 +50,7 @@ def estimator_model_fn(
     learning_rate: float = 1e-3,
     sparse_optimizer: Callable | None = None,
     seed: int | None = None,
+    value_dtype="float32",
     table_options: Mapping | None = None,
     **arch,
 ) -> Callable:
@@ -68,6 +69,8 @@ def estimator_model_fn(
       learning_rate: Adam learning rate of the dense weights.
       sparse_optimizer: zero-argument callable making each table's sparse
         optimizer (default `Adagrad(0.05)`).
+      value_dtype: the tables' row storage dtype ("float32", "bfloat16",
+        "float16"; `npu_rec.create_table`'s `value_dtype`).
       table_options: further `create_table` arguments of every table, e.g.
         `{"not_admitted": "hashed"}`.
       seed: seeds the dense initialisers (op-level seeds).
@@ -83,6 +86,7 @@ def estimator_model_fn(
     tables = FeatureTables(
         tuple(feature_specs),
         sparse_optimizer=sparse_optimizer or default_sparse_optimizer,
+        value_dtype=value_dtype,
         table_options=table_options,
     )
     network = _networks.logit_fn(model)

@@ -1,4 +1,4 @@
-"""Sparse optimizers for npu_rec tables (`SGD`, `Adagrad`, lazy `Adam`, `Ftrl`).
+"""Sparse optimizers for npu_rec tables (`SGD`, `Adagrad`, `RowWiseAdagrad`, lazy `Adam`, `Ftrl`).
 
 Also the Rec SDK names `SGDByAddr`, `LazyAdam`, `LazyAdamByAddress`,
 `create_hash_optimizer` and `create_hash_optimizer_by_address`.
@@ -11,6 +11,7 @@ from npu_rec.optimizers._sparse_optimizers import (
     Ftrl,
     LazyAdam,
     LazyAdamByAddress,
+    RowWiseAdagrad,
     SGDByAddr,
     SparseOptimizer,
     create_hash_optimizer,
@@ -24,6 +25,7 @@ __all__ = [
     "Ftrl",
     "LazyAdam",
     "LazyAdamByAddress",
+    "RowWiseAdagrad",
     "SGDByAddr",
     "SparseOptimizer",
     "create_hash_optimizer",

@@ -66,8 +66,8 @@ def _check_learning_rate(value: Any):
 class SparseOptimizer:
     """Base class of the sparse (per-row) optimizers of npu_rec tables.
 
-    Subclasses define `slot_specs`, a tuple of `(slot_name, initial_value)`,
-    and `apply_sparse`, which takes its step size from `learning_rate_at(step)`.
+    Subclasses define `slot_specs`, a tuple of `(slot_name, initial_value)`
+    (and `row_slots`, the names of those kept as one value per row), and `apply_sparse`, which takes its step size from `learning_rate_at(step)`.
 
     `learning_rate` is a number > 0, a float scalar `tf.Tensor` or
     `tf.Variable` (read at every update, e.g. a decayed rate of the
@@ -81,6 +81,8 @@ class SparseOptimizer:
     """
 
     slot_specs: tuple[tuple[str, float], ...] = ()
+    #: Names of the slots holding one value per row (`[capacity, 1]`) instead of one per element.
+    row_slots: tuple[str, ...] = ()
 
     def __init__(self, learning_rate, name: str):
         self.learning_rate = _check_learning_rate(learning_rate)
@@ -138,8 +140,11 @@ class SparseOptimizer:
         """Updates `values[rows]` (and the slots of those rows) from `grads`.
 
         Args:
-          values: float32 variable [capacity, dim], the table rows.
-          slots: slot name -> float32 variable [capacity, dim].
+          values: float32 variable [capacity, dim], the table rows (for a table of
+            compact rows, a view of them whose `scatter_update` rounds the float32
+            rows it gets to the storage dtype; `current` is then always given).
+          slots: slot name -> float32 variable [capacity, dim] ([capacity, 1] for
+            the names in `row_slots`).
           rows: int64 [n], unique row indices.
           grads: float32 [n, dim], summed gradients of those rows.
           step: int64 scalar, 1-based count of updates of this table.
@@ -216,6 +221,70 @@ class Adagrad(SparseOptimizer):
 
     def apply_sparse(self, values, slots, rows, grads, step, current=None):
         acc = tf.gather(slots["accumulator"], rows) + tf.square(grads)
+        step_size = self.learning_rate_at(step) * grads / (tf.sqrt(acc) + self.epsilon)
+        new = self._rows_now(values, rows, current) - step_size
+        return tf.group(
+            slots["accumulator"].scatter_update(tf.IndexedSlices(acc, rows)),
+            values.scatter_update(tf.IndexedSlices(new, rows)),
+        )
+
+
+def _row_mean_square(grads: tf.Tensor) -> tf.Tensor:
+    """float32 [n, 1]: the mean of each row's squares, summed in element order.
+
+    A fixed order (the compiled kernel sums the same way), where
+    `tf.reduce_mean`'s order depends on how TensorFlow vectorises it.
+    """
+    dim = grads.shape[-1]
+    if dim is None:
+        return tf.reduce_mean(tf.square(grads), axis=1, keepdims=True)
+    squares = tf.square(grads)
+    total = squares[:, :1]
+    for d in range(1, dim):
+        total = total + squares[:, d : d + 1]
+    return total / float(dim)
+
+
+class RowWiseAdagrad(SparseOptimizer):
+    """Row-wise Adagrad: one float32 accumulator per row instead of one per element.
+
+    For a row with summed gradient `g` (dim elements):
+    `acc += mean(g*g)` (the mean over the row's elements: the squares summed in
+    element order, divided by dim);
+    `row -= lr * g / (sqrt(acc) + epsilon)`. This is the update of FBGEMM's
+    `EXACT_ROWWISE_ADAGRAD` (epsilon outside the square root, as in
+    `Adagrad`). The slot costs 4 bytes per row instead of 4 * dim.
+
+    Example:
+      >>> opt = npu_rec.optimizers.RowWiseAdagrad(learning_rate=0.05)
+    """
+
+    #: The slots kept as one value per row (`[capacity, 1]`).
+    row_slots = ("accumulator",)
+
+    def __init__(
+        self,
+        learning_rate: float = 0.001,
+        initial_accumulator_value: float = 0.1,
+        epsilon: float = 1e-7,
+        name: str = "RowWiseAdagrad",
+    ):
+        super().__init__(learning_rate, name)
+        self.initial_accumulator_value = _check_float(
+            "initial_accumulator_value", initial_accumulator_value, 0.0
+        )
+        self.epsilon = _check_float("epsilon", epsilon, 0.0)
+        self.slot_specs = (("accumulator", self.initial_accumulator_value),)
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "initial_accumulator_value": self.initial_accumulator_value,
+            "epsilon": self.epsilon,
+        }
+
+    def apply_sparse(self, values, slots, rows, grads, step, current=None):
+        acc = tf.gather(slots["accumulator"], rows) + _row_mean_square(grads)
         step_size = self.learning_rate_at(step) * grads / (tf.sqrt(acc) + self.epsilon)
         new = self._rows_now(values, rows, current) - step_size
         return tf.group(

@@ -77,6 +77,20 @@ def table_sizes(model_dir: str, version: int | None = None) -> dict[str, int]:
     return _rows_of_chain(model_dir, log.chain(picked[-1], found))
 
 
+def table_memory(model_dir: str) -> dict[str, dict | None]:
+    """`_memory` of each table as restored from the latest version (empty without one)."""
+    log = VersionLog(model_dir)
+    found = log.versions()
+    if not found:
+        return {}
+    chain = log.chain(found[-1], found)
+    parts = table_parts(chain)
+    if not parts:
+        return {}
+    arrays, _ = read_file(os.path.join(model_dir, parts[-1]))
+    return {n: _memory(arrays, n, rows) for n, rows in _rows_of_chain(model_dir, chain).items()}
+
+
 def _rows_of_chain(model_dir: str, chain) -> dict[str, int]:
     keys: dict[str, set] = {}
     for rel in table_parts(chain):
@@ -89,6 +103,22 @@ def _rows_of_chain(model_dir: str, chain) -> dict[str, int]:
                 gone = arrays.get(f"tables/{name}/deleted_keys", np.zeros(0, np.int64))
                 keys[name] = (keys.get(name, set()) - set(gone.tolist())) | set(new.tolist())
     return {name: len(k) for name, k in sorted(keys.items())}
+
+
+def _memory(arrays: dict, name: str, rows: int) -> dict | None:
+    """The `memory_stats` of table `name` restored with `rows` rows (from a file's arrays)."""
+    from npu_rec.table._stock import restored_memory  # noqa: PLC0415  (TensorFlow)
+
+    values = arrays.get(f"tables/{name}/values")
+    if values is None or values.ndim != 2:
+        return None
+    prefix = f"tables/{name}/slot/"
+    widths = [a.shape[1] for k, a in arrays.items() if k.startswith(prefix) and a.ndim == 2]
+    stats = restored_memory(rows, values.shape[1], values.dtype.itemsize, widths)
+    total = stats["rows"] + stats["slots"] + stats["metadata"] + stats["index"]
+    stats["total_bytes"] = total
+    stats["bytes_per_live_key"] = round(total / rows, 1) if rows else 0.0
+    return stats
 
 
 def _problem(err: Exception) -> str:
@@ -261,10 +291,11 @@ def describe(model_dir: str) -> dict:
             chain = log.chain(newest[-1], found)
             parts = table_parts(chain)
             if parts:
-                _, meta = read_file(os.path.join(model_dir, parts[-1]))
+                arrays, meta = read_file(os.path.join(model_dir, parts[-1]))
                 tables = {n: dict(d) for n, d in meta["tables"].items()}
                 for n, size in _rows_of_chain(model_dir, chain).items():
                     tables.setdefault(n, {})["rows"] = size
+                    tables[n]["memory"] = _memory(arrays, n, size)
         except Exception as err:  # changed since it was verified
             tables = {"error": {"problem": _problem(err)}}
     return {

@@ -193,7 +193,21 @@ LEARNING_RATE = flags.DEFINE_float(
     "learning_rate", 1e-3, "Adam learning rate (dense).", lower_bound=0.0
 )
 SPARSE_LEARNING_RATE = flags.DEFINE_float(
-    "sparse_learning_rate", 0.05, "Adagrad learning rate (tables).", lower_bound=0.0
+    "sparse_learning_rate", 0.05, "Learning rate of the tables' sparse optimizer.", lower_bound=0.0
+)
+SPARSE_OPTIMIZER = flags.DEFINE_enum(
+    "sparse_optimizer",
+    "adagrad",
+    ["adagrad", "rowwise_adagrad", "sgd", "adam", "ftrl"],
+    "Sparse optimizer of the tables (npu_rec.optimizers: Adagrad, RowWiseAdagrad with one "
+    "accumulator per row, SGD, lazy Adam, Ftrl), at --sparse_learning_rate.",
+)
+VALUE_DTYPE = flags.DEFINE_enum(
+    "value_dtype",
+    "float32",
+    ["float32", "bfloat16", "float16"],
+    "Storage dtype of the table rows (create_table's value_dtype); updates round "
+    "stochastically to it.",
 )
 REPORT = flags.DEFINE_string("report", None, "Write a PNG plot of loss and AUC over steps here.")
 VERBOSE = flags.DEFINE_integer(
@@ -214,6 +228,8 @@ GROUPS = (
             "seed",
             "learning_rate",
             "sparse_learning_rate",
+            "sparse_optimizer",
+            "value_dtype",
         ),
     ),
     (

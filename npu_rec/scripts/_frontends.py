@@ -51,6 +51,8 @@ class RunSettings:
     seed: int = 0
     learning_rate: float = 1e-3
     sparse_learning_rate: float = 0.05
+    sparse_optimizer: str = "adagrad"
+    value_dtype: str = "float32"
     verbose: int = 1
 
 
@@ -84,10 +86,12 @@ def _specs(s: RunSettings, plan: _data.DataPlan):
 
 def _model_kwargs(s: RunSettings, plan: _data.DataPlan) -> dict:
     lr = s.sparse_learning_rate
+    make = _SPARSE_OPTIMIZERS[s.sparse_optimizer]
     kwargs = dict(
         embedding_dim=s.embedding_dim,
         seed=s.seed,
-        sparse_optimizer=lambda: npu_rec.optimizers.Adagrad(lr),
+        sparse_optimizer=lambda: make(lr),
+        value_dtype=s.value_dtype,
     )
     if s.not_admitted != "zeros":  # ids below the admission threshold: a trained fallback
         kwargs["table_options"] = {
@@ -95,6 +99,16 @@ def _model_kwargs(s: RunSettings, plan: _data.DataPlan) -> dict:
             "fallback_buckets": s.fallback_buckets,
         }
     return kwargs
+
+
+#: --sparse_optimizer -> the table optimizer's class.
+_SPARSE_OPTIMIZERS = {
+    "adagrad": npu_rec.optimizers.Adagrad,
+    "rowwise_adagrad": npu_rec.optimizers.RowWiseAdagrad,
+    "sgd": npu_rec.optimizers.SGD,
+    "adam": npu_rec.optimizers.Adam,
+    "ftrl": npu_rec.optimizers.Ftrl,
+}
 
 
 def _result(s, plan, log, eval_results, sizes, step, seconds) -> dict:
@@ -170,7 +184,9 @@ def run_keras(s: RunSettings, plan: _data.DataPlan, *, train: bool = True):
         _data.eval_dataset(plan, s.batch_size, s.eval_steps), return_dict=True, verbose=0
     )
     sizes = {t.name: int(t.size()) for t in model.tables}
-    return _result(s, plan, log, results, sizes, model.global_step, seconds), log, model
+    metrics = _result(s, plan, log, results, sizes, model.global_step, seconds)
+    metrics["table_memory"] = {t.name: t.memory_stats() for t in model.tables}
+    return metrics, log, model
 
 
 # ----------------------------------------------------------------- Estimator
@@ -272,6 +288,8 @@ def run_estimator(s: RunSettings, plan: _data.DataPlan, *, train: bool = True):
     )
     sizes = _checkpoints.table_sizes(s.model_dir)
     metrics = _result(s, plan, log, results, sizes, results["global_step"], seconds)
+    # The tables live in the estimator's graphs: their memory as restored from the checkpoint.
+    metrics["table_memory"] = _checkpoints.table_memory(s.model_dir)
     if role == "chief" and seconds > 0:  # the cluster's rate: every trainer's batches
         done = results["global_step"] - start_step
         metrics["samples_per_sec"] = round(done * s.batch_size / seconds, 1)

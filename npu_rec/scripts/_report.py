@@ -147,7 +147,7 @@ def write_report(path: str, log: MetricLog, title: str) -> str:
 
 
 def print_summary(metrics: dict) -> None:
-    """The final summary: one `key=value` line (stable, greppable) and the table sizes."""
+    """The final summary: one `key=value` line (stable, greppable), the table sizes and memory."""
     print(
         f"eval_loss={metrics['eval_loss']:.4f} eval_auc={metrics['eval_auc']:.4f} "
         f"samples_per_sec={metrics['samples_per_sec']:.0f} "
@@ -163,6 +163,21 @@ def print_summary(metrics: dict) -> None:
             + ", ".join(f"{k}={v}" for k, v in sorted(sizes.items(), key=lambda kv: -kv[1])[:3]),
             flush=True,
         )
+    for name, stats in sorted((metrics.get("table_memory") or {}).items()):
+        if stats:
+            print(f"table {name} memory: {memory_line(stats)}", flush=True)
+
+
+def memory_line(stats: dict) -> str:
+    """One line of a `memory_stats` dict: MiB of each part and bytes per live key."""
+    mib = 1 << 20
+    parts = " ".join(
+        f"{k}={stats[k] / mib:.1f}MiB" for k in ("rows", "slots", "metadata", "index") if k in stats
+    )
+    return (
+        f"live_keys={stats['live_keys']} {parts} "
+        f"bytes_per_live_key={stats['bytes_per_live_key']:.1f}"
+    )
 
 
 def write_metrics(model_dir: str, metrics: dict) -> str:

@@ -1,9 +1,10 @@
 """The flags that shape a run's model, recorded in its --model_dir.
 
 Training writes `run_flags.json` into a new --model_dir: the front end, the
-model, the embedding width, the table layout, the admission/eviction
-thresholds and what not-yet-admitted ids read (--not_admitted, --fallback_buckets),
-and the data flags with the column roles they resolve to. Every
+model, the embedding width, the table layout and sparse optimizer, the
+admission/eviction thresholds, what not-yet-admitted ids read (--not_admitted,
+--fallback_buckets), the rows' storage dtype and the data flags with the column roles
+they resolve to. Every
 later script on that --model_dir (evaluate, export, a resumed train) takes
 those values for flags left at their defaults, and refuses an explicit value
 that would build a different graph, in one line naming both values: a
@@ -22,10 +23,12 @@ from absl import app, flags
 
 FILE = "run_flags.json"
 #: Flags whose value changes the graph: an explicit different value is refused.
-GRAPH = ("frontend", "model", "embedding_dim", "table_per_feature")
-#: Flags that default to the recorded value (GRAPH, thresholds, data and its columns).
+GRAPH = ("frontend", "model", "embedding_dim", "table_per_feature", "sparse_optimizer")
+#: Flags that default to the recorded value (GRAPH, thresholds, row dtype, data and its
+#: columns). A different --value_dtype is accepted: checkpoints restore across row dtypes.
 DEFAULTED = (
     *GRAPH,
+    "value_dtype",
     "access_threshold",
     "eviction_threshold",
     "not_admitted",
@@ -54,7 +57,9 @@ def write(model_dir: str, settings, plan) -> None:
     """Records the run's model flags (`settings`: `RunSettings`, `plan`: `DataPlan`)."""
     record = {name: getattr(settings, name) for name in GRAPH}
     record.update(
-        access_threshold=settings.access_threshold, eviction_threshold=settings.eviction_threshold
+        access_threshold=settings.access_threshold,
+        eviction_threshold=settings.eviction_threshold,
+        value_dtype=settings.value_dtype,
     )
     record.update(not_admitted=settings.not_admitted, fallback_buckets=settings.fallback_buckets)
     record.update(

@@ -1,10 +1,13 @@
-r"""Lists what a run's --model_dir holds: tables, sizes, versions, and which restore.
+r"""Lists what a run's --model_dir holds: tables, sizes, memory, versions, and which restore.
 
 Examples:
   python3 run.py script inspect_checkpoint --model_dir=/tmp/run
   python3 run.py script inspect_checkpoint --model_dir=/tmp/run --json
 
-Reads the checkpoint files only (no model is built). Every committed version
+Reads the checkpoint files only (no model is built). Each table's memory is
+what it would hold restored from the latest restorable version
+(`SparseTable.memory_stats` of a table of exactly that many rows: rows in their
+stored dtype, slots, per-row metadata, key index). Every committed version
 is checked as a restore checks it (its full save and the deltas up to it,
 every part present with the size and SHA-256 its commit record names) and
 marked restorable, or damaged with the file and the reason; versions moved
@@ -24,6 +27,7 @@ from npu_rec.scripts import _cli
 from npu_rec.scripts import _flags as F
 
 _checkpoints = _cli.lazy("npu_rec.scripts._checkpoints")
+_report = _cli.lazy("npu_rec.scripts._report")
 
 flags.declare_key_flag("model_dir")
 _JSON = flags.DEFINE_bool("json", False, "Print the description as JSON.")
@@ -45,8 +49,11 @@ def run() -> dict:
     for name, t in info["tables"].items():
         print(
             f"  {name}: dim={t.get('dim')} rows={t.get('rows', 0)} "
+            f"value_dtype={t.get('value_dtype', 'float32')} "
             f"slots={','.join(t.get('slots', []))}"
         )
+        if t.get("memory"):
+            print(f"    restored in memory: {_report.memory_line(t['memory'])}")
     print("versions:")
     for v in info["versions"]:
         parent = "" if v["parent"] is None else f" (delta of {v['parent']})"

@@ -65,6 +65,8 @@ def settings_from_flags(model_dir: str | None = None) -> _frontends.RunSettings:
         keep_checkpoint_max=F.KEEP.value,
         learning_rate=F.LEARNING_RATE.value,
         sparse_learning_rate=F.SPARSE_LEARNING_RATE.value,
+        sparse_optimizer=F.SPARSE_OPTIMIZER.value,
+        value_dtype=F.VALUE_DTYPE.value,
         verbose=F.VERBOSE.value,
     )
 

@@ -22,13 +22,14 @@ reads its `config`, `state`, `seed`, `optimizer` and `initial_values`) and
 builds ops on the shard's declared state (`ShardState`, `_state`), which the
 backend itself creates (`create_state`). The backend holds no state of its own.
 
-Where later storage plugs in (the interface is shaped for it; neither exists yet):
+Where storage plugs in:
 
-* Compact rows (a storage dtype for rows, e.g. bfloat16 with stochastic
-  rounding): rows are read only through `lookup_unique` / `lookup_ids` /
-  `export` (which hand out float32) and written only through `apply`,
-  `create_state`'s initial rows and `load`; a backend storing another dtype
-  converts there, and `memory_stats` reports the bytes it really holds.
+* Compact rows (`value_dtype` bfloat16 or float16, stochastic rounding,
+  `_rounding`): rows are read only through `lookup_unique` / `lookup_ids`
+  (which hand out float32) and `export` (the stored dtype), and written only
+  through `apply`, `create_state`'s initial rows and `load`; both backends
+  convert there (`RowStorage.read` / `stored`, `_rounding.RoundedRows`, the
+  kernels' `RowsView`), and `memory_stats` reports the bytes really held.
 * A tiered row store (hot rows in memory, cold rows on disk): `create_state`
   makes the store; a training lookup (`lookup_ids`, `lookup_unique` with
   `training=True`) is the one place where a batch's keys are known before

@@ -82,6 +82,8 @@ class SparseTable(abc.ABC):
         self.dim = config.dim
         self.key_dtype = tf.as_dtype(config.key_dtype)
         self.optimizer = config.optimizer
+        #: A table of its own (False for the shards of a sharded table).
+        self.registered = register
         if register:
             _registry.register(self)
         with tf.init_scope():
@@ -133,7 +135,26 @@ class SparseTable(abc.ABC):
 
     def describe(self) -> dict[str, Any]:
         """JSON-able description stored with checkpoints."""
-        return {"dim": self.dim, "key_dtype": self.key_dtype.name, "slots": self.slot_names}
+        return {
+            "dim": self.dim,
+            "key_dtype": self.key_dtype.name,
+            "slots": self.slot_names,
+            "value_dtype": tf.as_dtype(self.config.value_dtype).name,
+        }
+
+    def note_value_conversion(self, values) -> None:
+        """Logs one line when restored rows `values` are not in this table's storage dtype."""
+        have = np.asarray(values).dtype
+        want = tf.as_dtype(self.config.value_dtype)
+        if have != np.dtype(want.as_numpy_dtype):
+            logging.info(
+                "npu_rec: table %r restores %d rows stored as %s into value_dtype=%s "
+                "(converted, rounded to nearest).",
+                self.name,
+                np.asarray(values).shape[0],
+                have.name,
+                want.name,
+            )
 
     # --------------------------------------------------------------- protocol
     @abc.abstractmethod
@@ -220,13 +241,45 @@ class SparseTable(abc.ABC):
         """int64 [2]: timestamps clamped so far and the largest of them."""
 
     def _graph_ops_common(self, now_name: str) -> dict[str, Any]:
-        """Graph mode: the ops of `size`, `evict` and the clamp warning."""
+        """Graph mode: the ops of `size`, `evict`, `memory_stats` and the clamp warning."""
         now = tf.compat.v1.placeholder_with_default(tf.constant(NO_NOW, tf.int64), [], now_name)
         return {
             "size": self.build_size(),
             "evict": (now, self.build_evict(now)),
             "clamped": self.clamped_report(),
+            "memory": self.build_memory_stats(),
         }
+
+    def build_memory_stats(self) -> dict[str, tf.Tensor]:
+        """int64 scalars: live keys and bytes held, summed over this process's shards."""
+        parts = [s.build_memory_stats() for s in self.shards]
+        return {k: tf.add_n([p[k] for p in parts]) for k in parts[0]}
+
+    def memory_stats(self, session=None) -> dict[str, int | float]:
+        """What the table holds in memory, in this process (every shard of it).
+
+        Returns:
+          A dict of `live_keys` (keys holding a row); the bytes of `rows` (the
+          rows at their storage dtype, allocated capacity included), `slots`
+          (optimizer state), `metadata` (per-row counts, times, keys and free
+          list) and `index` (the key index's buckets, at least); `total_bytes`,
+          their sum; and `bytes_per_live_key` (`total_bytes / live_keys`, 0.0
+          for an empty table). Bytes count the arrays the table allocated, not
+          the process's resident memory (`benchmarks/table_bench.py` measures
+          that).
+
+        Args:
+          session: graph mode only (see `evict`).
+        """
+        if self._graph_mode:
+            raw = self._session(session).run(self._graph_ops["memory"])
+        else:
+            raw = {k: v.numpy() for k, v in self.build_memory_stats().items()}
+        out: dict[str, int | float] = {k: int(v) for k, v in raw.items()}
+        total = sum(v for k, v in out.items() if k in _BYTE_FIELDS)
+        out["total_bytes"] = total
+        out["bytes_per_live_key"] = total / out["live_keys"] if out["live_keys"] else 0.0
+        return out
 
     def default_now(self) -> tf.Tensor:
         """The table's clock: newest timestamp seen, or the wall clock without a feature."""
@@ -323,7 +376,7 @@ class SparseTable(abc.ABC):
             if shard is not self:
                 shard.config = dataclasses.replace(shard.config, optimizer=optimizer)
                 shard.optimizer = optimizer
-            shard.add_optimizer_slots(optimizer.slot_specs)
+            shard.add_optimizer_slots(optimizer.slot_specs, getattr(optimizer, "row_slots", ()))
         if self.fallback is not None:
             self.fallback.bind_optimizer(optimizer)
         self.config = config
@@ -547,6 +600,10 @@ class TableEvictor:
     def _evict_all(self, now: tf.Tensor):
         freed = [t.build_evict(now) for t in self.tables]
         return tf.stack(freed), tf.stack([t.clamped_report() for t in self.tables])
+
+
+#: The `memory_stats` fields that are bytes of the table's arrays.
+_BYTE_FIELDS = ("rows", "slots", "metadata", "index")
 
 
 def key_times(times, index, num_keys, batch_time) -> tf.Tensor:

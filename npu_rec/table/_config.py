@@ -10,6 +10,7 @@ import tensorflow as tf
 
 from npu_rec._validation import ConfigError, ConfigTypeError, check_bool, check_int
 from npu_rec.table import _fallback
+from npu_rec.table._rounding import check_value_dtype
 
 #: Rows allocated up front by a table with dynamic expansion and no `capacity`.
 DEFAULT_DYNAMIC_CAPACITY = 1024
@@ -56,6 +57,8 @@ class TableConfig:
       dynamic_expansion: Grow storage on demand (doubling).
       max_pending_keys: Bound on the counted not-yet-admitted keys.
       num_shards: Key-hash shards of the table (>= 1).
+      value_dtype: Storage dtype of the rows: `tf.float32`, `tf.bfloat16` or
+        `tf.float16` (names accepted; stored as the `tf.DType`).
     """
 
     name: str
@@ -71,6 +74,7 @@ class TableConfig:
     dynamic_expansion: bool = False
     max_pending_keys: int = DEFAULT_MAX_PENDING_KEYS
     num_shards: int = 1
+    value_dtype: Any = tf.float32
 
     def __post_init__(self):
         self._validate()
@@ -112,6 +116,7 @@ class TableConfig:
             )
         check_bool("dynamic_expansion", self.dynamic_expansion, rule="a bool or None")
         _fallback.validate(self)
+        object.__setattr__(self, "value_dtype", check_value_dtype(self.value_dtype))
         if self.initializer is not None and not callable(self.initializer):
             raise ConfigTypeError(
                 "`initializer` must be None, a Keras/TF initializer or a callable "

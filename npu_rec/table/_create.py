@@ -39,6 +39,7 @@ def create_table(
     dynamic_expansion: bool | None = None,
     max_pending_keys: int = DEFAULT_MAX_PENDING_KEYS,
     num_shards: int = 1,
+    value_dtype=tf.float32,
 ) -> SparseTable:
     """Creates a sparse embedding table keyed by raw ids.
 
@@ -76,6 +77,12 @@ def create_table(
         see docs/design.md "Scale-out"). `capacity` and `max_pending_keys` are
         divided between the shards (rounded up). Lookups, gradients, eviction,
         export and checkpoints work across shards transparently.
+      value_dtype: Storage dtype of the rows: `tf.float32` (default),
+        `tf.bfloat16` or `tf.float16`, or their names. Lookups return float32
+        whatever it is and optimizer slots stay float32; an optimizer step
+        computes in float32 and rounds the new rows to `value_dtype`
+        stochastically, reproducibly for a given (table, key, step) (see
+        docs/design.md "Compact rows"). bfloat16 halves the rows' bytes.
 
     Returns:
       A `SparseTable`: a `SingleShardTable`, or a `ShardedTable` when
@@ -120,6 +127,7 @@ def create_table(
         dynamic_expansion=dynamic_expansion,
         max_pending_keys=max_pending_keys,
         num_shards=num_shards,
+        value_dtype=value_dtype,
     )
     from npu_rec.distribute._ps import table_for_ps  # noqa: PLC0415
     from npu_rec.distribute._strategy import (  # noqa: PLC0415

@@ -11,11 +11,18 @@ high-water mark; the index insert). For the other tables only the keys
 without a row go on to admission in stock ops (pending counters, row
 allocation, the initialiser, the index insert) inside a `tf.cond` that runs
 when a key is admitted: there a second kernel (`NpuRecGatherTouch`) reads and
-touches the new rows, merged into the result. The optimizer step of the four
-built-in optimizers is one kernel (`NpuRecSparseApply`, which also sums the
-per-id gradients), and unique rows are expanded to the ids by `NpuRecExpand`.
-Everything else (eviction, export and import, int32 keys, other optimizers)
-is the stock backend's, which this one derives from.
+touches the new rows, merged into the result. The optimizer step of the five
+built-in optimizers (SGD, Adagrad, RowWiseAdagrad, Adam, Ftrl) is one kernel
+(`NpuRecSparseApply`, which also sums the per-id gradients), and unique rows
+are expanded to the ids by `NpuRecExpand`. Everything else (eviction, export
+and import, int32 keys, other optimizers) is the stock backend's, which this
+one derives from.
+
+Compact rows (`value_dtype` bfloat16 or float16) run on the same kernels:
+they read rows as float32, write initial rows rounded to nearest and an
+optimizer step's rows rounded stochastically with the hash of
+`npu_rec.table._rounding`, computed in C++; the results equal the stock
+path's bit for bit (tests/table/test_table_compact.py).
 
 The stock path (`StockBackend`) computes the same state and is the reference
 (tests/table/test_table_kernels.py). `select_backend` is the one place that
@@ -182,7 +189,9 @@ class KernelBackend(StockBackend):
         if not _kernel_ops.supports(shard.optimizer):  # a user's optimizer: stock ops
             return super().apply(shard, rows, grads, step, all_rows, current)
         # Sums per-id gradients (IndexedSlices) and updates in one kernel; skips rows < 0.
-        return _kernel_ops.sparse_apply(shard.optimizer, shard.state.rows, rows, grads, step)
+        return _kernel_ops.sparse_apply(
+            shard.optimizer, shard.state.rows, rows, grads, step, seed=shard.seed
+        )
 
 
 _STOCK = StockBackend()

@@ -209,6 +209,7 @@ class ShardedTable(SparseTable):
         return _fallback.read_into(self, st, session)
 
     def write_state(self, st: dict[str, np.ndarray], session=None) -> None:
+        self.note_value_conversion(st["values"])
         _fallback.write_from(self, st, session)
         st = {k: v for k, v in st.items() if not k.startswith(_fallback.PREFIX)}
         row_fields = [*_ROW_FIELDS, *[f"slot/{n}" for n in self.slot_names]]

@@ -76,11 +76,11 @@ class SingleShardTable(SparseTable):
                 if self._graph_mode:
                     self._graph_ops = self._build_graph_ops()
 
-    def add_optimizer_slots(self, slot_specs) -> None:
+    def add_optimizer_slots(self, slot_specs, row_slots=()) -> None:
         """Allocates the slots of an optimizer bound after creation (`bind_optimizer`)."""
         with tf.init_scope():
             with tf.name_scope(f"npu_rec_table_{self.config.name}/"):
-                self.state.rows.add_slots(slot_specs)
+                self.state.rows.add_slots(slot_specs, row_slots)
                 if self._graph_mode:  # state, restore and evict ops see every slot
                     self._graph_ops = self._build_graph_ops()
 
@@ -277,6 +277,8 @@ class SingleShardTable(SparseTable):
         return _fallback.read_into(self, st, session)
 
     def write_state(self, st: dict[str, np.ndarray], session=None) -> None:
+        if self.registered:  # a sharded table's shards: it logs once for all
+            self.note_value_conversion(st["values"])
         _fallback.write_from(self, st, session)
         sig = self.state.signature(self.dim)
         st = {**st, "deleted_keys": np.zeros([0], np.int64)}  # a restore starts a new period

@@ -9,7 +9,9 @@ since the last checkpoint save, the clocks, and in a `tf.compat.v1` graph the
 lock of its training lookups and evictions (`_lock`).
 
 The exported state (`build_export`, as NumPy once read) has: `keys` int64
-[n], `values` float32 [n, dim], `slot/<name>` float32 [n, dim], `counts` and
+[n], `values` [n, dim] in the storage dtype (`value_dtype`: float32, bfloat16
+or float16), `slot/<name>` float32 [n, dim] (or [n, 1] for a slot kept per
+row), `counts` and
 `last_seen` int64 [n], `pending_keys`, `pending_counts`, `pending_last_seen`
 int64 [p], `deleted_keys` int64 [d] (evicted since the last checkpoint save),
 and the scalars `max_seen` (int64), `ts_feature` (bool), `opt_step` (int64).
@@ -65,9 +67,15 @@ class ShardState:
           map_class: The key index's hash map class (`DenseHashTable` API).
           graph_mode: The shard lives in a `tf.compat.v1` graph (it gets a lock).
         """
-        slot_specs = config.optimizer.slot_specs if config.optimizer is not None else ()
+        opt = config.optimizer
         rows = RowStorage(
-            config.name, config.dim, slot_specs, config.capacity, config.dynamic_expansion
+            config.name,
+            config.dim,
+            opt.slot_specs if opt is not None else (),
+            config.capacity,
+            config.dynamic_expansion,
+            value_dtype=config.value_dtype,
+            row_slots=getattr(opt, "row_slots", ()),
         )
         index = KeyIndex(config.capacity, name="index", map_class=map_class)
         pending = PendingCounts(config.max_pending_keys)
@@ -109,7 +117,7 @@ class ShardState:
         """dtype and shape of each exported entry (see module docstring)."""
         sig = {
             "keys": (tf.int64, [None]),
-            "values": (tf.float32, [None, dim]),
+            "values": (self.rows.value_dtype, [None, dim]),
             "counts": (tf.int64, [None]),
             "last_seen": (tf.int64, [None]),
             "pending_keys": (tf.int64, [None]),
@@ -120,7 +128,7 @@ class ShardState:
             "ts_feature": (tf.bool, []),
             "opt_step": (tf.int64, []),
         }
-        sig.update({f"slot/{n}": (tf.float32, [None, dim]) for n in self.rows.slots})
+        sig.update({f"slot/{n}": (tf.float32, [None, w]) for n, w in self.rows.slot_dims.items()})
         return sig
 
     def build_export(self, min_period) -> dict[str, tf.Tensor]:

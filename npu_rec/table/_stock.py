@@ -7,7 +7,8 @@ a `tf.cond` that runs only when a key is admitted, then adds the sightings
 and last-seen times of the rows it found (gather, then scatter-assign:
 TF's CPU scatter-add and scatter-max are about 4x slower) and reads the rows.
 The optimizer step is the optimizer's own `apply_sparse` on the rows'
-variables. Eviction scans the `last_seen` column, frees the idle rows and
+variables (for compact rows, a `RoundedRows` view of the rows variable that
+rounds the new rows stochastically, `_rounding`). Eviction scans the `last_seen` column, frees the idle rows and
 removes their keys. See `TableBackend` (`_backend`) for the interface.
 """
 
@@ -20,10 +21,31 @@ import tensorflow as tf
 from npu_rec.table._backend import TableBackend
 from npu_rec.table._base import MAX_SECONDS_AHEAD, NO_NOW, key_times, rows_with_values
 from npu_rec.table._config import TableConfig
-from npu_rec.table._key_index import MAX_LOAD
+from npu_rec.table._key_index import MAX_LOAD, buckets_for
+from npu_rec.table._rounding import RoundedRows
 from npu_rec.table._state import ShardState
 
 _INDEX_BUCKET_BYTES = 16
+#: Per-row metadata: counts, saved counts, last-seen, key (int64 each), free list (int32).
+_METADATA_ROW_BYTES = 4 * 8 + 4
+
+
+def restored_memory(keys: int, dim: int, value_bytes: int, slot_widths) -> dict[str, int]:
+    """`memory_stats` of a table holding exactly `keys` rows (as a restore makes it).
+
+    Args:
+      keys: Live keys (= rows: no spare capacity).
+      dim: Row width.
+      value_bytes: Bytes of one stored element (4 float32, 2 bfloat16/float16).
+      slot_widths: The float32 width of each optimizer slot (dim, or 1 for a row-wise one).
+    """
+    return {
+        "live_keys": keys,
+        "rows": keys * dim * value_bytes,
+        "slots": keys * 4 * sum(slot_widths),
+        "metadata": keys * _METADATA_ROW_BYTES,
+        "index": buckets_for(keys) * _INDEX_BUCKET_BYTES,
+    }
 
 
 class AdmissionPlan(NamedTuple):
@@ -217,11 +239,11 @@ class StockBackend(TableBackend):
         return times, batch_time, [count]
 
     def gather(self, shard, rows: tf.Tensor, all_rows: bool = False) -> tf.Tensor:
-        """Rows' embeddings; zeros where rows < 0 (skipped when `all_rows`: none is)."""
-        values = shard.state.rows.values
+        """Rows' float32 embeddings; zeros where rows < 0 (skipped when `all_rows`: none is)."""
+        s = shard.state.rows
         if all_rows:
-            return tf.gather(values, rows)
-        emb = tf.gather(values, tf.maximum(rows, 0))
+            return s.read(rows)
+        emb = s.read(tf.maximum(rows, 0))
         return emb * tf.cast(rows >= 0, tf.float32)[:, None]
 
     def find_rows(self, shard, keys) -> tf.Tensor:
@@ -238,7 +260,13 @@ class StockBackend(TableBackend):
                 grads.values, grads.indices, tf.shape(rows, out_type=tf.int64)[0]
             )
         rows, grads, current = rows_with_values(rows, tf.cast(grads, tf.float32), current, all_rows)
-        update = shard.optimizer.apply_sparse(s.values, s.slots, rows, grads, step, current=current)
+        values = s.values
+        if s.value_dtype != tf.float32:
+            # Compact rows: the optimizer reads float32 and its writes round stochastically.
+            values = RoundedRows(s, shard.seed, step)
+            if current is None:
+                current = s.read(rows)
+        update = shard.optimizer.apply_sparse(values, s.slots, rows, grads, step, current=current)
         # In a v1 graph the step count would not run when the rate does not read it.
         with tf.control_dependencies([step]):
             return tf.group(update)

@@ -15,6 +15,13 @@ saved_counts), `last_seen` the last-seen time in seconds (`FREE_ROW` for a row
 freed by eviction). A lookup reads and rewrites only `counts` and `last_seen`
 of its unique rows (gather + scatter-assign, the fastest CPU scatter); the
 eviction scan reads only `last_seen` (8 bytes per row).
+
+Rows are stored in the table's `value_dtype` (float32, bfloat16 or float16;
+see `npu_rec.table._rounding`); slots are float32, `[capacity, dim]` each, or
+`[capacity, 1]` for a slot the optimizer keeps per row (`row_slots`, e.g.
+`RowWiseAdagrad`'s accumulator). `init_rows` and `load` take float32 rows and
+round them to nearest; an optimizer step's stochastic rounding is
+`_rounding.RoundedRows`.
 """
 
 from __future__ import annotations
@@ -35,11 +42,25 @@ class RowStorage:
       slot_specs: `(slot_name, initial_value)` pairs of the optimizer.
       capacity: Initial number of rows.
       dynamic: Grow on demand (True) or fail when full (False).
+      value_dtype: The rows' storage dtype (float32, bfloat16 or float16).
+      row_slots: Names of the slots holding one value per row (width 1).
     """
 
-    def __init__(self, table_name: str, dim: int, slot_specs, capacity: int, dynamic: bool):
+    def __init__(
+        self,
+        table_name: str,
+        dim: int,
+        slot_specs,
+        capacity: int,
+        dynamic: bool,
+        value_dtype: tf.DType = tf.float32,
+        row_slots=(),
+    ):
         self.table_name = table_name
         self.dim = dim
+        self.value_dtype = tf.as_dtype(value_dtype)
+        #: Slot name -> its width (`dim`, or 1 for a slot kept per row).
+        self.slot_dims = {n: 1 if n in row_slots else dim for n, _ in slot_specs}
         self.dynamic = dynamic
         self.initial_capacity = capacity
         self.slot_init = dict(slot_specs)
@@ -50,9 +71,10 @@ class RowStorage:
         def var(name, value, shape):
             return tf.Variable(value, trainable=False, name=name, shape=tf.TensorShape(shape))
 
-        self.values = var("values", tf.zeros([capacity, dim]), [lead, dim])
+        self.values = var("values", tf.zeros([capacity, dim], self.value_dtype), [lead, dim])
         self.slots = {
-            n: var(f"slot_{n}", tf.zeros([capacity, dim]), [lead, dim]) for n, _ in slot_specs
+            n: var(f"slot_{n}", tf.zeros([capacity, w]), [lead, w])
+            for n, w in self.slot_dims.items()
         }
         self.counts = var("counts", tf.zeros([capacity], tf.int64), [lead])
         self.saved_counts = var("saved_counts", tf.zeros([capacity], tf.int64), [lead])
@@ -63,7 +85,7 @@ class RowStorage:
         self.next_row = var("next_row", tf.constant(0, tf.int64), [])
         self.num_free = var("num_free", tf.constant(0, tf.int64), [])
 
-    def add_slots(self, slot_specs) -> None:
+    def add_slots(self, slot_specs, row_slots=()) -> None:
         """Adds slot variables (initial values in every row) for an optimizer bound late.
 
         Ops built before (a training lookup's growth and admission) do not know
@@ -77,11 +99,12 @@ class RowStorage:
         for name, initial in slot_specs:
             self.slot_init[name] = initial
             self.late_slots.append(name)
+            width = self.slot_dims[name] = 1 if name in row_slots else self.dim
             self.slots[name] = tf.Variable(
-                tf.fill(tf.stack([rows, self.dim]), tf.constant(initial, tf.float32)),
+                tf.fill(tf.stack([rows, width]), tf.constant(initial, tf.float32)),
                 trainable=False,
                 name=f"slot_{name}",
-                shape=tf.TensorShape([lead, self.dim]),
+                shape=tf.TensorShape([lead, width]),
             )
 
     def match_late_slots(self) -> tf.Operation:
@@ -93,13 +116,21 @@ class RowStorage:
             have = tf.raw_ops.VariableShape(input=var.handle, out_type=tf.int64)[0]
 
             def grow(var=var, have=have, name=name):
-                fill = tf.fill(tf.stack([cap - have, self.dim]), self.slot_init[name])
+                fill = tf.fill(tf.stack([cap - have, self.slot_dims[name]]), self.slot_init[name])
                 grown = var.assign(tf.concat([var.read_value(), fill], 0), read_value=False)
                 with tf.control_dependencies([grown]):  # branch ops run only when needed
                     return tf.constant(True)
 
             ops.append(tf.cond(have < cap, grow, lambda: tf.constant(False)))
         return tf.group(*ops)
+
+    def stored(self, values: tf.Tensor) -> tf.Tensor:
+        """`values` in the storage dtype (rounded to nearest)."""
+        return tf.cast(values, self.value_dtype)
+
+    def read(self, rows: tf.Tensor) -> tf.Tensor:
+        """float32 [n, dim]: the values of `rows` (valid, int64 [n])."""
+        return tf.cast(tf.gather(self.values, rows), tf.float32)
 
     def per_row_variables(self) -> list[tf.Variable]:
         """Every variable whose first dimension is the capacity."""
@@ -199,7 +230,7 @@ class RowStorage:
         n = tf.size(rows)
         zeros = tf.zeros(tf.reshape(n, [1]), tf.int64)
         ops = [
-            self.values.scatter_update(tf.IndexedSlices(values, rows)),
+            self.values.scatter_update(tf.IndexedSlices(self.stored(values), rows)),
             self.row_keys.scatter_update(tf.IndexedSlices(keys, rows)),
             *[
                 v.scatter_update(tf.IndexedSlices(zeros, rows))
@@ -207,7 +238,9 @@ class RowStorage:
             ],
         ]
         for name, var in self.slots.items():
-            fill = tf.fill(tf.stack([n, self.dim]), tf.constant(self.slot_init[name], tf.float32))
+            fill = tf.fill(
+                tf.stack([n, self.slot_dims[name]]), tf.constant(self.slot_init[name], tf.float32)
+            )
             ops.append(var.scatter_update(tf.IndexedSlices(fill, rows)))
         return tf.group(*ops)
 
@@ -225,7 +258,9 @@ class RowStorage:
         )
         resets = [
             self.slots[name].scatter_update(
-                tf.IndexedSlices(tf.fill(tf.stack([n, self.dim]), self.slot_init[name]), rows)
+                tf.IndexedSlices(
+                    tf.fill(tf.stack([n, self.slot_dims[name]]), self.slot_init[name]), rows
+                )
             )
             for name in self.late_slots
         ]
@@ -253,7 +288,8 @@ class RowStorage:
         """Replaces the whole storage by `n` rows (rows 0..n-1, in the given order).
 
         Args:
-          keys: int64 [n]; values and each of `slots`: float32 [n, dim];
+          keys: int64 [n]; values: [n, dim] (float32 or the storage dtype; rounded
+            to nearest); each of `slots`: float32 [n, width];
           counts, last_seen: int64 [n].
         """
         n = tf.size(keys, out_type=tf.int64)
@@ -278,7 +314,7 @@ class RowStorage:
             return tf.concat([x, tf.zeros(shape, x.dtype)], 0)
 
         ops = [
-            self.values.assign(pad(values), read_value=False),
+            self.values.assign(pad(self.stored(values)), read_value=False),
             self.counts.assign(pad(counts), read_value=False),
             self.saved_counts.assign(pad(counts), read_value=False),
             self.last_seen.assign(pad(last_seen), read_value=False),

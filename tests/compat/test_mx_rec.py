@@ -69,7 +69,11 @@ def test_create_table_maps_and_refuses():
     assert (t.table_name, t.dim, t.capacity()) == ("ct", 8, 100)
     assert t.core.num_shards == 2 and t.core.config.capacity == 100
     with pytest.raises(ValueError, match="value_dtype"):
-        create_table(tf.int64, 8, "c2", None, device_vocabulary_size=10, value_dtype=tf.float16)
+        create_table(tf.int64, 8, "c2", None, device_vocabulary_size=10, value_dtype=tf.int32)
+    half = create_table(tf.int64, 8, "c5", None, device_vocabulary_size=10, value_dtype=tf.float16)
+    assert half.core.config.value_dtype == tf.float16
+    emb = sparse_lookup(half, tf.constant([[1, 2]], tf.int64), is_train=False)
+    assert emb.dtype == tf.float32
     with pytest.raises(ValueError, match="host_vocabulary_size"):
         create_table(tf.int64, 8, "c3", None, device_vocabulary_size=10, host_vocabulary_size=10)
     with pytest.raises(TypeError, match="unexpected"):

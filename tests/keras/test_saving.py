@@ -23,7 +23,9 @@ def trained():
     u = SparseEmbedding("user", 4, optimizer=npu_rec.optimizers.Adagrad(0.1), access_threshold=2)(
         user
     )
-    t = SparseEmbedding("tag", 4, combiner="mean", optimizer=npu_rec.optimizers.Adam(0.01))(tags)
+    t = SparseEmbedding(  # bfloat16 rows: saved, loaded and served like float32 ones
+        "tag", 4, combiner="mean", optimizer=npu_rec.optimizers.Adam(0.01), value_dtype="bfloat16"
+    )(tags)
     h = keras.layers.Concatenate()([u, t, dense])
     out = keras.layers.Dense(1, activation="sigmoid")(keras.layers.Dense(8, "relu")(h))
     model = RecModel({"user": user, "tags": tags, "feats": dense}, out)
@@ -59,6 +61,8 @@ def test_save_and_load_model_give_identical_predictions_and_tables(tmp_path, tra
         for slot in a["slots"]:
             np.testing.assert_array_equal(a["slots"][slot], b["slots"][slot])
     assert npu_rec.table._registry.get("user") is loaded.tables[0]
+    assert loaded.tables[1].config.value_dtype == tf.bfloat16
+    assert loaded.tables[1].export()["values"].dtype.name == "bfloat16"
     # The loaded model is compiled and keeps training its tables.
     before = loaded.tables[0].export()["values"].copy()
     loaded.fit(x, (x["user"] % 2).astype("float32"), batch_size=32, epochs=1, verbose=0)

@@ -4,7 +4,7 @@ import subprocess
 import sys
 
 import pytest
-from absl import flags
+from absl import app, flags
 from absl.testing import flagsaver
 
 from npu_rec.scripts import _checkpoints, train
@@ -64,6 +64,38 @@ def test_estimator_run_on_the_shipped_criteo_sample(tmp_path, capsys):
     assert any(f.startswith("model.ckpt-10") for f in os.listdir(model_dir))
     assert any(f.startswith("events.out.tfevents") for f in os.listdir(model_dir))
     assert "eval_auc=" in capsys.readouterr().out
+
+
+def test_compact_tables_train_report_their_memory_and_resume_in_another_dtype(tmp_path, capsys):
+    """--value_dtype / --sparse_optimizer reach the tables; the summary prints their memory."""
+    from npu_rec.scripts import inspect_checkpoint
+
+    model_dir = tmp_path / "compact"
+    compact = dict(value_dtype="bfloat16", sparse_optimizer="rowwise_adagrad")
+    with flagsaver.flagsaver(**{**TINY, "max_steps": 20}, **compact, model_dir=str(model_dir)):
+        train.main(["train.py"])
+    printed = capsys.readouterr().out
+    memory = _metrics(model_dir)["table_memory"]["categorical"]
+    assert memory["live_keys"] > 1000 and "table categorical memory: live_keys=" in printed
+    full = {"live_keys", "rows", "slots", "metadata", "index", "bytes_per_live_key"}
+    assert full <= set(memory)
+    # bfloat16 rows (2 B per element, 8 per row) and one float32 accumulator per row.
+    assert memory["rows"] == 4 * memory["slots"]
+    with flagsaver.flagsaver(model_dir=str(model_dir)):
+        info = inspect_checkpoint.run()
+    table = info["tables"]["categorical"]
+    assert table["value_dtype"] == "bfloat16" and table["memory"]["slots"] == 4 * table["rows"]
+    assert "restored in memory: live_keys=" in capsys.readouterr().out
+    # Another row dtype resumes (the checkpoint converts); another optimizer would not restore.
+    with flagsaver.flagsaver(**TINY, value_dtype="float32", model_dir=str(model_dir)):
+        train.main(["train.py"])
+    m = _metrics(model_dir)
+    assert m["global_step"] == 30 and m["start_step"] == 20
+    resumed = m["table_memory"]["categorical"]
+    assert resumed["rows"] == 8 * resumed["slots"]  # float32 rows now
+    with pytest.raises(app.UsageError, match="--sparse_optimizer=adagrad conflicts"):
+        with flagsaver.flagsaver(**TINY, sparse_optimizer="adagrad", model_dir=str(model_dir)):
+            train.main(["train.py"])
 
 
 @pytest.mark.parametrize(

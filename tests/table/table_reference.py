@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import zlib
 
+import ml_dtypes  # TensorFlow's NumPy bfloat16
 import numpy as np
 
 _M64 = (1 << 64) - 1
@@ -37,8 +38,56 @@ def keyed_uniform(key: int, dim: int, name: str, scale: float = 0.05) -> np.ndar
     return out
 
 
+_SALT = 0xD1B54A32D192ED03
+#: float32 mantissa bits each compact storage dtype drops.
+_DROPPED = {"bfloat16": 16, "float16": 13}
+
+
+def _splitmix_np(z: np.ndarray) -> np.ndarray:
+    """SplitMix64 output function on a uint64 array (wrap-around arithmetic)."""
+    with np.errstate(over="ignore"):
+        z = z + np.uint64(0x9E3779B97F4A7C15)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return z ^ (z >> np.uint64(31))
+
+
+def stochastic_round(x, keys, step: int, seed: int, dtype: str) -> np.ndarray:
+    """float32 [n, dim] `x` rounded to `dtype` as npu_rec's compact rows define it.
+
+    `r = splitmix64(splitmix64(splitmix64(key ^ seed ^ SALT) + step) + element)`,
+    `u = r >> 32`; the top `d` bits of `u` (d = 16 for bfloat16, 13 for float16)
+    are added to the float32 bit pattern, the low `d` bits are cleared (Inf and
+    NaN kept), and the result is converted to `dtype` to nearest. Returns the
+    rounded values as float32 (exactly representable in `dtype`).
+    """
+    x = np.asarray(x, np.float32)
+    n, dim = x.shape
+    k = np.asarray(keys, np.int64).view(np.uint64)
+    with np.errstate(over="ignore"):
+        base = _splitmix_np(k ^ np.uint64(seed ^ _SALT))
+        row = _splitmix_np(base + np.uint64(step))
+        r = _splitmix_np(row[:, None] + np.arange(dim, dtype=np.uint64)[None, :])
+    u = r >> np.uint64(32)
+    d = _DROPPED[dtype]
+    bits = x.view(np.uint32).astype(np.uint64)
+    rounded = (bits + (u >> np.uint64(32 - d))) & np.uint64(0xFFFFFFFF ^ ((1 << d) - 1))
+    finite = (bits & np.uint64(0x7F800000)) != np.uint64(0x7F800000)
+    out = np.where(finite, rounded, bits).astype(np.uint32).view(np.float32)
+    target = ml_dtypes.bfloat16 if dtype == "bfloat16" else np.float16
+    return out.astype(target).astype(np.float32)
+
+
+def nearest(x, dtype: str) -> np.ndarray:
+    """float32 `x` rounded to nearest in `dtype` ("float32" keeps it), as float32."""
+    if dtype == "float32":
+        return np.asarray(x, np.float32)
+    target = ml_dtypes.bfloat16 if dtype == "bfloat16" else np.float16
+    return np.asarray(x, np.float32).astype(target).astype(np.float32)
+
+
 class RefOptimizer:
-    """Per-row optimizer math (float32). `kind` in sgd/adagrad/adam/ftrl."""
+    """Per-row optimizer math (float32). `kind` in sgd/adagrad/rowwise_adagrad/adam/ftrl."""
 
     def __init__(self, kind: str, **hp):
         self.kind, self.hp = kind, hp
@@ -47,6 +96,8 @@ class RefOptimizer:
         f = np.full
         if self.kind == "adagrad":
             return {"accumulator": f(dim, self.hp["initial_accumulator_value"], np.float32)}
+        if self.kind == "rowwise_adagrad":
+            return {"accumulator": f(1, self.hp["initial_accumulator_value"], np.float32)}
         if self.kind == "adam":
             return {"m": np.zeros(dim, np.float32), "v": np.zeros(dim, np.float32)}
         if self.kind == "ftrl":
@@ -63,6 +114,14 @@ class RefOptimizer:
             row["value"] = row["value"] - lr * g
         elif self.kind == "adagrad":
             acc = row["slots"]["accumulator"] + g * g
+            row["slots"]["accumulator"] = acc
+            row["value"] = row["value"] - lr * g / (np.sqrt(acc) + f32(hp["epsilon"]))
+        elif self.kind == "rowwise_adagrad":
+            squares = g * g
+            total = squares[0]
+            for d in range(1, len(g)):  # summed in element order
+                total = total + squares[d]
+            acc = row["slots"]["accumulator"] + total / np.float32(len(g))
             row["slots"]["accumulator"] = acc
             row["value"] = row["value"] - lr * g / (np.sqrt(acc) + f32(hp["epsilon"]))
         elif self.kind == "adam":
@@ -94,8 +153,12 @@ class ReferenceTable:
         eviction_threshold=-1,
         max_pending_keys=1 << 20,
         num_shards=1,
+        value_dtype="float32",
     ):
         self.name, self.dim, self.opt = name, dim, optimizer
+        #: Storage dtype of the rows: values are kept as float32 representable in it.
+        self.value_dtype = value_dtype
+        self.seed = zlib.crc32(name.encode("utf-8"))
         # Each shard bounds (and prunes) its own pending counters.
         self.num_shards = num_shards
         if num_shards > 1:
@@ -135,7 +198,7 @@ class ReferenceTable:
                         continue
                     self.pending.pop(k, None)
                 self.rows[k] = {
-                    "value": keyed_uniform(k, self.dim, self.name),
+                    "value": nearest(keyed_uniform(k, self.dim, self.name), self.value_dtype),
                     "slots": self.opt.slots(self.dim) if self.opt else {},
                     "count": total,
                     "period": total,
@@ -161,6 +224,11 @@ class ReferenceTable:
         for k, g in summed.items():
             if k in self.rows:
                 self.opt.update(self.rows[k], g, self.opt_step)
+                if self.value_dtype != "float32":
+                    value = self.rows[k]["value"][None, :]
+                    self.rows[k]["value"] = stochastic_round(
+                        value, [k], self.opt_step, self.seed, self.value_dtype
+                    )[0]
 
     def evict(self, now):
         if self.evict_after < 0:
@@ -197,7 +265,7 @@ class ReferenceTable:
             "last_seen": np.array([self.rows[k]["last"] for k in keys], np.int64),
             "slots": {
                 n: np.array([self.rows[k]["slots"][n] for k in keys], np.float32).reshape(
-                    -1, self.dim
+                    -1, self.opt.slots(self.dim)[n].size
                 )
                 for n in slot_names
             },

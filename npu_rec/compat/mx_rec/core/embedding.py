@@ -19,6 +19,7 @@ from npu_rec.compat.mx_rec.constants import constants as _c
 from npu_rec.compat.mx_rec.core.asc.feature_spec import FeatureSpec
 from npu_rec.table._base import SparseTable
 from npu_rec.table._config import global_use_dynamic_expansion
+from npu_rec.table._rounding import check_value_dtype
 
 _NO_CPU_MEANING = (
     "is_dp",
@@ -35,11 +36,22 @@ class HashTable:
 
     Attributes:
       table_name: The table's name (also `name`).
-      key_dtype, dim (int), capacity_rows: as given to `create_table`.
+      key_dtype, dim (int), capacity_rows, value_dtype: as given to `create_table`.
     """
 
-    def __init__(self, name, dim, key_dtype, initializer, capacity, num_shards, optimizer):
+    def __init__(
+        self,
+        name,
+        dim,
+        key_dtype,
+        initializer,
+        capacity,
+        num_shards,
+        optimizer,
+        value_dtype=tf.float32,
+    ):
         self.table_name = self.name = name
+        self.value_dtype = value_dtype
         self.dim = dim
         self.key_dtype = key_dtype
         self._initializer = initializer
@@ -94,6 +106,7 @@ class HashTable:
             access_threshold=self._thresholds[0],
             eviction_threshold=self._thresholds[1],
             num_shards=self._num_shards,
+            value_dtype=self.value_dtype,
         )
         _saver.COMPAT_TABLES.add(core)
         graph = self._graph()
@@ -190,7 +203,8 @@ def create_table(
     `ssd_data_path` have no meaning in one CPU process and are ignored.
 
     Raises:
-      ValueError: `value_dtype` other than float32, a host (DDR) or SSD tier
+      ValueError: `value_dtype` other than float32, bfloat16 or float16 (the
+        rows' storage dtype, `npu_rec.create_table`'s), a host (DDR) or SSD tier
         (`host_vocabulary_size`/`ssd_vocabulary_size` > 0 without dynamic
         expansion), `is_save=False`, padding keys, or several optimizers.
       TypeError: an unknown keyword.
@@ -198,11 +212,7 @@ def create_table(
     optimizer_list = kwargs.pop("optimizer_list", None)
     if kwargs:
         raise TypeError(f"create_table() got unexpected keyword arguments: {sorted(kwargs)}")
-    if tf.as_dtype(value_dtype) != tf.float32:
-        raise ValueError(
-            "`value_dtype` must be tf.float32 (npu_rec has float32 rows only for now). "
-            f"Received: value_dtype={value_dtype!r}"
-        )
+    value_dtype = check_value_dtype(value_dtype)
     if (host_vocabulary_size or ssd_vocabulary_size) and not global_use_dynamic_expansion():
         raise ValueError(
             "npu_rec keeps every row in memory: there is no host (DDR) or SSD tier yet, so "
@@ -236,7 +246,14 @@ def create_table(
             return rows * init_param
 
     return HashTable(
-        name, dim, key_dtype, initializer, device_vocabulary_size, shard_num, optimizer
+        name,
+        dim,
+        key_dtype,
+        initializer,
+        device_vocabulary_size,
+        shard_num,
+        optimizer,
+        value_dtype=value_dtype,
     )
 
 
