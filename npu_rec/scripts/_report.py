@@ -172,7 +172,10 @@ def memory_line(stats: dict) -> str:
     """One line of a `memory_stats` dict: MiB of each part and bytes per live key."""
     mib = 1 << 20
     parts = " ".join(
-        f"{k}={stats[k] / mib:.1f}MiB" for k in ("rows", "slots", "metadata", "index") if k in stats
+        f"{k}={stats[k] / mib:.1f}MiB"
+        for k in ("rows", "slots", "metadata", "index", "fallback")
+        if stats.get(k) or k != "fallback"
+        if k in stats
     )
     return (
         f"live_keys={stats['live_keys']} {parts} "

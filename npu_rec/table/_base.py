@@ -262,7 +262,8 @@ class SparseTable(abc.ABC):
           A dict of `live_keys` (keys holding a row); the bytes of `rows` (the
           rows at their storage dtype, allocated capacity included), `slots`
           (optimizer state), `metadata` (per-row counts, times, keys and free
-          list) and `index` (the key index's buckets, at least); `total_bytes`,
+          list), `index` (the key index's buckets, at least) and `fallback`
+          (the trained fallback of `not_admitted="hashed"`, else 0); `total_bytes`,
           their sum; and `bytes_per_live_key` (`total_bytes / live_keys`, 0.0
           for an empty table). Bytes count the arrays the table allocated, not
           the process's resident memory (`benchmarks/table_bench.py` measures
@@ -276,6 +277,7 @@ class SparseTable(abc.ABC):
         else:
             raw = {k: v.numpy() for k, v in self.build_memory_stats().items()}
         out: dict[str, int | float] = {k: int(v) for k, v in raw.items()}
+        out["fallback"] = self.fallback.nbytes() if self.fallback is not None else 0
         total = sum(v for k, v in out.items() if k in _BYTE_FIELDS)
         out["total_bytes"] = total
         out["bytes_per_live_key"] = total / out["live_keys"] if out["live_keys"] else 0.0
@@ -603,7 +605,7 @@ class TableEvictor:
 
 
 #: The `memory_stats` fields that are bytes of the table's arrays.
-_BYTE_FIELDS = ("rows", "slots", "metadata", "index")
+_BYTE_FIELDS = ("rows", "slots", "metadata", "index", "fallback")
 
 
 def key_times(times, index, num_keys, batch_time) -> tf.Tensor:

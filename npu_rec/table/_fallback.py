@@ -166,7 +166,12 @@ class HashedFallback:
     def variables(self) -> list[tf.Variable]:
         return [self.values, self.step, *self.slots.values()]
 
+    def nbytes(self) -> int:
+        """Bytes of the fallback's rows, slots and step counter."""
+        return int(sum(v.shape.num_elements() * v.dtype.size for v in self.variables()))
+
     # ------------------------------------------------------------ lookups
+
     def rows_of(self, keys: tf.Tensor) -> tf.Tensor:
         """float32 [n, dim]: the fallback rows of int64 `keys` (their current values)."""
         return tf.gather(self.values, bucket_of(keys, self.buckets))

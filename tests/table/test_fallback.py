@@ -200,6 +200,19 @@ def test_fallback_uses_the_tables_optimizer_with_its_own_slots():
     )
 
 
+def test_memory_stats_count_the_fallback_rows_and_slots():
+    kwargs = dict(optimizer=npu_rec.optimizers.Adagrad(0.1), capacity=64, access_threshold=2)
+    plain = npu_rec.create_table("mem_zeros", 4, **kwargs)
+    hashed = npu_rec.create_table(
+        "mem_hashed", 4, not_admitted="hashed", fallback_buckets=100, **kwargs
+    )
+    without, with_ = plain.memory_stats(), hashed.memory_stats()
+    assert without["fallback"] == 0
+    # rows and Adagrad accumulators of 100 x 4 float32, plus the int64 step counter
+    assert with_["fallback"] == 2 * 100 * 4 * 4 + 8
+    assert with_["total_bytes"] == without["total_bytes"] + with_["fallback"]
+
+
 def test_an_optimizer_bound_later_gets_fallback_slots_too():
     table = npu_rec.create_table(
         "late", 2, access_threshold=2, not_admitted="hashed", fallback_buckets=3
