@@ -174,8 +174,7 @@ def memory_line(stats: dict) -> str:
     parts = " ".join(
         f"{k}={stats[k] / mib:.1f}MiB"
         for k in ("rows", "slots", "metadata", "index", "fallback")
-        if stats.get(k) or k != "fallback"
-        if k in stats
+        if k in stats and (stats[k] or k != "fallback")  # no fallback: not printed
     )
     return (
         f"live_keys={stats['live_keys']} {parts} "
