@@ -240,6 +240,9 @@ class KafkaSource(MinibatchSource):
         self._assigned: list[int] = []
         self._consumer = None
         self._lock = threading.Lock()  # the consumer: reading thread vs checkpoint_committed
+        self._idle = threading.Condition(self._lock)  # notified when a consume() returns
+        self._reading = False  # a thread is in consume()
+        self._pending_commit = None  # offsets to commit once no consume() runs
         self._sweep = 0
         self._last_pause_log = -math.inf
         self._reset_buffer()
@@ -331,12 +334,21 @@ class KafkaSource(MinibatchSource):
         offsets = [
             ck.TopicPartition(self.topic, int(p), int(o)) for p, o in state["offsets"].items()
         ]
+        with self._lock:
+            self._pending_commit = offsets
+            # A commit made while another thread waits in consume() can wait as long as
+            # that thread keeps consuming (a quiet stream): the reading thread commits it
+            # when its consume() returns.
+            if not self._reading:
+                self._commit_pending()
+
+    def _commit_pending(self) -> None:
+        """Sends the offsets `checkpoint_committed` left (asynchronously); lock held."""
+        offsets, self._pending_commit = self._pending_commit, None
+        if not offsets:
+            return
         try:
-            with self._lock:
-                consumer = self._get_consumer()
-            # Asynchronous: a synchronous commit would wait for a reply that the reading
-            # thread's consume() may take; failures reach `_on_commit`.
-            consumer.commit(offsets=offsets, asynchronous=True)
+            self._get_consumer().commit(offsets=offsets, asynchronous=True)
         except Exception as err:  # monitoring only: training goes on
             _logger.warning(
                 "KafkaSource: could not commit offsets of topic %r: %s", self.topic, err
@@ -351,12 +363,16 @@ class KafkaSource(MinibatchSource):
     def close(self) -> None:
         """Closes the consumer; the position (consumed offsets) is kept."""
         with self._lock:
+            # A reading thread still in consume() is let finish (at most `max_wait_ms`).
+            self._idle.wait_for(lambda: not self._reading, timeout=self._max_wait + 30)
+            if self._consumer is not None:
+                self._commit_pending()
             consumer, self._consumer = self._consumer, None
         self._shard = None
         self._reset_buffer()
         if consumer is not None:
             consumer.poll(0)  # serves pending commit callbacks
-            consumer.close()
+            consumer.close()  # waits for the commits in flight
 
     def error_report(self) -> dict:
         """Skipped malformed messages so far (with `on_error="skip"`).
@@ -463,7 +479,16 @@ class KafkaSource(MinibatchSource):
 
     def _fetch(self, want: int, timeout: float) -> None:
         ck = _kafka()
-        messages = self._consumer.consume(max(min(want, 100_000), 1000), timeout)
+        with self._lock:
+            consumer = self._get_consumer()
+            self._reading = True
+        try:
+            messages = consumer.consume(max(min(want, 100_000), 1000), timeout)
+        finally:
+            with self._lock:
+                self._reading = False
+                self._commit_pending()
+                self._idle.notify_all()
         if not messages:
             return
         good = []

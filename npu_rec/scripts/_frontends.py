@@ -156,6 +156,7 @@ def run_keras(s: RunSettings, plan: _data.DataPlan, *, train: bool = True):
             ckpt.prepare(model)
     finally:
         log.close()
+        source.close()  # a stream's consumer: the last committed offsets reach the broker
     log.start = ckpt.restored_step or 0
     seconds = time.perf_counter() - start
     results = model.evaluate(
@@ -255,7 +256,11 @@ def run_estimator(s: RunSettings, plan: _data.DataPlan, *, train: bool = True):
     start = time.perf_counter()
     try:  # an error prints on a line of its own, after the closed progress bar
         if train and start_step < s.max_steps:
-            est.train(_data.train_input_fn(plan, s.batch_size), max_steps=s.max_steps, hooks=hooks)
+            input_fn = _data.train_input_fn(plan, s.batch_size)
+            try:
+                est.train(input_fn, max_steps=s.max_steps, hooks=hooks)
+            finally:
+                input_fn.source.close()  # as in run_keras
     finally:
         log.close()
     seconds = time.perf_counter() - start
