@@ -1,11 +1,7 @@
 """KafkaSource against a Kafka cluster on 127.0.0.1 (librdkafka's mock cluster, in its own process)."""
 
 import json
-import os
-import subprocess
-import sys
 import time
-import uuid
 
 import numpy as np
 import pytest
@@ -13,8 +9,8 @@ import pytest
 ck = pytest.importorskip("confluent_kafka")
 
 from npu_rec.data import CsvSource, KafkaSource, MalformedRecordError, as_dataset  # noqa: E402
+from tests.kafka_broker import mock_broker, produce, topic_with  # noqa: E402
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 COLUMNS = ["label", "rid", "x", "c", "tags"]
 ROLES = dict(label="label", dense=("rid", "x"), categorical=("c",), multi_valued=("tags",))
 
@@ -22,48 +18,14 @@ ROLES = dict(label="label", dense=("rid", "x"), categorical=("c",), multi_valued
 @pytest.fixture(scope="module")
 def broker():
     """The cluster's bootstrap address; the broker process stops at the end of the module."""
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            os.path.join(ROOT, "benchmarks", "kafka_mock_broker.py"),
-            "--seconds=240",
-            "--stop_on_stdin_eof",
-        ],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        address = proc.stdout.readline().strip()
-        assert address.startswith("127.0.0.1:"), address
+    with mock_broker() as address:
         yield address
-    finally:
-        proc.stdin.close()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def line(i):
     x = "" if i % 5 == 0 else repr(i * 0.5)
     c = "" if i % 7 == 0 else f"v{i % 4}"
     return f"{i % 2},{i},{x},{c},{'|'.join(f't{j}' for j in range(i % 3))}"
-
-
-def produce(address, topic, messages, partition_of=lambda i: i % 4):
-    producer = ck.Producer({"bootstrap.servers": address})
-    for i, m in enumerate(messages):
-        value = m if isinstance(m, bytes) else m.encode()
-        producer.produce(topic, value, partition=partition_of(i))
-    assert producer.flush(20) == 0
-
-
-def topic_with(address, messages, **kwargs):
-    topic = f"t-{uuid.uuid4().hex[:8]}"
-    produce(address, topic, messages, **kwargs)
-    return topic
 
 
 def source(address, topic, **kwargs):
