@@ -1,7 +1,9 @@
 """`KafkaSource`: click logs read from a Kafka topic, with offsets kept in the checkpoint.
 
 A message is one record: a delimited line in `columns` order (`format="csv"`,
-parsed by the same code as `CsvSource`) or a JSON object (`format="json"`).
+parsed by the same code as `CsvSource`), a JSON object (`format="json"`) or a
+serialized `tf.train.Example` (`format="tf_example"`, parsed by the same code as
+`TFRecordSource`).
 Values are converted and checked by the file sources' rules (hashing, fills,
 non-finite values, `label_domain`); a malformed message raises
 `MalformedRecordError` naming the topic, partition and offset, or is skipped
@@ -42,6 +44,7 @@ from npu_rec.data._source import (
     check_int,
     check_sharding,
 )
+from npu_rec.data._tfrecord import TFRecordSource
 
 _logger = logging.getLogger("npu_rec.data")
 
@@ -109,13 +112,15 @@ class KafkaSource(MinibatchSource):
       topic: the topic.
       bootstrap_servers: "host:port[,host:port...]" of the cluster.
       columns: the fields of a CSV message, in order (required for "csv";
-        JSON messages name their fields).
+        JSON messages and Examples name their fields).
       label: the label column.
       dense: dense numeric columns.
       categorical: categorical columns (JSON: strings or integers, hashed as
         their text like CSV fields).
       multi_valued: multi-valued columns (`a|b` text; JSON also lists).
-      format: "csv" (one message = one delimited line) or "json" (one object).
+      format: "csv" (one message = one delimited line), "json" (one object) or
+        "tf_example" (one serialized `tf.train.Example`; features as in
+        `TFRecordSource`, their kinds read from the first message).
       delimiter: the CSV field separator (one character).
       separator: the item separator of multi-valued text.
       partitions: the partitions to read (default all of the topic's).
@@ -150,6 +155,13 @@ class KafkaSource(MinibatchSource):
     _diagnose = CsvSource._diagnose
     _check_values = RowSource._check_values
     _file_index = RowSource._file_index
+    # `tf.train.Example` messages: the parsing and value-count rules of `TFRecordSource`.
+    _detect_kinds = TFRecordSource._detect_kinds
+    _spec = TFRecordSource._spec
+    _converter = TFRecordSource._converter
+    _convert_batch = TFRecordSource._convert_batch
+    _parse_slowly = TFRecordSource._parse_slowly
+    _to_columns = TFRecordSource._to_columns
 
     def __init__(
         self,
@@ -181,8 +193,10 @@ class KafkaSource(MinibatchSource):
                 "`bootstrap_servers` must be 'host:port[,host:port...]'. "
                 f"Received: bootstrap_servers={bootstrap_servers!r}"
             )
-        if format not in ("csv", "json"):
-            raise ValueError(f"`format` must be 'csv' or 'json'. Received: format={format!r}")
+        if format not in ("csv", "json", "tf_example"):
+            raise ValueError(
+                f"`format` must be 'csv', 'json' or 'tf_example'. Received: format={format!r}"
+            )
         if on_error not in ("raise", "skip"):
             raise ValueError(
                 f"`on_error` must be 'raise' or 'skip'. Received: on_error={on_error!r}"
@@ -233,6 +247,7 @@ class KafkaSource(MinibatchSource):
         self._types = {c: pa.float64() for c in self._numeric}
         self._types.update({c: pa.dictionary(pa.int32(), pa.string()) for c in self._roles[2]})
         self._types.update({c: pa.string() for c in self._roles[3]})
+        self._kinds = None  # tf_example: the feature kinds, read from the first message
         self._files = [topic]  # where the shared value checks name a record (see _MessageErrors)
         self._errors = _MessageErrors(ErrorLog(on_error), topic)
         self._offsets: dict[int, int] = {}  # partition -> next unread offset (consumed)
@@ -517,8 +532,10 @@ class KafkaSource(MinibatchSource):
         self._errors.parts, self._errors.offsets = parts, offs
         if self._format == "csv":
             cols, rows = self._parse_csv_messages(values)
-        else:
+        elif self._format == "json":
             cols, rows = self._parse_json_messages(values)
+        else:
+            cols, rows = self._parse_example_messages(values)
         cols, rows = self._check_values(None, cols, rows)
         self._errors.parts = self._errors.offsets = None
         try:
@@ -555,6 +572,42 @@ class KafkaSource(MinibatchSource):
         self._errors.parts, self._errors.offsets = parts[idx], offs[idx]
         try:
             cols, rows = self._parse_csv(self.topic, self._names, data, 0, 0, False, table)
+        finally:
+            self._errors.parts, self._errors.offsets = parts, offs
+        return cols, idx[rows]
+
+    def _parse_example_messages(self, values):
+        import tensorflow as tf
+
+        ok = np.array([v is not None for v in values], bool)
+        for j in np.flatnonzero(~ok):
+            self._errors.record(None, None, j, "empty message (null value)")
+        idx = np.flatnonzero(ok)
+        if not len(idx):
+            return C.empty_like(self._streams), idx
+        raw = [values[j] for j in idx]
+        if self._kinds is None:
+            self._kinds = self._detect_kinds(raw[0])
+        # Rows are numbered by their index among `idx`; the error log maps them back.
+        parts, offs = self._errors.parts, self._errors.offsets
+        self._errors.parts, self._errors.offsets = parts[idx], offs[idx]
+        try:
+            try:
+                _, _, lengths, parsed = self._converter()(tf.constant(raw))
+            except (tf.errors.InvalidArgumentError, UnicodeDecodeError):  # name the non-Examples
+                block = np.empty(len(raw), object)
+                block[:] = raw
+                cols, rows = self._parse_slowly(self.topic, block, 0, 0)
+            else:
+                n = len(raw)
+                cols, rows = self._to_columns(
+                    self.topic,
+                    n,
+                    {c: v.numpy() for c, v in lengths.items()},
+                    {c: v.numpy() for c, v in parsed.items()},
+                    np.arange(n, dtype=np.int64),
+                    np.ones(n, bool),
+                )
         finally:
             self._errors.parts, self._errors.offsets = parts, offs
         return cols, idx[rows]

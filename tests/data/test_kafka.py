@@ -217,3 +217,68 @@ def test_stop_at_end_ends_a_sweep_after_every_message(broker):
         ends += mb[src.stream("rid")].sweep_end
     assert sorted(rids) == list(range(50))
     src.close()
+
+
+def example(i, **override):
+    """Row `line(i)` as a serialized tf.train.Example (a feature set to None is left out)."""
+    import tensorflow as tf
+
+    values = {
+        "label": [float(i % 2)],
+        "rid": [float(i)],
+        "x": [] if i % 5 == 0 else [i * 0.5],
+        "c": [] if i % 7 == 0 else [f"v{i % 4}".encode()],
+        "tags": [f"t{j}".encode() for j in range(i % 3)],
+        **override,
+    }
+    feature = {}
+    for name, v in values.items():
+        if v is None:
+            continue
+        if v and isinstance(v[0], bytes):
+            feature[name] = tf.train.Feature(bytes_list=tf.train.BytesList(value=v))
+        elif name in ("c", "tags"):
+            feature[name] = tf.train.Feature(bytes_list=tf.train.BytesList(value=v))
+        else:
+            feature[name] = tf.train.Feature(float_list=tf.train.FloatList(value=v))
+    return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
+
+
+def test_tf_example_messages_match_the_csv_source_and_name_bad_ones(broker, tmp_path):
+    n = 30
+    msgs = [example(i) for i in range(n)]
+    bad = {
+        3: b"not a protobuf \xff\xff",
+        8: example(8, label=None),
+        11: example(11, x=[float("inf")]),
+        17: example(17, c=[b"a", b"b"]),
+    }
+    for j, m in bad.items():
+        msgs[j] = m
+    topic = topic_with(broker, msgs, partition_of=lambda i: 1)
+    with pytest.raises(MalformedRecordError, match=rf"topic '{topic}' partition 1, offset 3: "):
+        with source(broker, topic, format="tf_example") as strict:
+            strict.next_minibatch(4)
+    good = [i for i in range(n) if i not in bad]
+    path = tmp_path / "rows.csv"
+    path.write_text(",".join(COLUMNS) + "\n" + "\n".join(line(i) for i in good) + "\n")
+    src = source(broker, topic, format="tf_example", on_error="skip")
+    with CsvSource(str(path), **ROLES) as csv:
+        a, b = src.next_minibatch(len(good)), csv.next_minibatch(len(good))
+        for name in COLUMNS:
+            x, y = a[src.stream(name)].data, b[csv.stream(name)].data
+            if name == "tags":
+                np.testing.assert_array_equal(x.values.numpy(), y.values.numpy())
+                np.testing.assert_array_equal(x.row_splits.numpy(), y.row_splits.numpy())
+            else:
+                np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    report = src.error_report()
+    assert [e["offset"] for e in report["examples"]] == sorted(bad)
+    assert all(e["file"] == f"topic '{topic}' partition 1" for e in report["examples"])
+    reasons = [e["reason"] for e in report["examples"]]
+    assert "not a valid tf.train.Example" in reasons[0]
+    assert "label 'label' must hold 1-1 values, found 0" in reasons[1]
+    assert "non-finite value inf" in reasons[2]
+    assert "categorical feature 'c' must hold 0-1 values, found 2" in reasons[3]
+    assert src.get_checkpoint_state()["offsets"]["1"] == n
+    src.close()
