@@ -77,14 +77,22 @@ def test_a_restored_source_reads_every_row_once(broker):
     again.close()
 
 
-def test_workers_read_disjoint_partitions_and_together_every_row(broker):
+def test_workers_read_disjoint_partitions_and_together_every_row_across_a_restart(broker):
     n = 120
     topic = topic_with(broker, [line(i) for i in range(n)])
     a, b = source(broker, topic), source(broker, topic)
-    ra, rb = read_rids(a, 10, 6, 2, 0), read_rids(b, 10, 6, 2, 1)
+    ra, rb = read_rids(a, 10, 6, 2, 0), read_rids(b, 10, 2, 2, 1)
+    saved = json.loads(json.dumps(b.get_checkpoint_state()))
+    assert sorted(saved["offsets"]) == ["1", "3"]  # only its own partitions
+    read_rids(b, 10, 2, 2, 1)  # worker 1 reads on, then is killed: lost with its process
+    b.close()
+    b = source(broker, topic)
+    b.restore_from_checkpoint(saved)
+    rb += read_rids(b, 10, 4, 2, 1)
     assert a.assigned_partitions == [0, 2] and b.assigned_partitions == [1, 3]
     assert {i % 4 for i in ra} == {0, 2} and {i % 4 for i in rb} == {1, 3}
     assert sorted(ra + rb) == list(range(n))
+    assert sum(b.get_checkpoint_state()["offsets"].values()) == 60
     a.close()
     b.close()
 
