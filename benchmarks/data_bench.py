@@ -41,7 +41,7 @@ _TFRECORD_ROWS = flags.DEFINE_integer(
 )
 _KAFKA_ROWS = flags.DEFINE_integer(
     "kafka_rows",
-    50_000,
+    100_000,
     "Rows of the file also written into a Kafka topic on a local broker for the KafkaSource "
     "row (0: no Kafka row; needs confluent-kafka).",
     lower_bound=0,
@@ -123,12 +123,35 @@ def _kafka_rows(tsv: str, n: int, batch: int, add, results) -> None:
             with src:
                 return _sweep(src, batch)
 
+        def consume_only():
+            """The client alone: every message of the topic taken, nothing parsed."""
+            c = confluent_kafka.Consumer(
+                {"bootstrap.servers": address, "group.id": "raw", "enable.partition.eof": True}
+            )
+            c.assign([confluent_kafka.TopicPartition("bench", p, 0) for p in range(4)])
+            got = ends = 0
+            while ends < 4:
+                for m in c.consume(4096, 1.0):
+                    if m.error() is None:
+                        got += 1
+                    else:
+                        ends += 1
+            c.close()
+            return got
+
         n_csv, s_csv = _timed(lambda: _sweep(npd.CsvSource.criteo(head), batch))
         add("CsvSource (Kafka's rows)", n_csv, s_csv, f"the {n_csv} rows in the topic, from a file")
         n_k, s_k = _timed(kafka)
         ratio = (n_k / s_k) / (n_csv / s_csv)
         add(
             "KafkaSource", n_k, s_k, f"local broker, 4 partitions; {ratio:.2f}x CsvSource same rows"
+        )
+        n_c, s_c = _timed(consume_only)
+        add(
+            "confluent-kafka consume",
+            n_c,
+            s_c,
+            f"the client alone, no parsing; KafkaSource is {(n_k / s_k) / (n_c / s_c):.2f}x it",
         )
     finally:
         broker.stdin.close()

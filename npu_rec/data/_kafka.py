@@ -50,6 +50,7 @@ _logger = logging.getLogger("npu_rec.data")
 
 PAUSE_LOG_SECONDS = 60.0  # a quiet stream is logged at most this often
 _METADATA_SECONDS = 30.0  # how long to wait for the topic's partitions
+BLOCK_MESSAGES = 65536  # messages parsed at once, at most
 
 
 def _kafka():
@@ -498,7 +499,15 @@ class KafkaSource(MinibatchSource):
             consumer = self._get_consumer()
             self._reading = True
         try:
-            messages = consumer.consume(max(min(want, 100_000), 1000), timeout)
+            n = max(min(want, BLOCK_MESSAGES), 1000)
+            messages = consumer.consume(n, timeout)
+            # More may already wait in the client's queue: take them without waiting, so
+            # a busy topic is parsed in large blocks (a block's fixed costs amortised).
+            while len(messages) >= n and len(messages) < BLOCK_MESSAGES:
+                more = consumer.consume(BLOCK_MESSAGES - len(messages), 0)
+                if not more:
+                    break
+                messages += more
         finally:
             with self._lock:
                 self._reading = False
@@ -506,28 +515,27 @@ class KafkaSource(MinibatchSource):
                 self._idle.notify_all()
         if not messages:
             return
-        good = []
+        parts, offs, values = [], [], []
         for m in messages:
             err = m.error()
             if err is None:
-                good.append(m)
+                parts.append(m.partition())
+                offs.append(m.offset())
+                values.append(m.value())
             elif err.code() == ck.KafkaError._PARTITION_EOF:
                 self._eof[m.partition()] = m.offset()
             elif err.fatal() or not err.retriable():
                 raise RuntimeError(f"KafkaSource: reading topic {self.topic!r} failed: {err}")
             else:
                 _logger.warning("KafkaSource: topic %r: %s (retrying)", self.topic, err)
-        if good:
-            self._add_block(good)
+        if values:
+            self._add_block(np.array(parts, np.int64), np.array(offs, np.int64), values)
 
     # -- parsing ------------------------------------------------------------
 
-    def _add_block(self, messages) -> None:
-        n = len(messages)
-        parts = np.fromiter((m.partition() for m in messages), np.int64, n)
-        offs = np.fromiter((m.offset() for m in messages), np.int64, n)
-        values = [m.value() for m in messages]
-        ends = dict(zip(parts.tolist(), (offs + 1).tolist(), strict=True))  # per partition: last
+    def _add_block(self, parts: np.ndarray, offs: np.ndarray, values: list) -> None:
+        # per partition: the offset after its last message
+        ends = dict(zip(parts.tolist(), (offs + 1).tolist(), strict=True))
         self._fetched.update(ends)
         self._errors.parts, self._errors.offsets = parts, offs
         if self._format == "csv":
@@ -549,6 +557,12 @@ class KafkaSource(MinibatchSource):
             self._pop_done()  # a first block of malformed messages only
 
     def _parse_csv_messages(self, values):
+        try:  # the usual block: no null message, no line break inside one
+            data = b"\n".join(values) + b"\n"
+        except TypeError:  # a null message
+            data = None
+        if data is not None and data.count(b"\n") == len(values):
+            return self._parse_csv_block(data, np.arange(len(values)))
         ok = np.ones(len(values), bool)
         for j, v in enumerate(values):
             if v is None or b"\n" in v:
@@ -562,7 +576,10 @@ class KafkaSource(MinibatchSource):
         idx = np.flatnonzero(ok)
         if not len(idx):
             return C.empty_like(self._streams), idx
-        data = b"\n".join(values[j] for j in idx) + b"\n"
+        return self._parse_csv_block(b"\n".join(values[j] for j in idx) + b"\n", idx)
+
+    def _parse_csv_block(self, data: bytes, idx: np.ndarray):
+        """Parses the lines `data` of the block's messages `idx`; (columns, message indices)."""
         try:
             table = self._arrow(self._names, data)
         except pa.ArrowInvalid:
