@@ -342,7 +342,9 @@ class KafkaSource(MinibatchSource):
         The front ends call it once the checkpoint that holds `state` is committed
         (never earlier), so the group's offsets on the broker trail the checkpoints
         and show the consumer lag. Reading never starts from them unless
-        `start="committed"`. A failure is logged, never raised.
+        `start="committed"`. It never waits: the commit is asynchronous, and sent by
+        the reading thread when that thread is in `consume()` (`close()` sends what is
+        left and waits for it). A failure is logged, never raised.
         """
         if not state or state.get("topic") != self.topic or not state.get("offsets"):
             return

@@ -290,3 +290,24 @@ def test_tf_example_messages_match_the_csv_source_and_name_bad_ones(broker, tmp_
     assert "categorical feature 'c' must hold 0-1 values, found 2" in reasons[3]
     assert src.get_checkpoint_state()["offsets"]["1"] == n
     src.close()
+
+
+def test_a_commit_while_another_thread_waits_on_a_quiet_stream_does_not_wait(broker):
+    import threading
+
+    topic = topic_with(broker, [line(i) for i in range(16)])
+    src = source(broker, topic, group_id=f"g-{topic}", max_wait_ms=3000)
+    read_rids(src, 16, 1)
+    state = src.get_checkpoint_state()
+    reader = threading.Thread(target=src.next_minibatch, args=(8,))  # waits: nothing left
+    reader.start()
+    time.sleep(0.5)
+    start = time.monotonic()
+    src.checkpoint_committed(state)  # a save's commit, while the reader waits in consume()
+    assert time.monotonic() - start < 1.0
+    reader.join(timeout=30)
+    src.close()  # sends what is left and waits for it
+    admin = ck.Consumer({"bootstrap.servers": broker, "group.id": f"g-{topic}"})
+    got = admin.committed([ck.TopicPartition(topic, p) for p in range(4)], timeout=10)
+    assert [tp.offset for tp in got] == [4, 4, 4, 4]
+    admin.close()
