@@ -168,8 +168,10 @@ def _model_fn(features, labels, mode):
 
 
 class _RecordIds(tf.compat.v1.train.SessionRunHook):
-    def __init__(self, seen):
-        self.seen = seen
+    """Records the rows of each step; `crash_at`: raises after that step (a kill, no save)."""
+
+    def __init__(self, seen, crash_at=None):
+        self.seen, self.crash_at, self.steps = seen, crash_at, 0
 
     def begin(self):
         self._rid = tf.compat.v1.get_collection("rid")[0]
@@ -179,9 +181,12 @@ class _RecordIds(tf.compat.v1.train.SessionRunHook):
 
     def after_run(self, run_context, run_values):
         self.seen.extend(int(r) for r in np.ravel(run_values.results))
+        self.steps += 1
+        if self.steps == self.crash_at:
+            raise KeyboardInterrupt("killed")
 
 
-def estimator_run(broker, topic, model_dir, max_steps, seen):
+def estimator_run(broker, topic, model_dir, max_steps, seen, *, workers=1, rank=0, crash_at=None):
     src = source(broker, topic)
     est = E.NPUEstimator(
         _model_fn,
@@ -194,7 +199,9 @@ def estimator_run(broker, topic, model_dir, max_steps, seen):
     )
     try:
         est.train(
-            as_input_fn(src, BATCH, num_sweeps=None), hooks=[_RecordIds(seen)], max_steps=max_steps
+            as_input_fn(src, BATCH, num_sweeps=None, number_of_workers=workers, worker_rank=rank),
+            hooks=[_RecordIds(seen, crash_at)],
+            max_steps=max_steps,
         )
     finally:
         src.close()
@@ -218,4 +225,28 @@ def test_estimator_restore_model_version_rewinds_the_offsets(broker, tmp_path):
     assert len(again) == 2 * BATCH
     assert not set(again) & set(first[: 4 * BATCH])
     assert sorted(first[: 4 * BATCH] + again) == below(offsets(6))
+    npu_rec.shutdown()
+
+
+def test_estimator_workers_read_disjoint_partitions_and_resume_after_a_kill(broker, tmp_path):
+    n = 96
+    topic = rows_topic(broker, n)
+
+    def offsets(worker, step):
+        return load_position(str(tmp_path / worker / f"data_position-{step}.json"))["offsets"]
+
+    npu_rec.shutdown()
+    npu_rec.init()
+    w0, w1, w1_killed = [], [], []
+    estimator_run(broker, topic, tmp_path / "w0", 6, w0, workers=2, rank=0)
+    with pytest.raises(KeyboardInterrupt):
+        estimator_run(broker, topic, tmp_path / "w1", 6, w1_killed, workers=2, rank=1, crash_at=3)
+    assert {r % 4 for r in w0} == {0, 2} and {r % 4 for r in w1_killed} <= {1, 3}
+    npu_rec.shutdown()
+    npu_rec.init()
+    estimator_run(broker, topic, tmp_path / "w1", 6, w1, workers=2, rank=1)
+    lineage1 = w1_killed[: 2 * BATCH] + w1  # resumed from the save at step 2
+    assert sorted(w0 + lineage1) == list(range(n))
+    assert sorted(lineage1) == below(offsets("w1", 6))
+    assert set(offsets("w1", 6)) == {"1", "3"}
     npu_rec.shutdown()
