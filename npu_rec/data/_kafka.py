@@ -256,7 +256,7 @@ class KafkaSource(MinibatchSource):
         self._assigned: list[int] = []
         self._consumer = None
         self._lock = threading.Lock()  # the consumer: reading thread vs checkpoint_committed
-        self._idle = threading.Condition(self._lock)  # notified when a consume() returns
+        self._call = threading.Lock()  # held by a next_minibatch call
         self._reading = False  # a thread is in consume()
         self._pending_commit = None  # offsets to commit once no consume() runs
         self._sweep = 0
@@ -284,6 +284,10 @@ class KafkaSource(MinibatchSource):
 
     def next_minibatch(self, num_samples, number_of_workers=1, worker_rank=0):
         b, w, r = check_sharding(num_samples, number_of_workers, worker_rank)
+        with self._call:  # `close()` from another thread waits for this call
+            return self._next(b, w, r)
+
+    def _next(self, b: int, w: int, r: int):
         self._assign(w, r)
         deadline = time.monotonic() + self._max_wait
         while self._buffered < b and not self._at_end():
@@ -380,14 +384,19 @@ class KafkaSource(MinibatchSource):
 
     def close(self) -> None:
         """Closes the consumer; the position (consumed offsets) is kept."""
-        with self._lock:
-            # A reading thread still in consume() is let finish (at most `max_wait_ms`).
-            self._idle.wait_for(lambda: not self._reading, timeout=self._max_wait + 30)
-            if self._consumer is not None:
-                self._commit_pending()
-            consumer, self._consumer = self._consumer, None
-        self._shard = None
-        self._reset_buffer()
+        # A `next_minibatch` running in another thread (a dataset's read-ahead) is let
+        # finish: it returns within `max_wait_ms` plus the parsing of one block.
+        called = self._call.acquire(timeout=self._max_wait + 60)
+        try:
+            with self._lock:
+                if self._consumer is not None:
+                    self._commit_pending()
+                consumer, self._consumer = self._consumer, None
+            self._shard = None
+            self._reset_buffer()
+        finally:
+            if called:
+                self._call.release()
         if consumer is not None:
             consumer.poll(0)  # serves pending commit callbacks
             consumer.close()  # waits for the commits in flight
@@ -514,7 +523,6 @@ class KafkaSource(MinibatchSource):
             with self._lock:
                 self._reading = False
                 self._commit_pending()
-                self._idle.notify_all()
         if not messages:
             return
         parts, offs, values = [], [], []

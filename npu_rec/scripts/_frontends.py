@@ -108,6 +108,15 @@ def _result(s, plan, log, eval_results, sizes, step, seconds) -> dict:
     }
 
 
+def _close_stream(source) -> None:
+    """Closes a stream source after training: its last committed offsets reach the broker.
+
+    File sources stay as they are (nothing to tell anyone; the process ends soon).
+    """
+    if isinstance(source, npu_rec.data.KafkaSource):
+        source.close()
+
+
 # --------------------------------------------------------------------- Keras
 def keras_model(s: RunSettings, plan: _data.DataPlan):
     """The compiled `RecModel` of the run."""
@@ -156,7 +165,7 @@ def run_keras(s: RunSettings, plan: _data.DataPlan, *, train: bool = True):
             ckpt.prepare(model)
     finally:
         log.close()
-        source.close()  # a stream's consumer: the last committed offsets reach the broker
+        _close_stream(source)
     log.start = ckpt.restored_step or 0
     seconds = time.perf_counter() - start
     results = model.evaluate(
@@ -260,7 +269,7 @@ def run_estimator(s: RunSettings, plan: _data.DataPlan, *, train: bool = True):
             try:
                 est.train(input_fn, max_steps=s.max_steps, hooks=hooks)
             finally:
-                input_fn.source.close()  # as in run_keras
+                _close_stream(input_fn.source)
     finally:
         log.close()
     seconds = time.perf_counter() - start
