@@ -1,27 +1,36 @@
 r"""Exactly once from Kafka: SIGKILLs during training from a topic, then restarts.
 
-It starts a Kafka cluster on 127.0.0.1 (`kafka_mock_broker.py`), writes generated
-Criteo rows into a 4-partition topic, and for each front end trains with
-`npu_rec.scripts.train --kafka=... --topic=...` (step saves every 2 steps) in a
-subprocess that is SIGKILLed (its process group) a random delay after it commits a
-new version, `--kills` times, the same command restarted each time; a last run
-trains to `--max_steps`. Then, for every committed version of the model_dir, it
-checks the saved reading position: the offsets of the next unread message of every
-partition sum to `step * batch_size`, so the rows trained on by that version's
-lineage are exactly the messages before those offsets, each once (a run killed
-after a save and restarted re-read nothing the checkpoint had trained on and lost
-nothing). It also checks that the group's offsets on the broker are never ahead of
-the newest committed version.
+It starts a Kafka cluster on 127.0.0.1 (`kafka_mock_broker.py`) and writes N
+generated Criteo rows into a 4-partition topic, row i carrying the text
+`row<i>` in its last categorical column (C26): a key no other row shares. For
+each front end it trains from the topic in a subprocess (Keras:
+`npu_rec.scripts.online_train`, step saves plus timed delta saves; Estimator:
+`npu_rec.scripts.train --frontend=estimator`, step saves) that is SIGKILLed (its
+process group) at a random point after it commits a new version, `--kills`
+times, the same command restarted each time; a last run trains to
+`--max_steps`, where the N rows are used up.
+
+What a version trained on is read from the committed checkpoint itself: the
+table keeps per key the number of training lookups (`counts`, saved with each
+version and restored with it), so the `row<i>` keys of a version's table are the
+rows its whole lineage trained on, with multiplicity, across every kill and
+restart. For every committed version it checks:
+  * each row key has count 1 (no row trained twice), and the rows are exactly
+    the messages before the version's saved offsets (its reading position), so
+    the next run starts at the first row the version has not trained on;
+  * the offsets sum to `step * batch_size`;
+and for the final version that its rows are the N rows produced (none lost), and
+that the group's offsets on the broker are not ahead of it (they may trail it: a
+process killed right after a commit may not have sent that commit's offsets).
 
 Usage:
   python benchmarks/kafka_exactly_once.py --mode=short        # 1 kill per front end (CI)
-  python benchmarks/kafka_exactly_once.py --mode=long --kills=10 --out=kafka.json
+  python benchmarks/kafka_exactly_once.py --mode=long --out=kafka.json   # 10 kills each
 """
 
 from __future__ import annotations
 
 import argparse
-import glob
 import json
 import os
 import random
@@ -35,6 +44,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 BATCH = 32
+ROW_COLUMN = "C26"  # carries "row<i>"
+TABLE = "categorical"  # the scripts' table shared by the categorical columns
 
 
 def _env() -> dict:
@@ -62,30 +73,94 @@ def start_broker(seconds: float):
 
 
 def command(frontend, address, topic, model_dir, max_steps) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "npu_rec.scripts.train",
-        f"--frontend={frontend}",
+    common = [
         f"--kafka={address}",
         f"--topic={topic}",
         f"--model_dir={model_dir}",
         f"--max_steps={max_steps}",
-        "--save_steps=2",
         f"--batch_size={BATCH}",
         "--eval_steps=1",
         "--embedding_dim=4",
         "--verbose=0",
     ]
+    if frontend == "keras":  # RecModel.online_train: full saves by step, deltas by time
+        return [
+            sys.executable,
+            "-m",
+            "npu_rec.scripts.online_train",
+            *common,
+            "--save_steps=4",
+            "--save_delta_checkpoints_secs=1",
+            "--save_checkpoint_due_time=3600",
+        ]
+    return [
+        sys.executable,
+        "-m",
+        "npu_rec.scripts.train",
+        "--frontend=estimator",
+        *common,
+        "--save_steps=2",
+    ]
 
 
-def commits(model_dir: str) -> list[str]:
-    return sorted(glob.glob(os.path.join(model_dir, "commits", "version-*.json")))
+def rows(n: int) -> list[bytes]:
+    """`n` Criteo lines; line i's last field (C26) is `row<i>`."""
+    from npu_rec.scripts.produce_sample import generated_lines
+
+    return [
+        line.rsplit(b",", 1)[0] + b",row%d" % i for i, line in enumerate(generated_lines(n, seed=1))
+    ]
 
 
-def run(cmd, model_dir: str, timeout: float, kill_delay: float | None):
-    """Runs `cmd`; with `kill_delay`, SIGKILLs its group that long after a new commit."""
-    before = len(commits(model_dir))
+def row_keys(n: int) -> dict[int, int]:
+    """Table key -> row number, as the scripts' model looks the rows' C26 text up."""
+    import numpy as np
+
+    from npu_rec.data import feature_key_salt
+    from npu_rec.data._convert import hash_strings
+
+    ids = hash_strings([f"row{i}" for i in range(n)]) ^ np.int64(feature_key_salt(ROW_COLUMN))
+    keys = dict(zip(ids.tolist(), range(n), strict=True))
+    assert len(keys) == n, "two row texts hash to one key"
+    return keys
+
+
+def message_rows(address: str, topic: str, n: int) -> dict[tuple[int, int], int]:
+    """(partition, offset) -> row number of every message of `topic` (read back)."""
+    import confluent_kafka as ck
+
+    c = ck.Consumer(
+        {
+            "bootstrap.servers": address,
+            "group.id": f"check-{topic}",
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+        }
+    )
+    out = {}
+    try:
+        c.assign([ck.TopicPartition(topic, p, 0) for p in range(4)])
+        deadline = time.monotonic() + 60
+        while len(out) < n and time.monotonic() < deadline:
+            for m in c.consume(1000, 1.0):
+                if m.error() is None:
+                    out[(m.partition(), m.offset())] = int(m.value().rsplit(b",row", 1)[1])
+    finally:
+        c.close()
+    assert len(out) == n, f"read back {len(out)} of {n} messages"
+    return out
+
+
+def run(cmd, model_dir: str, timeout: float, kill: tuple[int, float] | None):
+    """Runs `cmd`; with `kill=(k, delay)`, SIGKILLs its group `delay` s after its k-th commit."""
+    from npu_rec.checkpoint import VersionLog
+
+    log = VersionLog(model_dir)
+
+    def committed() -> int:
+        return len(log.versions()) if os.path.isdir(os.path.join(model_dir, "commits")) else 0
+
+    before = committed()
     proc = subprocess.Popen(
         cmd,
         env=_env(),
@@ -96,12 +171,12 @@ def run(cmd, model_dir: str, timeout: float, kill_delay: float | None):
     deadline = time.monotonic() + timeout
     try:
         while proc.poll() is None and time.monotonic() < deadline:
-            if kill_delay is not None and len(commits(model_dir)) > before:
-                time.sleep(kill_delay)
+            if kill is not None and committed() - before >= kill[0]:
+                time.sleep(kill[1])
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
                 return "killed", ""
-            time.sleep(0.05)
+            time.sleep(0.02)
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
@@ -112,20 +187,37 @@ def run(cmd, model_dir: str, timeout: float, kill_delay: float | None):
         proc.stderr.close()
 
 
-def positions(model_dir: str) -> dict[int, dict]:
-    """step -> the saved data state of every committed version."""
+def versions(model_dir: str) -> list[dict]:
+    """Every committed version: its step, saved offsets and table key counts."""
+    import numpy as np
+
+    from npu_rec.checkpoint import VersionLog, read_file
+    from npu_rec.checkpoint._versions import table_parts
     from npu_rec.training._data_position import load_position
 
-    out = {}
-    for path in commits(model_dir):
-        with open(path) as f:
-            record = json.load(f)
-        step = record.get("payload", record).get("step")
-        for name in (f"state-{step:012d}.json", f"data_position-{step}.json"):
-            p = os.path.join(model_dir, name)
-            if os.path.exists(p):
-                payload = load_position(p)
-                out[int(step)] = payload.get("data", payload) if "data" in payload else payload
+    log = VersionLog(model_dir)
+    found = log.versions()
+    out = []
+    for v in found:
+        counts: dict[int, int] = {}
+        for rel in table_parts(log.chain(v, found)):
+            arrays, meta = read_file(os.path.join(model_dir, rel))
+            if TABLE not in meta["tables"]:
+                continue
+            keys = arrays.get(f"tables/{TABLE}/keys", np.zeros(0, np.int64)).tolist()
+            got = arrays.get(f"tables/{TABLE}/counts", np.zeros(0, np.int64)).tolist()
+            if meta["kind"] == "full":
+                counts = {}
+            for k in arrays.get(f"tables/{TABLE}/deleted_keys", np.zeros(0, np.int64)).tolist():
+                counts.pop(k, None)
+            counts.update(zip(keys, got, strict=True))
+        state = None
+        for rel in v.parts:
+            name = os.path.basename(rel)
+            if name.startswith(("state-", "data_position-")):
+                payload = load_position(os.path.join(model_dir, rel))
+                state = payload.get("data", payload)
+        out.append({"step": v.step, "kind": v.kind, "state": state, "counts": counts})
     return out
 
 
@@ -140,41 +232,73 @@ def broker_offsets(address: str, topic: str) -> list[int]:
         c.close()
 
 
-def campaign(frontend, address, work, kills, max_steps, rng, run_timeout) -> dict:
-    from npu_rec.scripts.produce_sample import generated_lines, produce
+def check_version(v: dict, keys: dict[int, int], where: dict[tuple[int, int], int]) -> list:
+    """What is wrong with one committed version (empty: nothing)."""
+    problems = []
+    trained = {keys[k]: c for k, c in v["counts"].items() if k in keys}
+    twice = sorted(r for r, c in trained.items() if c != 1)
+    if twice:
+        problems.append(f"rows trained more than once: {twice[:10]}")
+    if v["state"] is None:
+        return [*problems, "no saved reading position"]
+    offsets = {int(p): int(o) for p, o in v["state"]["offsets"].items()}
+    if sum(offsets.values()) != v["step"] * BATCH:
+        problems.append(f"offsets {offsets} do not sum to step {v['step']} * {BATCH}")
+    below = {r for (p, off), r in where.items() if off < offsets.get(p, 0)}
+    if set(trained) != below:
+        lost, extra = sorted(below - set(trained)), sorted(set(trained) - below)
+        problems.append(
+            f"rows trained != messages before the saved offsets: {len(lost)} not trained "
+            f"{lost[:10]}, {len(extra)} beyond the offsets {extra[:10]}"
+        )
+    return problems
 
+
+def campaign(frontend, address, work, kills, max_steps, rng, run_timeout) -> dict:
+    from npu_rec.scripts.produce_sample import produce
+
+    n = BATCH * max_steps
     topic = f"exactly-once-{frontend}"
-    produce(address, topic, generated_lines(BATCH * (max_steps + 8), seed=1))
+    produce(address, topic, rows(n))
+    keys, where = row_keys(n), message_rows(address, topic, n)
     model_dir = os.path.join(work, frontend)
     cmd = command(frontend, address, topic, model_dir, max_steps)
-    outcomes, failures = [], []
+    runs, failures = [], []
+    start = time.monotonic()
     for _ in range(kills):
-        outcome, err = run(cmd, model_dir, run_timeout, rng.uniform(0.0, 1.5))
-        outcomes.append(outcome)
+        kill = (rng.randint(1, 3), rng.uniform(0.0, 1.0))
+        outcome, err = run(cmd, model_dir, run_timeout, kill)
+        runs.append({"kill_after_commits": kill[0], "delay_s": round(kill[1], 3), "end": outcome})
         if outcome != "killed":
             failures.append(err)
     outcome, err = run(cmd, model_dir, run_timeout, None)
-    outcomes.append(outcome)
+    runs.append({"end": outcome})
     if outcome != "done":
         failures.append(err)
-    states = positions(model_dir)
-    wrong = {
-        step: s["offsets"]
-        for step, s in states.items()
-        if sum(s["offsets"].values()) != step * BATCH
-    }
-    newest = max(states) if states else 0
+    seconds = time.monotonic() - start
+    found = versions(model_dir)
+    problems = {v["step"]: p for v in found if (p := check_version(v, keys, where))}
+    final = max(found, key=lambda v: v["step"]) if found else None
+    trained = sorted(keys[k] for k in final["counts"] if k in keys) if final else []
     on_broker = broker_offsets(address, topic)
-    saved = [states[newest]["offsets"].get(str(p), 0) for p in range(4)] if states else []
+    saved = [int(final["state"]["offsets"].get(str(p), 0)) for p in range(4)] if final else []
     return {
         "frontend": frontend,
-        "outcomes": outcomes,
+        "rows_produced": n,
+        "runs": runs,
+        "kills": sum(r["end"] == "killed" for r in runs),
         "failures": failures,
-        "versions_checked": len(states),
-        "final_step": newest,
-        "positions_wrong": wrong,
+        "seconds": round(seconds, 1),
+        "versions_checked": len(found),
+        "delta_versions": sum(v["kind"] == "delta" for v in found),
+        "final_step": final["step"] if final else 0,
+        "rows_trained_final": len(trained),
+        "every_row_once": trained == list(range(n)) and all(final["counts"][k] == 1 for k in keys),
+        "version_problems": problems,
         "broker_offsets": on_broker,
         "broker_ahead": any(b > s for b, s in zip(on_broker, saved, strict=False)),
+        # A process killed right after a commit may not have told the broker yet.
+        "broker_lag": sum(saved) - sum(on_broker),
     }
 
 
@@ -190,7 +314,7 @@ def main(argv=None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     kills = args.kills if args.kills is not None else (1 if args.mode == "short" else 10)
-    max_steps = args.max_steps or (8 if args.mode == "short" else 40)
+    max_steps = args.max_steps or (24 if args.mode == "short" else 300)
     work = args.work_dir or tempfile.mkdtemp(prefix="npu_rec_kafka_")
     rng = random.Random(args.seed)
     broker, address = start_broker(seconds=3600)
@@ -204,13 +328,15 @@ def main(argv=None) -> int:
         broker.wait(timeout=30)
     for r in results:
         print(
-            f"{r['frontend']:10s} runs={r['outcomes']} versions={r['versions_checked']} "
-            f"final_step={r['final_step']} wrong={len(r['positions_wrong'])} "
-            f"broker_ahead={r['broker_ahead']}"
+            f"{r['frontend']:10s} kills={r['kills']} runs={len(r['runs'])} "
+            f"versions={r['versions_checked']} (deltas {r['delta_versions']}) "
+            f"final_step={r['final_step']} rows={r['rows_trained_final']}/{r['rows_produced']} "
+            f"every_row_once={r['every_row_once']} problems={len(r['version_problems'])} "
+            f"broker_ahead={r['broker_ahead']} seconds={r['seconds']}"
         )
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({"results": results}, f, indent=1)
+            json.dump({"command": " ".join(sys.argv), "results": results}, f, indent=1)
     return 0
 
 

@@ -7,7 +7,8 @@ prints its `bootstrap.servers` address on the first line of stdout, and keeps
 it up until SIGTERM/SIGINT arrives, `--seconds` pass or (`--stop_on_stdin_eof`)
 stdin closes. Topics
 are created on first produce with 4 partitions; nothing is stored
-on disk. Any client (another process too) connects to the printed address like
+on disk, and a partition keeps a bounded log (100,000 Criteo lines in one topic
+already lose their oldest messages). Any client (another process too) connects to the printed address like
 to a real cluster:
 
     python benchmarks/kafka_mock_broker.py --seconds=600 &

@@ -1,7 +1,9 @@
 """`KafkaSource`: click logs read from a Kafka topic, with offsets kept in the checkpoint.
 
 A message is one record: a delimited line in `columns` order (`format="csv"`,
-parsed by the same code as `CsvSource`) or a JSON object (`format="json"`).
+parsed by the same code as `CsvSource`), a JSON object (`format="json"`) or a
+serialized `tf.train.Example` (`format="tf_example"`, parsed by the same code as
+`TFRecordSource`).
 Values are converted and checked by the file sources' rules (hashing, fills,
 non-finite values, `label_domain`); a malformed message raises
 `MalformedRecordError` naming the topic, partition and offset, or is skipped
@@ -42,11 +44,13 @@ from npu_rec.data._source import (
     check_int,
     check_sharding,
 )
+from npu_rec.data._tfrecord import TFRecordSource
 
 _logger = logging.getLogger("npu_rec.data")
 
 PAUSE_LOG_SECONDS = 60.0  # a quiet stream is logged at most this often
 _METADATA_SECONDS = 30.0  # how long to wait for the topic's partitions
+BLOCK_MESSAGES = 65536  # messages parsed at once, at most
 
 
 def _kafka():
@@ -109,13 +113,15 @@ class KafkaSource(MinibatchSource):
       topic: the topic.
       bootstrap_servers: "host:port[,host:port...]" of the cluster.
       columns: the fields of a CSV message, in order (required for "csv";
-        JSON messages name their fields).
+        JSON messages and Examples name their fields).
       label: the label column.
       dense: dense numeric columns.
       categorical: categorical columns (JSON: strings or integers, hashed as
         their text like CSV fields).
       multi_valued: multi-valued columns (`a|b` text; JSON also lists).
-      format: "csv" (one message = one delimited line) or "json" (one object).
+      format: "csv" (one message = one delimited line), "json" (one object) or
+        "tf_example" (one serialized `tf.train.Example`; features as in
+        `TFRecordSource`, their kinds read from the first message).
       delimiter: the CSV field separator (one character).
       separator: the item separator of multi-valued text.
       partitions: the partitions to read (default all of the topic's).
@@ -150,6 +156,13 @@ class KafkaSource(MinibatchSource):
     _diagnose = CsvSource._diagnose
     _check_values = RowSource._check_values
     _file_index = RowSource._file_index
+    # `tf.train.Example` messages: the parsing and value-count rules of `TFRecordSource`.
+    _detect_kinds = TFRecordSource._detect_kinds
+    _spec = TFRecordSource._spec
+    _converter = TFRecordSource._converter
+    _convert_batch = TFRecordSource._convert_batch
+    _parse_slowly = TFRecordSource._parse_slowly
+    _to_columns = TFRecordSource._to_columns
 
     def __init__(
         self,
@@ -181,8 +194,10 @@ class KafkaSource(MinibatchSource):
                 "`bootstrap_servers` must be 'host:port[,host:port...]'. "
                 f"Received: bootstrap_servers={bootstrap_servers!r}"
             )
-        if format not in ("csv", "json"):
-            raise ValueError(f"`format` must be 'csv' or 'json'. Received: format={format!r}")
+        if format not in ("csv", "json", "tf_example"):
+            raise ValueError(
+                f"`format` must be 'csv', 'json' or 'tf_example'. Received: format={format!r}"
+            )
         if on_error not in ("raise", "skip"):
             raise ValueError(
                 f"`on_error` must be 'raise' or 'skip'. Received: on_error={on_error!r}"
@@ -233,6 +248,7 @@ class KafkaSource(MinibatchSource):
         self._types = {c: pa.float64() for c in self._numeric}
         self._types.update({c: pa.dictionary(pa.int32(), pa.string()) for c in self._roles[2]})
         self._types.update({c: pa.string() for c in self._roles[3]})
+        self._kinds = None  # tf_example: the feature kinds, read from the first message
         self._files = [topic]  # where the shared value checks name a record (see _MessageErrors)
         self._errors = _MessageErrors(ErrorLog(on_error), topic)
         self._offsets: dict[int, int] = {}  # partition -> next unread offset (consumed)
@@ -240,6 +256,9 @@ class KafkaSource(MinibatchSource):
         self._assigned: list[int] = []
         self._consumer = None
         self._lock = threading.Lock()  # the consumer: reading thread vs checkpoint_committed
+        self._call = threading.Lock()  # held by a next_minibatch call
+        self._reading = False  # a thread is in consume()
+        self._pending_commit = None  # offsets to commit once no consume() runs
         self._sweep = 0
         self._last_pause_log = -math.inf
         self._reset_buffer()
@@ -265,6 +284,10 @@ class KafkaSource(MinibatchSource):
 
     def next_minibatch(self, num_samples, number_of_workers=1, worker_rank=0):
         b, w, r = check_sharding(num_samples, number_of_workers, worker_rank)
+        with self._call:  # `close()` from another thread waits for this call
+            return self._next(b, w, r)
+
+    def _next(self, b: int, w: int, r: int):
         self._assign(w, r)
         deadline = time.monotonic() + self._max_wait
         while self._buffered < b and not self._at_end():
@@ -323,7 +346,9 @@ class KafkaSource(MinibatchSource):
         The front ends call it once the checkpoint that holds `state` is committed
         (never earlier), so the group's offsets on the broker trail the checkpoints
         and show the consumer lag. Reading never starts from them unless
-        `start="committed"`. A failure is logged, never raised.
+        `start="committed"`. It never waits: the commit is asynchronous, and sent by
+        the reading thread when that thread is in `consume()` (`close()` sends what is
+        left and waits for it). A failure is logged, never raised.
         """
         if not state or state.get("topic") != self.topic or not state.get("offsets"):
             return
@@ -331,12 +356,21 @@ class KafkaSource(MinibatchSource):
         offsets = [
             ck.TopicPartition(self.topic, int(p), int(o)) for p, o in state["offsets"].items()
         ]
+        with self._lock:
+            self._pending_commit = offsets
+            # A commit made while another thread waits in consume() can wait as long as
+            # that thread keeps consuming (a quiet stream): the reading thread commits it
+            # when its consume() returns.
+            if not self._reading:
+                self._commit_pending()
+
+    def _commit_pending(self) -> None:
+        """Sends the offsets `checkpoint_committed` left (asynchronously); lock held."""
+        offsets, self._pending_commit = self._pending_commit, None
+        if not offsets:
+            return
         try:
-            with self._lock:
-                consumer = self._get_consumer()
-            # Asynchronous: a synchronous commit would wait for a reply that the reading
-            # thread's consume() may take; failures reach `_on_commit`.
-            consumer.commit(offsets=offsets, asynchronous=True)
+            self._get_consumer().commit(offsets=offsets, asynchronous=True)
         except Exception as err:  # monitoring only: training goes on
             _logger.warning(
                 "KafkaSource: could not commit offsets of topic %r: %s", self.topic, err
@@ -350,13 +384,22 @@ class KafkaSource(MinibatchSource):
 
     def close(self) -> None:
         """Closes the consumer; the position (consumed offsets) is kept."""
-        with self._lock:
-            consumer, self._consumer = self._consumer, None
-        self._shard = None
-        self._reset_buffer()
+        # A `next_minibatch` running in another thread (a dataset's read-ahead) is let
+        # finish: it returns within `max_wait_ms` plus the parsing of one block.
+        called = self._call.acquire(timeout=self._max_wait + 60)
+        try:
+            with self._lock:
+                if self._consumer is not None:
+                    self._commit_pending()
+                consumer, self._consumer = self._consumer, None
+            self._shard = None
+            self._reset_buffer()
+        finally:
+            if called:
+                self._call.release()
         if consumer is not None:
             consumer.poll(0)  # serves pending commit callbacks
-            consumer.close()
+            consumer.close()  # waits for the commits in flight
 
     def error_report(self) -> dict:
         """Skipped malformed messages so far (with `on_error="skip"`).
@@ -463,37 +506,54 @@ class KafkaSource(MinibatchSource):
 
     def _fetch(self, want: int, timeout: float) -> None:
         ck = _kafka()
-        messages = self._consumer.consume(max(min(want, 100_000), 1000), timeout)
+        with self._lock:
+            consumer = self._get_consumer()
+            self._reading = True
+        try:
+            n = max(min(want, BLOCK_MESSAGES), 1000)
+            messages = consumer.consume(n, timeout)
+            # More may already wait in the client's queue: take them without waiting, so
+            # a busy topic is parsed in large blocks (a block's fixed costs amortised).
+            while len(messages) >= n and len(messages) < BLOCK_MESSAGES:
+                more = consumer.consume(BLOCK_MESSAGES - len(messages), 0)
+                if not more:
+                    break
+                messages += more
+        finally:
+            with self._lock:
+                self._reading = False
+                self._commit_pending()
         if not messages:
             return
-        good = []
+        parts, offs, values = [], [], []
         for m in messages:
             err = m.error()
             if err is None:
-                good.append(m)
+                parts.append(m.partition())
+                offs.append(m.offset())
+                values.append(m.value())
             elif err.code() == ck.KafkaError._PARTITION_EOF:
                 self._eof[m.partition()] = m.offset()
             elif err.fatal() or not err.retriable():
                 raise RuntimeError(f"KafkaSource: reading topic {self.topic!r} failed: {err}")
             else:
                 _logger.warning("KafkaSource: topic %r: %s (retrying)", self.topic, err)
-        if good:
-            self._add_block(good)
+        if values:
+            self._add_block(np.array(parts, np.int64), np.array(offs, np.int64), values)
 
     # -- parsing ------------------------------------------------------------
 
-    def _add_block(self, messages) -> None:
-        n = len(messages)
-        parts = np.fromiter((m.partition() for m in messages), np.int64, n)
-        offs = np.fromiter((m.offset() for m in messages), np.int64, n)
-        values = [m.value() for m in messages]
-        ends = dict(zip(parts.tolist(), (offs + 1).tolist(), strict=True))  # per partition: last
+    def _add_block(self, parts: np.ndarray, offs: np.ndarray, values: list) -> None:
+        # per partition: the offset after its last message
+        ends = dict(zip(parts.tolist(), (offs + 1).tolist(), strict=True))
         self._fetched.update(ends)
         self._errors.parts, self._errors.offsets = parts, offs
         if self._format == "csv":
             cols, rows = self._parse_csv_messages(values)
-        else:
+        elif self._format == "json":
             cols, rows = self._parse_json_messages(values)
+        else:
+            cols, rows = self._parse_example_messages(values)
         cols, rows = self._check_values(None, cols, rows)
         self._errors.parts = self._errors.offsets = None
         try:
@@ -507,6 +567,12 @@ class KafkaSource(MinibatchSource):
             self._pop_done()  # a first block of malformed messages only
 
     def _parse_csv_messages(self, values):
+        try:  # the usual block: no null message, no line break inside one
+            data = b"\n".join(values) + b"\n"
+        except TypeError:  # a null message
+            data = None
+        if data is not None and data.count(b"\n") == len(values):
+            return self._parse_csv_block(data, np.arange(len(values)))
         ok = np.ones(len(values), bool)
         for j, v in enumerate(values):
             if v is None or b"\n" in v:
@@ -520,7 +586,10 @@ class KafkaSource(MinibatchSource):
         idx = np.flatnonzero(ok)
         if not len(idx):
             return C.empty_like(self._streams), idx
-        data = b"\n".join(values[j] for j in idx) + b"\n"
+        return self._parse_csv_block(b"\n".join(values[j] for j in idx) + b"\n", idx)
+
+    def _parse_csv_block(self, data: bytes, idx: np.ndarray):
+        """Parses the lines `data` of the block's messages `idx`; (columns, message indices)."""
         try:
             table = self._arrow(self._names, data)
         except pa.ArrowInvalid:
@@ -530,6 +599,42 @@ class KafkaSource(MinibatchSource):
         self._errors.parts, self._errors.offsets = parts[idx], offs[idx]
         try:
             cols, rows = self._parse_csv(self.topic, self._names, data, 0, 0, False, table)
+        finally:
+            self._errors.parts, self._errors.offsets = parts, offs
+        return cols, idx[rows]
+
+    def _parse_example_messages(self, values):
+        import tensorflow as tf
+
+        ok = np.array([v is not None for v in values], bool)
+        for j in np.flatnonzero(~ok):
+            self._errors.record(None, None, j, "empty message (null value)")
+        idx = np.flatnonzero(ok)
+        if not len(idx):
+            return C.empty_like(self._streams), idx
+        raw = [values[j] for j in idx]
+        if self._kinds is None:
+            self._kinds = self._detect_kinds(raw[0])
+        # Rows are numbered by their index among `idx`; the error log maps them back.
+        parts, offs = self._errors.parts, self._errors.offsets
+        self._errors.parts, self._errors.offsets = parts[idx], offs[idx]
+        try:
+            try:
+                _, _, lengths, parsed = self._converter()(tf.constant(raw))
+            except (tf.errors.InvalidArgumentError, UnicodeDecodeError):  # name the non-Examples
+                block = np.empty(len(raw), object)
+                block[:] = raw
+                cols, rows = self._parse_slowly(self.topic, block, 0, 0)
+            else:
+                n = len(raw)
+                cols, rows = self._to_columns(
+                    self.topic,
+                    n,
+                    {c: v.numpy() for c, v in lengths.items()},
+                    {c: v.numpy() for c, v in parsed.items()},
+                    np.arange(n, dtype=np.int64),
+                    np.ones(n, bool),
+                )
         finally:
             self._errors.parts, self._errors.offsets = parts, offs
         return cols, idx[rows]

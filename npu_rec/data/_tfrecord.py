@@ -108,7 +108,7 @@ class TFRecordSource(RowSource):
             except StopIteration:
                 self._check_complete(path, start, nbytes)
                 return
-            except (tf.errors.DataLossError, tf.errors.InvalidArgumentError):
+            except (tf.errors.DataLossError, tf.errors.InvalidArgumentError, UnicodeDecodeError):
                 # Read the block again record by record to name the bad record(s).
                 raw, err = self._salvage(path, start)
                 if len(raw):
@@ -220,14 +220,14 @@ class TFRecordSource(RowSource):
         for j, rec in enumerate(raw):
             try:
                 tf.io.parse_example([rec], self._spec())
-            except tf.errors.InvalidArgumentError as err:
+            except (tf.errors.InvalidArgumentError, UnicodeDecodeError) as err:
+                # TensorFlow's message quotes the record: bytes that are not UTF-8 make
+                # reading the message fail instead.
+                why = _first_line(err) if isinstance(err, tf.errors.OpError) else "unparsable"
                 keep[j] = False
                 if ok[j]:
                     self._errors.record(
-                        path,
-                        "record",
-                        int(rownums[j]),
-                        f"not a valid tf.train.Example ({_first_line(err)})",
+                        path, "record", int(rownums[j]), f"not a valid tf.train.Example ({why})"
                     )
         raw, rownums, ok = raw[keep], rownums[keep], ok[keep]
         if not len(raw):

@@ -130,6 +130,15 @@ def _result(s, plan, log, eval_results, sizes, step, seconds) -> dict:
     }
 
 
+def _close_stream(source) -> None:
+    """Closes a stream source after training: its last committed offsets reach the broker.
+
+    File sources stay as they are (nothing to tell anyone; the process ends soon).
+    """
+    if isinstance(source, npu_rec.data.KafkaSource):
+        source.close()
+
+
 # --------------------------------------------------------------------- Keras
 def keras_model(s: RunSettings, plan: _data.DataPlan):
     """The compiled `RecModel` of the run."""
@@ -178,6 +187,7 @@ def run_keras(s: RunSettings, plan: _data.DataPlan, *, train: bool = True):
             ckpt.prepare(model)
     finally:
         log.close()
+        _close_stream(source)
     log.start = ckpt.restored_step or 0
     seconds = time.perf_counter() - start
     results = model.evaluate(
@@ -279,7 +289,11 @@ def run_estimator(s: RunSettings, plan: _data.DataPlan, *, train: bool = True):
     start = time.perf_counter()
     try:  # an error prints on a line of its own, after the closed progress bar
         if train and start_step < s.max_steps:
-            est.train(_data.train_input_fn(plan, s.batch_size), max_steps=s.max_steps, hooks=hooks)
+            input_fn = _data.train_input_fn(plan, s.batch_size)
+            try:
+                est.train(input_fn, max_steps=s.max_steps, hooks=hooks)
+            finally:
+                _close_stream(input_fn.source)
     finally:
         log.close()
     seconds = time.perf_counter() - start

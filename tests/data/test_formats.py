@@ -101,6 +101,7 @@ def test_tfrecord_invalid_examples_are_named_and_skipped(tmp_path):
     write_examples(path, {"y": [1.0, 0.0, 1.0, 0.0], "d": [1.0, 2.0, "text", 4.0]})
     with tf.io.TFRecordWriter(str(tmp_path / "y.tfrecord")) as w:
         w.write(b"not an example")
+        w.write(b"\xff\xfe not UTF-8 either")  # TensorFlow cannot quote it in its message
     with pytest.raises(
         MalformedRecordError, match=r"x\.tfrecord, record 2: not a valid tf.train.Example"
     ):
@@ -109,7 +110,7 @@ def test_tfrecord_invalid_examples_are_named_and_skipped(tmp_path):
         [path, str(tmp_path / "y.tfrecord")], label="y", dense=["d"], on_error="skip"
     )
     assert read_all(source)["d"].tolist() == [1.0, 2.0, 4.0]
-    assert [e["record"] for e in source.error_report()["examples"]] == [2, 0]
+    assert [e["record"] for e in source.error_report()["examples"]] == [2, 0, 1]
 
 
 def test_tfrecord_first_record_invalid_is_named(tmp_path):

@@ -1,11 +1,7 @@
 """KafkaSource against a Kafka cluster on 127.0.0.1 (librdkafka's mock cluster, in its own process)."""
 
 import json
-import os
-import subprocess
-import sys
 import time
-import uuid
 
 import numpy as np
 import pytest
@@ -13,8 +9,8 @@ import pytest
 ck = pytest.importorskip("confluent_kafka")
 
 from npu_rec.data import CsvSource, KafkaSource, MalformedRecordError, as_dataset  # noqa: E402
+from tests.kafka_broker import mock_broker, produce, topic_with  # noqa: E402
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 COLUMNS = ["label", "rid", "x", "c", "tags"]
 ROLES = dict(label="label", dense=("rid", "x"), categorical=("c",), multi_valued=("tags",))
 
@@ -22,48 +18,14 @@ ROLES = dict(label="label", dense=("rid", "x"), categorical=("c",), multi_valued
 @pytest.fixture(scope="module")
 def broker():
     """The cluster's bootstrap address; the broker process stops at the end of the module."""
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            os.path.join(ROOT, "benchmarks", "kafka_mock_broker.py"),
-            "--seconds=240",
-            "--stop_on_stdin_eof",
-        ],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        address = proc.stdout.readline().strip()
-        assert address.startswith("127.0.0.1:"), address
+    with mock_broker() as address:
         yield address
-    finally:
-        proc.stdin.close()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def line(i):
     x = "" if i % 5 == 0 else repr(i * 0.5)
     c = "" if i % 7 == 0 else f"v{i % 4}"
     return f"{i % 2},{i},{x},{c},{'|'.join(f't{j}' for j in range(i % 3))}"
-
-
-def produce(address, topic, messages, partition_of=lambda i: i % 4):
-    producer = ck.Producer({"bootstrap.servers": address})
-    for i, m in enumerate(messages):
-        value = m if isinstance(m, bytes) else m.encode()
-        producer.produce(topic, value, partition=partition_of(i))
-    assert producer.flush(20) == 0
-
-
-def topic_with(address, messages, **kwargs):
-    topic = f"t-{uuid.uuid4().hex[:8]}"
-    produce(address, topic, messages, **kwargs)
-    return topic
 
 
 def source(address, topic, **kwargs):
@@ -115,14 +77,22 @@ def test_a_restored_source_reads_every_row_once(broker):
     again.close()
 
 
-def test_workers_read_disjoint_partitions_and_together_every_row(broker):
+def test_workers_read_disjoint_partitions_and_together_every_row_across_a_restart(broker):
     n = 120
     topic = topic_with(broker, [line(i) for i in range(n)])
     a, b = source(broker, topic), source(broker, topic)
-    ra, rb = read_rids(a, 10, 6, 2, 0), read_rids(b, 10, 6, 2, 1)
+    ra, rb = read_rids(a, 10, 6, 2, 0), read_rids(b, 10, 2, 2, 1)
+    saved = json.loads(json.dumps(b.get_checkpoint_state()))
+    assert sorted(saved["offsets"]) == ["1", "3"]  # only its own partitions
+    read_rids(b, 10, 2, 2, 1)  # worker 1 reads on, then is killed: lost with its process
+    b.close()
+    b = source(broker, topic)
+    b.restore_from_checkpoint(saved)
+    rb += read_rids(b, 10, 4, 2, 1)
     assert a.assigned_partitions == [0, 2] and b.assigned_partitions == [1, 3]
     assert {i % 4 for i in ra} == {0, 2} and {i % 4 for i in rb} == {1, 3}
     assert sorted(ra + rb) == list(range(n))
+    assert sum(b.get_checkpoint_state()["offsets"].values()) == 60
     a.close()
     b.close()
 
@@ -255,3 +225,89 @@ def test_stop_at_end_ends_a_sweep_after_every_message(broker):
         ends += mb[src.stream("rid")].sweep_end
     assert sorted(rids) == list(range(50))
     src.close()
+
+
+def example(i, **override):
+    """Row `line(i)` as a serialized tf.train.Example (a feature set to None is left out)."""
+    import tensorflow as tf
+
+    values = {
+        "label": [float(i % 2)],
+        "rid": [float(i)],
+        "x": [] if i % 5 == 0 else [i * 0.5],
+        "c": [] if i % 7 == 0 else [f"v{i % 4}".encode()],
+        "tags": [f"t{j}".encode() for j in range(i % 3)],
+        **override,
+    }
+    feature = {}
+    for name, v in values.items():
+        if v is None:
+            continue
+        if v and isinstance(v[0], bytes):
+            feature[name] = tf.train.Feature(bytes_list=tf.train.BytesList(value=v))
+        elif name in ("c", "tags"):
+            feature[name] = tf.train.Feature(bytes_list=tf.train.BytesList(value=v))
+        else:
+            feature[name] = tf.train.Feature(float_list=tf.train.FloatList(value=v))
+    return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
+
+
+def test_tf_example_messages_match_the_csv_source_and_name_bad_ones(broker, tmp_path):
+    n = 30
+    msgs = [example(i) for i in range(n)]
+    bad = {
+        3: b"not a protobuf \xff\xff",
+        8: example(8, label=None),
+        11: example(11, x=[float("inf")]),
+        17: example(17, c=[b"a", b"b"]),
+    }
+    for j, m in bad.items():
+        msgs[j] = m
+    topic = topic_with(broker, msgs, partition_of=lambda i: 1)
+    with pytest.raises(MalformedRecordError, match=rf"topic '{topic}' partition 1, offset 3: "):
+        with source(broker, topic, format="tf_example") as strict:
+            strict.next_minibatch(4)
+    good = [i for i in range(n) if i not in bad]
+    path = tmp_path / "rows.csv"
+    path.write_text(",".join(COLUMNS) + "\n" + "\n".join(line(i) for i in good) + "\n")
+    src = source(broker, topic, format="tf_example", on_error="skip")
+    with CsvSource(str(path), **ROLES) as csv:
+        a, b = src.next_minibatch(len(good)), csv.next_minibatch(len(good))
+        for name in COLUMNS:
+            x, y = a[src.stream(name)].data, b[csv.stream(name)].data
+            if name == "tags":
+                np.testing.assert_array_equal(x.values.numpy(), y.values.numpy())
+                np.testing.assert_array_equal(x.row_splits.numpy(), y.row_splits.numpy())
+            else:
+                np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    report = src.error_report()
+    assert [e["offset"] for e in report["examples"]] == sorted(bad)
+    assert all(e["file"] == f"topic '{topic}' partition 1" for e in report["examples"])
+    reasons = [e["reason"] for e in report["examples"]]
+    assert "not a valid tf.train.Example" in reasons[0]
+    assert "label 'label' must hold 1-1 values, found 0" in reasons[1]
+    assert "non-finite value inf" in reasons[2]
+    assert "categorical feature 'c' must hold 0-1 values, found 2" in reasons[3]
+    assert src.get_checkpoint_state()["offsets"]["1"] == n
+    src.close()
+
+
+def test_a_commit_while_another_thread_waits_on_a_quiet_stream_does_not_wait(broker):
+    import threading
+
+    topic = topic_with(broker, [line(i) for i in range(16)])
+    src = source(broker, topic, group_id=f"g-{topic}", max_wait_ms=3000)
+    read_rids(src, 16, 1)
+    state = src.get_checkpoint_state()
+    reader = threading.Thread(target=src.next_minibatch, args=(8,))  # waits: nothing left
+    reader.start()
+    time.sleep(0.5)
+    start = time.monotonic()
+    src.checkpoint_committed(state)  # a save's commit, while the reader waits in consume()
+    assert time.monotonic() - start < 1.0
+    reader.join(timeout=30)
+    src.close()  # sends what is left and waits for it
+    admin = ck.Consumer({"bootstrap.servers": broker, "group.id": f"g-{topic}"})
+    got = admin.committed([ck.TopicPartition(topic, p) for p in range(4)], timeout=10)
+    assert [tp.offset for tp in got] == [4, 4, 4, 4]
+    admin.close()
