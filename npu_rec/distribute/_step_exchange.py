@@ -127,8 +127,9 @@ class Lookups:
             self.entries, tf.split(rows, sizes), tf.split(emb, sizes), strict=True
         ):
             v = v[:, : entry.table.dim]
-            # The way back for the gradient, on the tensor itself (it lives as long as its graph).
-            v._npu_rec_lookups = (self, len(self.results))
+            # The way back for the gradient, on the tensor itself (it lives as long as its
+            # graph): npu_rec's own attribute, read only by `registered`.
+            v.npu_rec_exchange = (self, len(self.results))
             self.results.append((r, v))
 
     @tf.autograph.experimental.do_not_convert
@@ -172,7 +173,7 @@ class Lookups:
 
 def registered(embeddings: tf.Tensor):
     """(Lookups, index) that produced `embeddings` (a lookup's result), or None."""
-    return getattr(embeddings, "_npu_rec_lookups", None)
+    return getattr(embeddings, "npu_rec_exchange", None)
 
 
 def _counts(entry: Entry) -> tf.Tensor:

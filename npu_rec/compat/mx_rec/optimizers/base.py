@@ -34,8 +34,10 @@ class _ProgramRule(SparseOptimizer):
     """An npu_rec sparse optimizer running a program's `_apply_sparse_duplicate_indices`."""
 
     def __init__(self, owner):
+        # `_learning_rate` is mx_rec's own convention: its optimizers and the programs'
+        # subclasses keep their rate there.
         rate = getattr(owner, "_learning_rate", None)
-        super().__init__(rate if rate is not None else 1.0, getattr(owner, "_name", "custom"))
+        super().__init__(rate if rate is not None else 1.0, owner.get_name())
         if list(owner.get_slot_init_values() if hasattr(owner, "get_slot_init_values") else []):
             raise ValueError(
                 f"Hash optimizer {owner!r} declares slots; npu_rec runs only slot-free "
