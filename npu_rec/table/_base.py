@@ -415,6 +415,26 @@ class SparseTable(abc.ABC):
             )
             self._clamped_reported = int(count)
 
+    def tier_stats(self) -> dict[str, float]:
+        """Counters of a tiered table (`memory_rows`, `ssd_path`) since it was made.
+
+        Keys: `lookups` and `hits` (unique keys of training lookups, and those
+        found in memory), `hit_rate`, `promotions`, `demotions`, `bytes_read`,
+        `bytes_written`, `compactions`, `steps` (training lookups), `cold_keys`,
+        `memory_keys` (-1 outside eager mode), `disk_bytes` (records in the
+        segment files, live or dead) and `disk_bytes_per_key`.
+
+        Raises:
+          ValueError: the table is not tiered.
+        """
+        stats = getattr(self.backend, "tier_stats", None)
+        if stats is None:
+            raise ValueError(
+                f"Sparse table {self.name!r} is not tiered: `tier_stats` needs a table "
+                "made with `memory_rows` and `ssd_path`."
+            )
+        return stats(self)
+
     # ------------------------------------------------------------------ state
     def export(self, session=None) -> dict[str, Any]:
         """The live rows as numpy, sorted by key.

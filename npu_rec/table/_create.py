@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from npu_rec._validation import ConfigError
 from npu_rec.table._base import SparseTable
 from npu_rec.table._config import (
     DEFAULT_DYNAMIC_CAPACITY,
@@ -35,6 +36,8 @@ def create_table(
     dynamic_expansion: bool | None = None,
     max_pending_keys: int = DEFAULT_MAX_PENDING_KEYS,
     num_shards: int = 1,
+    memory_rows: int | None = None,
+    ssd_path=None,
 ) -> SparseTable:
     """Creates a sparse embedding table keyed by raw ids.
 
@@ -65,6 +68,14 @@ def create_table(
         see docs/design.md "Scale-out"). `capacity` and `max_pending_keys` are
         divided between the shards (rounded up). Lookups, gradients, eviction,
         export and checkpoints work across shards transparently.
+      memory_rows: With `ssd_path`, a tiered table: the hottest `memory_rows`
+        rows (divided between the shards) stay in memory, the others live in
+        append-only files under `ssd_path` and come back to memory when a
+        training lookup sees their keys (docs/design.md "Tiered tables"). Its
+        key count is bounded by the disk, not by `capacity`. None = every row
+        in memory.
+      ssd_path: A directory, or a list of directories the disk tier spreads its
+        files over (each table uses its own subdirectory).
 
     Returns:
       A `SparseTable`: a `SingleShardTable`, or a `ShardedTable` when
@@ -107,11 +118,15 @@ def create_table(
         dynamic_expansion=dynamic_expansion,
         max_pending_keys=max_pending_keys,
         num_shards=num_shards,
+        memory_rows=memory_rows,
+        ssd_path=ssd_path,
     )
     from npu_rec.distribute._ps import table_for_ps  # noqa: PLC0415
     from npu_rec.distribute._strategy import table_for_strategy  # noqa: PLC0415
 
     backend = select_backend()  # stock ops or the compiled kernels, for the table's life
+    if config.tiered:
+        return _tiered_table(config, backend)
     table = table_for_strategy(config, backend)  # sharded across workers (multi-worker strategy)
     if table is None:
         table = table_for_ps(
@@ -120,5 +135,23 @@ def create_table(
     if table is not None:
         return table
     if num_shards > 1:
+        return ShardedTable(config, backend)
+    return SingleShardTable(config, backend)
+
+
+def _tiered_table(config: TableConfig, backend) -> SparseTable:
+    """A tiered table in this process (`npu_rec.table._tier`)."""
+    from npu_rec.distribute._ps import placed_num_ps  # noqa: PLC0415
+    from npu_rec.distribute._strategy import current_exchange  # noqa: PLC0415
+    from npu_rec.table._tier import tiered_backend  # noqa: PLC0415
+
+    if placed_num_ps() or current_exchange() is not None:
+        raise ConfigError(
+            f"Tiered table {config.name!r}: a table with `memory_rows` and `ssd_path` lives "
+            "in one process for now (no parameter servers, no multi-worker strategy). "
+            f"Received: memory_rows={config.memory_rows}, ssd_path={list(config.ssd_path)}"
+        )
+    backend = tiered_backend(backend)
+    if config.num_shards > 1:
         return ShardedTable(config, backend)
     return SingleShardTable(config, backend)
