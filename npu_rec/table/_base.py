@@ -294,8 +294,9 @@ class SparseTable(abc.ABC):
 
         Raises:
           ValueError: the table already has another optimizer (one table, one
-            optimizer), or it is sharded across workers or parameter servers
-            (give those their optimizer at `create_table`).
+            optimizer), or it is sharded across workers or parameter servers, or
+            tiered and the optimizer has slots (give those their optimizer at
+            `create_table`).
           TypeError: `optimizer` is not a sparse optimizer.
         """
         if optimizer is self.optimizer:
@@ -306,6 +307,12 @@ class SparseTable(abc.ABC):
                 f"by one optimizer. Has: {self.optimizer!r}. Received: optimizer={optimizer!r}"
             )
         config = dataclasses.replace(self.config, optimizer=optimizer)  # validates the type
+        if config.memory_rows is not None and optimizer.slot_specs:
+            raise ValueError(
+                f"Tiered table {self.name!r} (`memory_rows`) lays out its disk records with "
+                "its optimizer's slots: pass an optimizer with slots to npu_rec.create_table. "
+                f"Received: optimizer={optimizer!r} bound later"
+            )
         shards = self.shards
         if not all(hasattr(s, "add_optimizer_slots") for s in shards):
             raise ValueError(

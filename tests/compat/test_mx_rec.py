@@ -69,8 +69,10 @@ def test_create_table_maps_and_refuses():
     assert t.core.num_shards == 2 and t.core.config.capacity == 100
     with pytest.raises(ValueError, match="value_dtype"):
         create_table(tf.int64, 8, "c2", None, device_vocabulary_size=10, value_dtype=tf.float16)
-    with pytest.raises(ValueError, match="host_vocabulary_size"):
-        create_table(tf.int64, 8, "c3", None, device_vocabulary_size=10, host_vocabulary_size=10)
+    host = create_table(tf.int64, 8, "c3", None, device_vocabulary_size=10, host_vocabulary_size=5)
+    assert host.capacity() == 15  # device and host rows are both process memory
+    with pytest.raises(ValueError, match="ssd_data_path"):
+        create_table(tf.int64, 8, "c5", None, device_vocabulary_size=10, ssd_vocabulary_size=10)
     with pytest.raises(TypeError, match="unexpected"):
         create_table(tf.int64, 8, "c4", None, bogus=1)
 
@@ -286,3 +288,25 @@ def test_util_package_reaches_rank_helpers_as_attributes():
 
     assert mxrec_util.communication.hccl_ops.get_rank_id() == 0
     assert mxrec_util.communication.hccl_ops.get_rank_size() == 1
+
+
+def test_an_ssd_tier_maps_to_a_tiered_table(tmp_path):
+    from npu_rec.compat.mx_rec.optimizers.adagrad import create_hash_optimizer
+
+    t = create_table(
+        tf.int64,
+        4,
+        "ssd",
+        None,
+        device_vocabulary_size=2,
+        host_vocabulary_size=1,
+        ssd_vocabulary_size=100,
+        ssd_data_path=[str(tmp_path)],
+        optimizer_list=[create_hash_optimizer(0.1)],
+    )
+    ids = tf.constant([[1, 2], [3, 4], [5, 6]], tf.int64)
+    emb = sparse_lookup(t, ids)
+    assert emb.shape == (3, 2, 4)
+    assert (t.core.config.memory_rows, t.core.config.ssd_path) == (3, (str(tmp_path),))
+    sparse_lookup(t, tf.constant([[7], [8]], tf.int64))
+    assert t.size() == 8 and t.core.tier_stats()["cold_keys"] >= 5

@@ -270,13 +270,17 @@ def test_ssd_path_that_is_a_file_is_refused(tmp_path):
         npu_rec.create_table("bad", 4, memory_rows=2, ssd_path=str(f))
 
 
-def test_an_optimizer_bound_after_creation_is_refused(tmp_path):
+def test_an_optimizer_with_slots_bound_after_creation_is_refused(tmp_path):
     table = npu_rec.create_table(
         "late", DIM, access_threshold=0, memory_rows=2, ssd_path=str(tmp_path)
     )
-    table.bind_optimizer(npu_rec.optimizers.Adagrad(0.1))
-    with pytest.raises(ValueError, match="must get its optimizer when it is created"):
-        npu_rec.sparse_lookup(table, tf.constant([1, 2, 3], tf.int64))
+    with pytest.raises(ValueError, match="pass an optimizer with slots to npu_rec.create_table"):
+        table.bind_optimizer(npu_rec.optimizers.Adagrad(0.1))
+    table.bind_optimizer(npu_rec.optimizers.SGD(0.1))  # no slots: the records stay the same
+    ids = tf.constant([1, 2, 3, 4, 5], tf.int64)
+    npu_rec.sparse_lookup(table, ids)
+    table.apply_gradients(ids, tf.ones([5, DIM]))
+    assert table.size() == 5
 
 
 def test_tier_stats_of_an_in_memory_table_is_refused():

@@ -18,7 +18,6 @@ from npu_rec.compat.mx_rec import _saver, _sessions
 from npu_rec.compat.mx_rec.constants import constants as _c
 from npu_rec.compat.mx_rec.core.asc.feature_spec import FeatureSpec
 from npu_rec.table._base import SparseTable
-from npu_rec.table._config import global_use_dynamic_expansion
 
 _NO_CPU_MEANING = (
     "is_dp",
@@ -26,7 +25,6 @@ _NO_CPU_MEANING = (
     "enable_merge",
     "fusion_optimizer_var",
     "hashtable_threshold",
-    "ssd_data_path",
 )
 
 
@@ -38,7 +36,9 @@ class HashTable:
       key_dtype, dim (int), capacity_rows: as given to `create_table`.
     """
 
-    def __init__(self, name, dim, key_dtype, initializer, capacity, num_shards, optimizer):
+    def __init__(
+        self, name, dim, key_dtype, initializer, capacity, num_shards, optimizer, tier=None
+    ):
         self.table_name = self.name = name
         self.dim = dim
         self.key_dtype = key_dtype
@@ -52,6 +52,8 @@ class HashTable:
         self._last: SparseTable | None = None
         self._thresholds: tuple[int, int] | None = None
         self._capacity_ops: dict[int, tf.Tensor] = {}
+        #: `create_table` keywords of an SSD tier (`memory_rows`, `ssd_path`), or {}.
+        self._tier = dict(tier or {})
 
     @staticmethod
     def _graph():
@@ -94,6 +96,7 @@ class HashTable:
             access_threshold=self._thresholds[0],
             eviction_threshold=self._thresholds[1],
             num_shards=self._num_shards,
+            **self._tier,
         )
         _saver.COMPAT_TABLES.add(core)
         graph = self._graph()
@@ -186,13 +189,21 @@ def create_table(
     -> `initializer` (fan-based ones sized from `[device_vocabulary_size,
     dim]`), scaled by `init_param`; an `optimizer_list` keyword (older Rec SDK)
     binds the table's optimizer now. `is_dp`, `all2all_gradients_op`,
-    `enable_merge`, `fusion_optimizer_var`, `hashtable_threshold` and
-    `ssd_data_path` have no meaning in one CPU process and are ignored.
+    `enable_merge`, `fusion_optimizer_var` and `hashtable_threshold` have no
+    meaning in one CPU process and are ignored.
+
+    Tiers: device (HBM) and host (DDR) rows are both process memory here:
+    `host_vocabulary_size` adds to the capacity. `ssd_vocabulary_size > 0`
+    makes a tiered table (`npu_rec.create_table(memory_rows=, ssd_path=)`):
+    `memory_rows = device_vocabulary_size + host_vocabulary_size`, the other
+    rows in files under `ssd_data_path` (a directory or a list of them); its
+    optimizer must then come with `optimizer_list` (the disk records are laid
+    out with the optimizer's slots).
 
     Raises:
-      ValueError: `value_dtype` other than float32, a host (DDR) or SSD tier
-        (`host_vocabulary_size`/`ssd_vocabulary_size` > 0 without dynamic
-        expansion), `is_save=False`, padding keys, or several optimizers.
+      ValueError: `value_dtype` other than float32, an SSD tier without
+        `ssd_data_path` or `optimizer_list`, `is_save=False`, padding keys,
+        or several optimizers.
       TypeError: an unknown keyword.
     """
     optimizer_list = kwargs.pop("optimizer_list", None)
@@ -203,14 +214,17 @@ def create_table(
             "`value_dtype` must be tf.float32 (npu_rec has float32 rows only for now). "
             f"Received: value_dtype={value_dtype!r}"
         )
-    if (host_vocabulary_size or ssd_vocabulary_size) and not global_use_dynamic_expansion():
-        raise ValueError(
-            "npu_rec keeps every row in memory: there is no host (DDR) or SSD tier yet, so "
-            "`host_vocabulary_size` and `ssd_vocabulary_size` must be 0 (or dynamic expansion "
-            "on, where mx_rec ignores them too). Received: "
-            f"host_vocabulary_size={host_vocabulary_size}, "
-            f"ssd_vocabulary_size={ssd_vocabulary_size}"
-        )
+    memory = device_vocabulary_size + (host_vocabulary_size or 0)
+    tier = {}
+    if ssd_vocabulary_size:
+        if not ssd_data_path or not optimizer_list:
+            raise ValueError(
+                "An SSD tier (`ssd_vocabulary_size` > 0) needs `ssd_data_path` (its "
+                "directories) and `optimizer_list` (its records hold the optimizer's slots). "
+                f"Received: ssd_vocabulary_size={ssd_vocabulary_size}, "
+                f"ssd_data_path={ssd_data_path!r}, optimizer_list={optimizer_list!r}"
+            )
+        tier = {"memory_rows": memory, "ssd_path": ssd_data_path}
     if not is_save:
         raise ValueError("npu_rec saves every table with its checkpoints. Received: is_save=False")
     if padding_keys is not None or padding_keys_mask or padding_keys_len is not None:
@@ -235,9 +249,7 @@ def create_table(
             rows = _row_init.initial_rows(emb_initializer, shape[0], dim, device_vocabulary_size)
             return rows * init_param
 
-    return HashTable(
-        name, dim, key_dtype, initializer, device_vocabulary_size, shard_num, optimizer
-    )
+    return HashTable(name, dim, key_dtype, initializer, memory, shard_num, optimizer, tier)
 
 
 def _ids_of(ids, batch):
