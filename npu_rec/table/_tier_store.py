@@ -12,8 +12,8 @@ layout (`record_dtype`), so a table storing compact rows writes their bytes
 as they are. Every record of a table has the same size, so a record is
 addressed by its location `segment * records_per_segment + slot`.
 
-Files: `seg-<number>.npr` in `<dir>/<table name>/`, segment `k` in
-`dirs[k % len(dirs)]`. A segment is preallocated (sparse) to
+Files: `seg-<number>.npr` in `<dir>/<table name>.<pid>.<n>/` (one
+directory per store and process), segment `k` in `dirs[k % len(dirs)]`. A segment is preallocated (sparse) to
 `records_per_segment` records and filled front to back by one `pwrite` per
 demotion batch (sequential); full, it is sealed and the next one opened. Reads
 gather the records of a batch through a read-only map of each segment (one
@@ -27,10 +27,10 @@ clears it, and a segment holding no live record is deleted. A sealed
 segment less than half live is compacted: its live records are appended to
 the open segment and the file deleted (`compaction_candidate` / `relocate`).
 
-The store is the process's cache of its cold rows, not a checkpoint: a new
-store deletes the segment files its directory holds from an earlier process
-(an exclusive lock on `<dir>/<table name>/LOCK` keeps two live processes
-off one directory), and checkpoints hold both tiers in the usual format.
+The store is the process's cache of its cold rows, not a checkpoint:
+checkpoints hold both tiers in the usual format. A store deletes its files
+when it is closed or collected, and a new one deletes the directories of
+its table left by processes no longer alive (killed ones).
 
 `period`: a checkpoint save starts a new delta period (`end_period`); a
 record written in an earlier period reads with `saved_count = count` (a cold
@@ -39,9 +39,12 @@ key is not sighted while it is cold), so no record is rewritten at a save.
 
 from __future__ import annotations
 
-import fcntl
+import contextlib
+import itertools
 import mmap
 import os
+import re
+import shutil
 
 import numpy as np
 
@@ -52,6 +55,26 @@ _SEGMENT_GLOB_PREFIX = "seg-"
 _SEGMENT_SUFFIX = ".npr"
 #: Default bytes of one segment file.
 DEFAULT_SEGMENT_BYTES = 64 << 20
+
+
+_INSTANCES = itertools.count()
+
+
+def _remove_dead(parent: str, name: str) -> None:
+    """Deletes `<parent>/<name>.<pid>.<n>` directories of processes no longer alive."""
+    if not os.path.isdir(parent):
+        return
+    pattern = re.compile(re.escape(name) + r"\.(\d+)\.\d+$")
+    for entry in os.listdir(parent):
+        m = pattern.match(entry)
+        if m is None or int(m.group(1)) == os.getpid():
+            continue
+        try:
+            os.kill(int(m.group(1)), 0)
+        except ProcessLookupError:
+            shutil.rmtree(os.path.join(parent, entry), ignore_errors=True)
+        except OSError:  # alive, another user's
+            pass
 
 
 class SegmentCorruptedError(RuntimeError):
@@ -87,7 +110,7 @@ class SegmentStore:
     """The cold records of one table shard (see module docstring).
 
     Args:
-      dirs: Directories (created if missing); the store uses `<dir>/<name>/`.
+      dirs: Directories; the store uses `<dir>/<name>.<pid>.<n>/` in each.
       name: The shard's name.
       dim: Row width.
       row_dtype, slot_dtype: numpy storage dtypes of the row and the slots.
@@ -112,25 +135,12 @@ class SegmentStore:
         self.words = self.dtype.itemsize // 8
         self._w = _weights(self.words - 1)
         self.per_segment = max(1, segment_bytes // self.dtype.itemsize)
-        self.dirs = [os.path.join(os.fspath(d), name) for d in dirs]
-        self._lock_files = []
+        instance = f"{name}.{os.getpid()}.{next(_INSTANCES)}"
+        self.dirs = [os.path.join(os.fspath(d), instance) for d in dirs]
+        for d in dirs:
+            _remove_dead(os.fspath(d), name)
         for d in self.dirs:
-            os.makedirs(d, exist_ok=True)
-            fd = os.open(os.path.join(d, "LOCK"), os.O_RDWR | os.O_CREAT, 0o644)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError as err:
-                os.close(fd)
-                self.close()
-                raise ValueError(
-                    f"Tiered table {name!r}: its disk directory {d!r} is in use by another "
-                    "live process (`ssd_path` must differ between processes, or the table "
-                    "names)."
-                ) from err
-            self._lock_files.append(fd)
-            for f in os.listdir(d):
-                if f.startswith(_SEGMENT_GLOB_PREFIX) and f.endswith(_SEGMENT_SUFFIX):
-                    os.remove(os.path.join(d, f))
+            os.makedirs(d)
         self.period = 0
         self._segments: dict[int, dict] = {}  # number -> {path, fd, map, live, used}
         self._next_segment = 0
@@ -183,12 +193,12 @@ class SegmentStore:
             self._active = -1
 
     def close(self) -> None:
-        """Deletes the segment files and releases the directory locks."""
+        """Deletes the segment files and the store's directories."""
         for seg in list(getattr(self, "_segments", {})):
             self._drop_segment(seg)
-        for fd in self._lock_files:
-            os.close(fd)
-        self._lock_files = []
+        for d in getattr(self, "dirs", []):
+            with contextlib.suppress(OSError):
+                os.rmdir(d)
 
     def __del__(self):
         try:
