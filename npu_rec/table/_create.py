@@ -7,6 +7,8 @@ so neither imports the other to pick one.
 
 from __future__ import annotations
 
+import contextlib
+
 import tensorflow as tf
 
 from npu_rec._validation import ConfigError
@@ -21,6 +23,23 @@ from npu_rec.table._config import (
 from npu_rec.table._fused import select_backend
 from npu_rec.table._sharded import ShardedTable
 from npu_rec.table._sparse import SingleShardTable
+
+#: `memory_rows` and `ssd_path` of tables made without them (`tier_defaults`), or None.
+_TIER_DEFAULTS: tuple | None = None
+
+
+@contextlib.contextmanager
+def tier_defaults(memory_rows: int, ssd_path):
+    """Within the block, `create_table` calls without `memory_rows`/`ssd_path` get these.
+
+    For the scripts' `--memory_rows`/`--ssd_path`: every table of a run is tiered.
+    """
+    global _TIER_DEFAULTS
+    old, _TIER_DEFAULTS = _TIER_DEFAULTS, (memory_rows, ssd_path)
+    try:
+        yield
+    finally:
+        _TIER_DEFAULTS = old
 
 
 def create_table(
@@ -106,6 +125,8 @@ def create_table(
             ) from err
     if capacity is None:
         capacity = DEFAULT_DYNAMIC_CAPACITY if dynamic_expansion else DEFAULT_FIXED_CAPACITY
+    if memory_rows is None and ssd_path is None and _TIER_DEFAULTS is not None:
+        memory_rows, ssd_path = _TIER_DEFAULTS
     config = TableConfig(
         name=name,
         dim=dim,
