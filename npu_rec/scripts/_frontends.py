@@ -165,7 +165,11 @@ def run_keras(s: RunSettings, plan: _data.DataPlan, *, train: bool = True):
         _data.eval_dataset(plan, s.batch_size, s.eval_steps), return_dict=True, verbose=0
     )
     sizes = {t.name: int(t.size()) for t in model.tables}
-    return _result(s, plan, log, results, sizes, model.global_step, seconds), log, model
+    metrics = _result(s, plan, log, results, sizes, model.global_step, seconds)
+    tiers = {t.name: t.tier_stats() for t in model.tables if t.config.memory_rows is not None}
+    if tiers:  # hit rate, promotions, bytes read and written of tiered tables
+        metrics["tier"] = tiers
+    return metrics, log, model
 
 
 # ----------------------------------------------------------------- Estimator

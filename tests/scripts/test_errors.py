@@ -97,7 +97,11 @@ def test_launch_help_is_immediate_and_loads_no_tensorflow():
         ),
         ("inspect_checkpoint", ["--model_dir={tmp}/none"], ["must be an existing directory"]),
         ("train", ["--memory_rows=100"], ["--memory_rows and --ssd_path come together"]),
-        ("train", ["--memory_rows=0", "--ssd_path={tmp}"], ["--memory_rows=0", "not a positive integer"]),
+        (
+            "train",
+            ["--memory_rows=0", "--ssd_path={tmp}"],
+            ["--memory_rows=0", "not a positive integer"],
+        ),
         (
             "train",
             ["--memory_rows=9", "--ssd_path=/dev/null"],

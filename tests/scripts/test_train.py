@@ -212,3 +212,6 @@ def test_tiered_tables_train_save_and_resume(tmp_path, frontend):
     assert m["start_step"] == 20 and m["global_step"] == 30
     assert m["table_sizes"]["categorical"] > 1000  # both tiers; far more than memory_rows
     assert ssd.is_dir()
+    if frontend == "keras":
+        stats = m["tier"]["categorical"]
+        assert stats["promotions"] > 0 and stats["demotions"] > 0 and 0 < stats["hit_rate"] < 1
