@@ -21,7 +21,7 @@ shard's lock, before the in-memory lookup, which then runs unchanged):
 3. the batch's cold keys are promoted: one batched read, rows allocated and
    written back exactly as they were (values, slots, counts, saved counts,
    last-seen), keys moved to the in-memory index;
-4. a sealed segment less than half live is compacted (its live records are
+4. a sealed segment less than a quarter live is compacted (its live records are
    rewritten at the end of the log and `cold_index` follows them);
 5. both indexes are rebuilt when their tombstones crowd them.
 
