@@ -15,7 +15,7 @@ shard's lock, before the in-memory lookup, which then runs unchanged):
 1. the batch's keys without a row in memory are probed in `cold_index`;
 2. if the memory rows plus those keys would pass `memory_rows`, that many
    victims are demoted: the live rows with the oldest last-seen time (ties:
-   the fewest sightings), never a row of a key looked up since the last
+   the fewest sightings; one O(n) selection over those two columns), never a row of a key looked up since the last
    optimizer step (its gradient is still to come); their records are written
    by one sequential append and their keys move to `cold_index`;
 3. the batch's cold keys are promoted: one batched read, rows allocated and
@@ -202,8 +202,13 @@ class TierMixin:
             tf.constant(np.inf, tf.float64),
         )
         k = tf.minimum(excess, tf.math.count_nonzero(eligible, dtype=tf.int64))
-        _, victims = tf.math.top_k(-score, tf.cast(k, tf.int32), sorted=False)
-        victims = tf.cast(victims, tf.int64)
+
+        def lowest(score, k):  # O(n) selection (TF's top_k sorts: ~4x slower at 200k rows)
+            if k >= len(score):
+                return np.arange(len(score), dtype=np.int64)
+            return np.argpartition(score, k)[:k].astype(np.int64)
+
+        victims = tf.reshape(tf.numpy_function(lowest, [score, k], tf.int64), [-1])
         vkeys = tf.gather(s.row_keys, victims)
         values = tf.gather(s.values, victims)
         slots = self._gather_slots(shard, victims)

@@ -99,7 +99,7 @@ def _run(tmp_path, mode, kernels, ops, *, optimizer="adagrad", access=0, evict=4
 
 
 @settings(
-    max_examples=12,
+    max_examples=8,
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
@@ -113,7 +113,7 @@ def test_tiered_table_exports_what_an_in_memory_table_does_after_every_operation
 
 
 @settings(
-    max_examples=4,
+    max_examples=3,
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
