@@ -24,6 +24,7 @@ import gc
 import json
 import os
 import platform
+import shutil
 import sys
 import tempfile
 import time
@@ -232,6 +233,8 @@ def main(argv):
             store = getattr(shard.state, "store", None)
             if store is not None:
                 store.close()
+    if _SSD.value is None:
+        shutil.rmtree(ssd, ignore_errors=True)
 
 
 if __name__ == "__main__":
