@@ -80,6 +80,17 @@ class TierState(ShardState):
     protected_step: tf.Variable | None = None
     memory_rows: int = 0
 
+    def variables(self) -> list[tf.Variable]:
+        """The shard's variables, the tier's included (table state, not dense model state)."""
+        cold = self.cold_index
+        return [
+            *super().variables(),
+            cold.removed,
+            cold.reserved_rows,
+            self.protected,
+            self.protected_step,
+        ]
+
 
 def _np_dtype(dtype: tf.DType):
     return dtype.as_numpy_dtype

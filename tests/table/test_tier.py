@@ -291,3 +291,17 @@ def test_tier_stats_of_an_in_memory_table_is_refused():
     table = npu_rec.create_table("plain", DIM)
     with pytest.raises(ValueError, match="not tiered"):
         table.tier_stats()
+
+
+def test_the_tier_variables_are_table_state_not_dense_model_state(tmp_path):
+    """A v1 graph's dense `Saver` leaves out `table.variables()`: the tier's are among them."""
+
+    def outside(**kwargs):
+        with tf.Graph().as_default():
+            table = npu_rec.create_table(
+                "v", DIM, optimizer=npu_rec.optimizers.Adagrad(0.1), access_threshold=0, **kwargs
+            )
+            left = set(tf.compat.v1.global_variables()) - set(table.variables())
+            return sorted(v.name for v in left)
+
+    assert outside(memory_rows=2, ssd_path=str(tmp_path)) == outside()
