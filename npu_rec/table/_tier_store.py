@@ -29,8 +29,9 @@ the open segment and the file deleted (`compaction_candidate` / `relocate`).
 
 The store is the process's cache of its cold rows, not a checkpoint:
 checkpoints hold both tiers in the usual format. A store deletes its files
-when it is closed or collected, and a new one deletes the directories of
-its table left by processes no longer alive (killed ones).
+when it is closed or collected and at the process's exit, and a new one
+deletes the directories of its table left by processes no longer alive
+(killed ones).
 
 `period`: a checkpoint save starts a new delta period (`end_period`); a
 record written in an earlier period reads with `saved_count = count` (a cold
@@ -39,12 +40,14 @@ key is not sighted while it is cold), so no record is rewritten at a save.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import itertools
 import mmap
 import os
 import re
 import shutil
+import weakref
 
 import numpy as np
 
@@ -58,6 +61,15 @@ DEFAULT_SEGMENT_BYTES = 64 << 20
 
 
 _INSTANCES = itertools.count()
+#: Open stores, closed at exit (their files go with the process that wrote them).
+_OPEN: weakref.WeakSet = weakref.WeakSet()
+
+
+@atexit.register
+def _close_all() -> None:
+    for store in list(_OPEN):
+        with contextlib.suppress(Exception):
+            store.close()
 
 
 def _remove_dead(parent: str, name: str) -> None:
@@ -141,6 +153,7 @@ class SegmentStore:
             _remove_dead(os.fspath(d), name)
         for d in self.dirs:
             os.makedirs(d)
+        _OPEN.add(self)
         self.period = 0
         self._segments: dict[int, dict] = {}  # number -> {path, fd, map, live, used}
         self._next_segment = 0
