@@ -50,6 +50,7 @@ Usage:
   python benchmarks/fault_campaign.py --mode=long --kills=100 --out=fault_campaign.json
   python benchmarks/fault_campaign.py --campaign=corruption --mode=short   # (CI)
   python benchmarks/fault_campaign.py --campaign=corruption --mode=long --rounds=3
+  python benchmarks/fault_campaign.py --mode=short --memory_rows=200   # tiered tables
 """
 
 from __future__ import annotations
@@ -108,6 +109,12 @@ _ROUNDS = flags.DEFINE_integer(
     lower_bound=1,
 )
 _SEED = flags.DEFINE_integer("seed", 0, "Seeds the kill times.")
+_MEMORY_ROWS = flags.DEFINE_integer(
+    "memory_rows",
+    None,
+    "Tiered tables: the runs train with --memory_rows=N and an --ssd_path beside the model_dir.",
+    lower_bound=1,
+)
 _WORK_DIR = flags.DEFINE_string("work_dir", None, "Where model_dirs go (default: a temp dir).")
 _OUT = flags.DEFINE_string("out", None, "Write the results as JSON here.")
 _RUN_TIMEOUT = flags.DEFINE_integer("run_timeout", 240, "Seconds before a run is killed.")
@@ -131,7 +138,15 @@ def command(frontend: str, model_dir: str, save_steps: int, max_steps: int) -> l
         "--incremental_checkpoint",
         "--save_delta_checkpoints_secs=1",
         "--save_checkpoint_due_time=3",
-    ]
+    ] + _tier_flags(model_dir)
+
+
+def _tier_flags(model_dir: str) -> list[str]:
+    """--memory_rows and --ssd_path of a tiered campaign (`--memory_rows`), else none."""
+    rows = _MEMORY_ROWS.value if flags.FLAGS.is_parsed() else None
+    if rows is None:
+        return []
+    return [f"--memory_rows={rows}", f"--ssd_path={model_dir.rstrip(os.sep)}_ssd"]
 
 
 def _env() -> dict:

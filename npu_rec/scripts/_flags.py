@@ -129,6 +129,18 @@ FALLBACK_BUCKETS = flags.DEFINE_integer(
     lower_bound=1,
     upper_bound=2147483647,
 )
+MEMORY_ROWS = flags.DEFINE_integer(
+    "memory_rows",
+    None,
+    "Tiered tables: rows each sparse table keeps in memory; the others live in files "
+    "under --ssd_path (default: every row in memory).",
+    lower_bound=1,
+)
+SSD_PATH = flags.DEFINE_list(
+    "ssd_path",
+    None,
+    "Tiered tables: directories (comma-separated) of the rows beyond --memory_rows.",
+)
 TABLE_PER_FEATURE = flags.DEFINE_bool(
     "table_per_feature",
     False,
@@ -268,6 +280,7 @@ GROUPS = (
             "evict_steps",
         ),
     ),
+    ("disk tier", ("memory_rows", "ssd_path")),
     ("precision", ("accelerate_train_mode", "precision_mode")),
     ("output", ("report", "verbose")),
 )
@@ -289,6 +302,19 @@ def _eviction_needs_admission(v):
 )
 def _hashed_needs_admission(v):
     return v["not_admitted"] != "hashed" or v["access_threshold"] >= 2
+
+
+@flags.multi_flags_validator(
+    ["memory_rows", "ssd_path"],
+    message="--memory_rows and --ssd_path come together (a tiered table needs both)",
+)
+def _tier_flags_together(v):
+    return (v["memory_rows"] is None) == (not v["ssd_path"])
+
+
+@flags.validator("ssd_path", message="--ssd_path must name directories, not files")
+def _ssd_path_directories(paths):
+    return not paths or all(p and file_in_the_way(p) is None for p in paths)
 
 
 @flags.multi_flags_validator(

@@ -21,6 +21,7 @@ from npu_rec import estimator as E
 from npu_rec.keras import callbacks as kcb
 from npu_rec.models import TRAIN_OUTPUTS, build_rec_model, estimator_model_fn, specs_for
 from npu_rec.scripts import _checkpoints, _data, _report, _workers
+from npu_rec.table._create import tier_defaults
 
 
 @dataclasses.dataclass
@@ -40,6 +41,8 @@ class RunSettings:
     fallback_buckets: int = 1 << 20
     eviction_threshold: int = -1
     evict_steps: int = 100
+    memory_rows: int | None = None
+    ssd_path: tuple = ()
     table_per_feature: bool = False
     incremental_checkpoint: bool = False
     save_checkpoint_due_time: int = 60
@@ -196,6 +199,9 @@ def run_keras(s: RunSettings, plan: _data.DataPlan, *, train: bool = True):
     sizes = {t.name: int(t.size()) for t in model.tables}
     metrics = _result(s, plan, log, results, sizes, model.global_step, seconds)
     metrics["table_memory"] = {t.name: t.memory_stats() for t in model.tables}
+    tiers = {t.name: t.tier_stats() for t in model.tables if t.config.memory_rows is not None}
+    if tiers:  # hit rate, promotions, bytes read and written of tiered tables
+        metrics["tier"] = tiers
     return metrics, log, model
 
 
@@ -332,4 +338,7 @@ def run(s: RunSettings, plan: _data.DataPlan, *, train: bool = True):
     init_npu_rec(s)
     os.makedirs(s.model_dir, exist_ok=True)
     fn = run_keras if s.frontend == "keras" else run_estimator
-    return fn(s, plan, train=train)
+    if s.memory_rows is None:
+        return fn(s, plan, train=train)
+    with tier_defaults(s.memory_rows, list(s.ssd_path)):  # every table of the run is tiered
+        return fn(s, plan, train=train)

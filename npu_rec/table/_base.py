@@ -355,8 +355,9 @@ class SparseTable(abc.ABC):
 
         Raises:
           ValueError: the table already has another optimizer (one table, one
-            optimizer), or it is sharded across workers or parameter servers
-            (give those their optimizer at `create_table`).
+            optimizer), or it is sharded across workers or parameter servers, or
+            tiered and the optimizer has slots (give those their optimizer at
+            `create_table`).
           TypeError: `optimizer` is not a sparse optimizer.
         """
         if optimizer is self.optimizer:
@@ -367,6 +368,12 @@ class SparseTable(abc.ABC):
                 f"by one optimizer. Has: {self.optimizer!r}. Received: optimizer={optimizer!r}"
             )
         config = dataclasses.replace(self.config, optimizer=optimizer)  # validates the type
+        if config.memory_rows is not None and optimizer.slot_specs:
+            raise ValueError(
+                f"Tiered table {self.name!r} (`memory_rows`) lays out its disk records with "
+                "its optimizer's slots: pass an optimizer with slots to npu_rec.create_table. "
+                f"Received: optimizer={optimizer!r} bound later"
+            )
         shards = self.shards
         if not all(hasattr(s, "add_optimizer_slots") for s in shards):
             raise ValueError(
@@ -482,6 +489,26 @@ class SparseTable(abc.ABC):
                 newest,
             )
             self._clamped_reported = int(count)
+
+    def tier_stats(self) -> dict[str, float]:
+        """Counters of a tiered table (`memory_rows`, `ssd_path`) since it was made.
+
+        Keys: `lookups` and `hits` (unique keys of training lookups, and those
+        found in memory), `hit_rate`, `promotions`, `demotions`, `bytes_read`,
+        `bytes_written`, `compactions`, `steps` (training lookups), `cold_keys`,
+        `memory_keys` (-1 outside eager mode), `disk_bytes` (records in the
+        segment files, live or dead) and `disk_bytes_per_key`.
+
+        Raises:
+          ValueError: the table is not tiered.
+        """
+        stats = getattr(self.backend, "tier_stats", None)
+        if stats is None:
+            raise ValueError(
+                f"Sparse table {self.name!r} is not tiered: `tier_stats` needs a table "
+                "made with `memory_rows` and `ssd_path`."
+            )
+        return stats(self)
 
     # ------------------------------------------------------------------ state
     def export(self, session=None) -> dict[str, Any]:

@@ -59,6 +59,10 @@ class TableConfig:
       num_shards: Key-hash shards of the table (>= 1).
       value_dtype: Storage dtype of the rows: `tf.float32`, `tf.bfloat16` or
         `tf.float16` (names accepted; stored as the `tf.DType`).
+      memory_rows: Tiered table: rows kept in memory (per table; >= 1), or None
+        (every row in memory). See `npu_rec.table._tier`.
+      ssd_path: Tiered table: the directories of its disk tier (a tuple of
+        names; a string is taken as one), or None.
     """
 
     name: str
@@ -75,6 +79,8 @@ class TableConfig:
     max_pending_keys: int = DEFAULT_MAX_PENDING_KEYS
     num_shards: int = 1
     value_dtype: Any = tf.float32
+    memory_rows: int | None = None
+    ssd_path: Any = None
 
     def __post_init__(self):
         self._validate()
@@ -131,6 +137,28 @@ class TableConfig:
                     "(SGD, Adagrad, Adam, Ftrl) or None. "
                     f"Received: optimizer={self.optimizer!r}"
                 )
+
+        self._validate_tier()
+
+    def _validate_tier(self) -> None:
+        """`memory_rows` and `ssd_path` come together (`npu_rec.table._tier`)."""
+        if self.memory_rows is None and self.ssd_path is None:
+            return
+        if self.memory_rows is None or self.ssd_path is None:
+            raise ConfigError(
+                "A tiered table needs both `memory_rows` and `ssd_path` (or neither). "
+                f"Received: memory_rows={self.memory_rows!r}, ssd_path={self.ssd_path!r}"
+            )
+        rows = check_int("memory_rows", self.memory_rows, 1, None, rule="an integer >= 1 (or None)")
+        object.__setattr__(self, "memory_rows", rows)
+        from npu_rec.table._tier_store import check_dirs  # noqa: PLC0415
+
+        object.__setattr__(self, "ssd_path", check_dirs(self.ssd_path))
+
+    @property
+    def tiered(self) -> bool:
+        """True for a table with a disk tier (`memory_rows` and `ssd_path`)."""
+        return self.memory_rows is not None
 
     @property
     def admission(self) -> bool:

@@ -7,6 +7,8 @@ so neither imports the other to pick one.
 
 from __future__ import annotations
 
+import contextlib
+
 import tensorflow as tf
 
 from npu_rec._validation import ConfigError
@@ -22,6 +24,23 @@ from npu_rec.table._fallback import attach as attach_fallback
 from npu_rec.table._fused import select_backend
 from npu_rec.table._sharded import ShardedTable
 from npu_rec.table._sparse import SingleShardTable
+
+#: `memory_rows` and `ssd_path` of tables made without them (`tier_defaults`), or None.
+_TIER_DEFAULTS: tuple | None = None
+
+
+@contextlib.contextmanager
+def tier_defaults(memory_rows: int, ssd_path):
+    """Within the block, `create_table` calls without `memory_rows`/`ssd_path` get these.
+
+    For the scripts' `--memory_rows`/`--ssd_path`: every table of a run is tiered.
+    """
+    global _TIER_DEFAULTS
+    old, _TIER_DEFAULTS = _TIER_DEFAULTS, (memory_rows, ssd_path)
+    try:
+        yield
+    finally:
+        _TIER_DEFAULTS = old
 
 
 def create_table(
@@ -40,6 +59,8 @@ def create_table(
     max_pending_keys: int = DEFAULT_MAX_PENDING_KEYS,
     num_shards: int = 1,
     value_dtype=tf.float32,
+    memory_rows: int | None = None,
+    ssd_path=None,
 ) -> SparseTable:
     """Creates a sparse embedding table keyed by raw ids.
 
@@ -83,6 +104,14 @@ def create_table(
         computes in float32 and rounds the new rows to `value_dtype`
         stochastically, reproducibly for a given (table, key, step) (see
         docs/design.md "Compact rows"). bfloat16 halves the rows' bytes.
+      memory_rows: With `ssd_path`, a tiered table: the hottest `memory_rows`
+        rows (divided between the shards) stay in memory, the others live in
+        append-only files under `ssd_path` and come back to memory when a
+        training lookup sees their keys (docs/design.md "Tiered tables"). Its
+        key count is bounded by the disk, not by `capacity`. None = every row
+        in memory.
+      ssd_path: A directory, or a list of directories the disk tier spreads its
+        files over (each table uses its own subdirectory).
 
     Returns:
       A `SparseTable`: a `SingleShardTable`, or a `ShardedTable` when
@@ -113,6 +142,8 @@ def create_table(
             ) from err
     if capacity is None:
         capacity = DEFAULT_DYNAMIC_CAPACITY if dynamic_expansion else DEFAULT_FIXED_CAPACITY
+    if memory_rows is None and ssd_path is None and _TIER_DEFAULTS is not None:
+        memory_rows, ssd_path = _TIER_DEFAULTS
     config = TableConfig(
         name=name,
         dim=dim,
@@ -128,6 +159,8 @@ def create_table(
         max_pending_keys=max_pending_keys,
         num_shards=num_shards,
         value_dtype=value_dtype,
+        memory_rows=memory_rows,
+        ssd_path=ssd_path,
     )
     from npu_rec.distribute._ps import table_for_ps  # noqa: PLC0415
     from npu_rec.distribute._strategy import (  # noqa: PLC0415
@@ -143,6 +176,8 @@ def create_table(
             f"{name!r}"
         )
     backend = select_backend()  # stock ops or the compiled kernels, for the table's life
+    if config.tiered:
+        return _tiered_table(config, backend)
     table = table_for_strategy(config, backend)  # sharded across workers (multi-worker strategy)
     if table is None:
         table = table_for_ps(
@@ -154,3 +189,27 @@ def create_table(
         )
     attach_fallback(table)
     return table
+
+
+def _tiered_table(config: TableConfig, backend) -> SparseTable:
+    """A tiered table in this process (`npu_rec.table._tier`)."""
+    from npu_rec.distribute._ps import placed_num_ps  # noqa: PLC0415
+    from npu_rec.distribute._strategy import current_exchange  # noqa: PLC0415
+    from npu_rec.table._tier import tiered_backend  # noqa: PLC0415
+
+    if placed_num_ps() or current_exchange() is not None:
+        raise ConfigError(
+            f"Tiered table {config.name!r}: a table with `memory_rows` and `ssd_path` lives "
+            "in one process for now (no parameter servers, no multi-worker strategy). "
+            f"Received: memory_rows={config.memory_rows}, ssd_path={list(config.ssd_path)}"
+        )
+    if config.not_admitted != "zeros":
+        raise ConfigError(
+            f"Tiered table {config.name!r}: not_admitted='hashed' is not available with a "
+            "disk tier yet; use not_admitted='zeros' there. Received: "
+            f"not_admitted={config.not_admitted!r}, memory_rows={config.memory_rows}"
+        )
+    backend = tiered_backend(backend)
+    if config.num_shards > 1:
+        return ShardedTable(config, backend)
+    return SingleShardTable(config, backend)

@@ -83,6 +83,7 @@ class ShardedTable(SparseTable):
             num_shards=1,
             capacity=-(-config.capacity // n),
             max_pending_keys=max(2, -(-config.max_pending_keys // n)),
+            memory_rows=None if config.memory_rows is None else -(-config.memory_rows // n),
         )
         self._shards = []
         for s in range(n):

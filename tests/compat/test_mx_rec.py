@@ -74,8 +74,10 @@ def test_create_table_maps_and_refuses():
     assert half.core.config.value_dtype == tf.float16
     emb = sparse_lookup(half, tf.constant([[1, 2]], tf.int64), is_train=False)
     assert emb.dtype == tf.float32
-    with pytest.raises(ValueError, match="host_vocabulary_size"):
-        create_table(tf.int64, 8, "c3", None, device_vocabulary_size=10, host_vocabulary_size=10)
+    host = create_table(tf.int64, 8, "c3", None, device_vocabulary_size=10, host_vocabulary_size=5)
+    assert host.capacity() == 15  # device and host rows are both process memory
+    with pytest.raises(ValueError, match="ssd_data_path"):
+        create_table(tf.int64, 8, "c6", None, device_vocabulary_size=10, ssd_vocabulary_size=10)
     with pytest.raises(TypeError, match="unexpected"):
         create_table(tf.int64, 8, "c4", None, bogus=1)
 
@@ -346,3 +348,25 @@ def test_scaling_the_learning_rate_field_scales_the_row_update(field):
             np.testing.assert_allclose(table.core.export(session=sess)["values"], [[0.5]])
     with pytest.raises(ValueError, match="learning_rate"):
         opt._lr = -1.0
+
+
+def test_an_ssd_tier_maps_to_a_tiered_table(tmp_path):
+    from npu_rec.compat.mx_rec.optimizers.adagrad import create_hash_optimizer
+
+    t = create_table(
+        tf.int64,
+        4,
+        "ssd",
+        None,
+        device_vocabulary_size=2,
+        host_vocabulary_size=1,
+        ssd_vocabulary_size=100,
+        ssd_data_path=[str(tmp_path)],
+        optimizer_list=[create_hash_optimizer(0.1)],
+    )
+    ids = tf.constant([[1, 2], [3, 4], [5, 6]], tf.int64)
+    emb = sparse_lookup(t, ids)
+    assert emb.shape == (3, 2, 4)
+    assert (t.core.config.memory_rows, t.core.config.ssd_path) == (3, (str(tmp_path),))
+    sparse_lookup(t, tf.constant([[7], [8]], tf.int64))
+    assert t.size() == 8 and t.core.tier_stats()["cold_keys"] >= 5

@@ -218,3 +218,19 @@ def test_config_round_trip_with_a_table_learning_rate_schedule():
     plain = SparseEmbedding("plain_lr", 4, optimizer=npu_rec.optimizers.SGD(lambda step: 0.1))
     with pytest.raises(ValueError, match="cannot serialise its learning_rate"):
         plain.get_config()
+
+
+def test_a_layer_takes_the_tier_arguments_of_create_table(tmp_path):
+    layer = SparseEmbedding(
+        "tiered_layer",
+        4,
+        optimizer=npu_rec.optimizers.Adagrad(0.1),
+        access_threshold=0,
+        memory_rows=2,
+        ssd_path=str(tmp_path),
+    )
+    layer(tf.constant([[1, 2, 3]], tf.int64))
+    assert layer.table.config.memory_rows == 2
+    assert layer.get_config()["memory_rows"] == 2
+    with pytest.raises(ValueError, match="needs both `memory_rows` and `ssd_path`"):
+        SparseEmbedding("half_tiered", 4, memory_rows=2)(tf.constant([[1]], tf.int64))

@@ -96,6 +96,17 @@ def test_launch_help_is_immediate_and_loads_no_tensorflow():
             ["--export_dir", "'{tmp}/a_file' is a file, not a directory"],
         ),
         ("inspect_checkpoint", ["--model_dir={tmp}/none"], ["must be an existing directory"]),
+        ("train", ["--memory_rows=100"], ["--memory_rows and --ssd_path come together"]),
+        (
+            "train",
+            ["--memory_rows=0", "--ssd_path={tmp}"],
+            ["--memory_rows=0", "not a positive integer"],
+        ),
+        (
+            "train",
+            ["--memory_rows=9", "--ssd_path=/dev/null"],
+            ["--ssd_path must name directories"],
+        ),
     ],
 )
 def test_flags_that_cannot_work_fail_in_one_line_before_tensorflow(name, args, fragments, tmp_path):

@@ -230,3 +230,20 @@ def test_rerun_after_max_steps_keeps_the_metrics_and_says_so(tmp_path, capsys, f
         f"--model_dir={model_dir}"
     ) in out
     assert f"eval_auc={json.loads(first)['eval_auc']:.4f}" in out
+
+
+@pytest.mark.parametrize("frontend", ["keras", "estimator"])
+def test_tiered_tables_train_save_and_resume(tmp_path, frontend):
+    model_dir, ssd = tmp_path / "run", tmp_path / "ssd"
+    tier = dict(memory_rows=300, ssd_path=[str(ssd)], frontend=frontend, model_dir=str(model_dir))
+    with flagsaver.flagsaver(**{**TINY, "max_steps": 20}, **tier):
+        train.main(["train.py"])
+    with flagsaver.flagsaver(**TINY, **tier):
+        train.main(["train.py"])
+    m = _metrics(model_dir)
+    assert m["start_step"] == 20 and m["global_step"] == 30
+    assert m["table_sizes"]["categorical"] > 1000  # both tiers; far more than memory_rows
+    assert ssd.is_dir()
+    if frontend == "keras":
+        stats = m["tier"]["categorical"]
+        assert stats["promotions"] > 0 and stats["demotions"] > 0 and 0 < stats["hit_rate"] < 1

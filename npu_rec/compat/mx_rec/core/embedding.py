@@ -18,7 +18,6 @@ from npu_rec.compat.mx_rec import _saver, _sessions
 from npu_rec.compat.mx_rec.constants import constants as _c
 from npu_rec.compat.mx_rec.core.asc.feature_spec import FeatureSpec
 from npu_rec.table._base import SparseTable
-from npu_rec.table._config import global_use_dynamic_expansion
 from npu_rec.table._rounding import check_value_dtype
 
 _NO_CPU_MEANING = (
@@ -27,7 +26,6 @@ _NO_CPU_MEANING = (
     "enable_merge",
     "fusion_optimizer_var",
     "hashtable_threshold",
-    "ssd_data_path",
 )
 
 
@@ -49,6 +47,7 @@ class HashTable:
         num_shards,
         optimizer,
         value_dtype=tf.float32,
+        tier=None,
     ):
         self.table_name = self.name = name
         self.value_dtype = value_dtype
@@ -64,6 +63,8 @@ class HashTable:
         self._last: SparseTable | None = None
         self._thresholds: tuple[int, int] | None = None
         self._capacity_ops: dict[int, tf.Tensor] = {}
+        #: `create_table` keywords of an SSD tier (`memory_rows`, `ssd_path`), or {}.
+        self._tier = dict(tier or {})
 
     @staticmethod
     def _graph():
@@ -107,6 +108,7 @@ class HashTable:
             eviction_threshold=self._thresholds[1],
             num_shards=self._num_shards,
             value_dtype=self.value_dtype,
+            **self._tier,
         )
         _saver.COMPAT_TABLES.add(core)
         graph = self._graph()
@@ -199,28 +201,39 @@ def create_table(
     -> `initializer` (fan-based ones sized from `[device_vocabulary_size,
     dim]`), scaled by `init_param`; an `optimizer_list` keyword (older Rec SDK)
     binds the table's optimizer now. `is_dp`, `all2all_gradients_op`,
-    `enable_merge`, `fusion_optimizer_var`, `hashtable_threshold` and
-    `ssd_data_path` have no meaning in one CPU process and are ignored.
+    `enable_merge`, `fusion_optimizer_var` and `hashtable_threshold` have no
+    meaning in one CPU process and are ignored.
+
+    Tiers: device (HBM) and host (DDR) rows are both process memory here:
+    `host_vocabulary_size` adds to the capacity. `ssd_vocabulary_size > 0`
+    makes a tiered table (`npu_rec.create_table(memory_rows=, ssd_path=)`):
+    `memory_rows = device_vocabulary_size + host_vocabulary_size`, the other
+    rows in files under `ssd_data_path` (a directory or a list of them); its
+    optimizer must then come with `optimizer_list` (the disk records are laid
+    out with the optimizer's slots).
 
     Raises:
       ValueError: `value_dtype` other than float32, bfloat16 or float16 (the
-        rows' storage dtype, `npu_rec.create_table`'s), a host (DDR) or SSD tier
-        (`host_vocabulary_size`/`ssd_vocabulary_size` > 0 without dynamic
-        expansion), `is_save=False`, padding keys, or several optimizers.
+        rows' storage dtype, `npu_rec.create_table`'s), an SSD tier without
+        `ssd_data_path` or `optimizer_list`, `is_save=False`, padding keys, or
+        several optimizers.
       TypeError: an unknown keyword.
     """
     optimizer_list = kwargs.pop("optimizer_list", None)
     if kwargs:
         raise TypeError(f"create_table() got unexpected keyword arguments: {sorted(kwargs)}")
     value_dtype = check_value_dtype(value_dtype)
-    if (host_vocabulary_size or ssd_vocabulary_size) and not global_use_dynamic_expansion():
-        raise ValueError(
-            "npu_rec keeps every row in memory: there is no host (DDR) or SSD tier yet, so "
-            "`host_vocabulary_size` and `ssd_vocabulary_size` must be 0 (or dynamic expansion "
-            "on, where mx_rec ignores them too). Received: "
-            f"host_vocabulary_size={host_vocabulary_size}, "
-            f"ssd_vocabulary_size={ssd_vocabulary_size}"
-        )
+    memory = device_vocabulary_size + (host_vocabulary_size or 0)
+    tier = {}
+    if ssd_vocabulary_size:
+        if not ssd_data_path or not optimizer_list:
+            raise ValueError(
+                "An SSD tier (`ssd_vocabulary_size` > 0) needs `ssd_data_path` (its "
+                "directories) and `optimizer_list` (its records hold the optimizer's slots). "
+                f"Received: ssd_vocabulary_size={ssd_vocabulary_size}, "
+                f"ssd_data_path={ssd_data_path!r}, optimizer_list={optimizer_list!r}"
+            )
+        tier = {"memory_rows": memory, "ssd_path": ssd_data_path}
     if not is_save:
         raise ValueError("npu_rec saves every table with its checkpoints. Received: is_save=False")
     if padding_keys is not None or padding_keys_mask or padding_keys_len is not None:
@@ -250,10 +263,11 @@ def create_table(
         dim,
         key_dtype,
         initializer,
-        device_vocabulary_size,
+        memory,
         shard_num,
         optimizer,
         value_dtype=value_dtype,
+        tier=tier,
     )
 
 

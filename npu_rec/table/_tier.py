@@ -1,0 +1,541 @@
+"""Tiered tables: the hottest `memory_rows` rows in memory, the others on disk.
+
+`create_table(..., memory_rows=N, ssd_path=...)` gives a table whose shards
+use a tiered backend (`TieredStockBackend` or `TieredKernelBackend`: the
+stock or the kernel backend with the tier on top, so both lookup paths work).
+The in-memory tier is the usual shard state (`RowStorage`, key index,
+pending counters); the disk tier is a `SegmentStore` (`_tier_store`: records
+of key, row, slots, count, last-seen and checksum in append-only segment
+files) and a second key index, `cold_index`, mapping each cold key to its
+record's location (16 B per bucket, the map's load factor on top).
+
+Every training lookup first runs `prepare` on the batch's unique keys (in the
+shard's lock, before the in-memory lookup, which then runs unchanged):
+
+1. the batch's keys without a row in memory are probed in `cold_index`;
+2. if the memory rows plus those keys would pass `memory_rows`, that many
+   victims are demoted: the live rows with the oldest last-seen time (ties:
+   the fewest sightings; one O(n) selection over those two columns), never a row of a key looked up since the last
+   optimizer step (its gradient is still to come); their records are written
+   by one sequential append and their keys move to `cold_index`;
+3. the batch's cold keys are promoted: one batched read, rows allocated and
+   written back exactly as they were (values, slots, counts, saved counts,
+   last-seen), keys moved to the in-memory index;
+4. a sealed segment less than a quarter live is compacted (its live records are
+   rewritten at the end of the log and `cold_index` follows them);
+5. both indexes are rebuilt when their tombstones crowd them.
+
+A promotion or a demotion changes no exported value: `export()` of a tiered
+table equals that of an in-memory table fed the same batches (tested in
+tests/table/test_tier.py). `memory_rows` is a bound on the rows kept between
+steps: while one step's keys (those of the batch and of earlier lookups not
+yet followed by an optimizer step) need more rows, memory holds them.
+
+Whole-table operations see both tiers: `size` (in memory + cold keys),
+`evict` (idle keys of either tier; a dead record's space returns through
+compaction), `export` (in-memory rows, then the live records), `load` (the
+hottest `memory_rows` rows by last-seen and count into memory, the rest into
+a fresh log), `end_period` (a period counter; see `_tier_store`).
+Checkpoints therefore hold both tiers in the usual format: a tiered
+checkpoint restores into an in-memory table and the reverse.
+
+Inference lookups read cold rows from disk without promoting them;
+`find_rows` (`apply_gradients` of ids not looked up) promotes.
+
+Limits: the optimizer (its slots) must be known when the table is made; the
+store lives in the process (no parameter-server or multi-worker tables).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import tensorflow as tf
+
+from npu_rec._validation import ConfigError
+from npu_rec.table import _tier_store
+from npu_rec.table._base import NO_NOW
+from npu_rec.table._fused import KernelBackend
+from npu_rec.table._key_index import KeyIndex
+from npu_rec.table._state import ShardState
+from npu_rec.table._stock import StockBackend
+
+
+@dataclasses.dataclass(eq=False)
+class TierState(ShardState):
+    """A `ShardState` with the disk tier (see module docstring).
+
+    Attributes:
+      cold_index: Cold key -> record location.
+      store: The shard's `SegmentStore`.
+      protected: int64 [p] keys looked up since the last optimizer step.
+      protected_step: int64 scalar, the optimizer step `protected` belongs to.
+      memory_rows: The shard's bound on rows kept in memory.
+    """
+
+    cold_index: KeyIndex | None = None
+    store: _tier_store.SegmentStore | None = None
+    protected: tf.Variable | None = None
+    protected_step: tf.Variable | None = None
+    memory_rows: int = 0
+
+    def variables(self) -> list[tf.Variable]:
+        """The shard's variables, the tier's included (table state, not dense model state)."""
+        cold = self.cold_index
+        return [
+            *super().variables(),
+            cold.removed,
+            cold.reserved_rows,
+            self.protected,
+            self.protected_step,
+        ]
+
+
+def _np_dtype(dtype: tf.DType):
+    return dtype.as_numpy_dtype
+
+
+class TierMixin:
+    """The tier on top of a backend (see module docstring); mixed into stock or kernels."""
+
+    # ------------------------------------------------------------------ state
+    def create_state(self, config, graph_mode: bool) -> TierState:
+        hot = dataclasses.replace(config, capacity=config.memory_rows, dynamic_expansion=True)
+        st = TierState.create(hot, self.map_class(), graph_mode)
+        st.memory_rows = config.memory_rows
+        st.cold_index = KeyIndex(config.capacity, name="cold_index", map_class=self.map_class())
+        st.protected = tf.Variable(
+            tf.zeros([0], tf.int64), trainable=False, name="protected", shape=tf.TensorShape([None])
+        )
+        st.protected_step = tf.Variable(
+            tf.constant(-1, tf.int64), trainable=False, name="protected_step"
+        )
+        s = st.rows
+        slot_dtype = next(iter(s.slots.values())).dtype if s.slots else tf.float32
+        st.store = _tier_store.SegmentStore(
+            config.ssd_path,
+            config.name,
+            config.dim,
+            _np_dtype(s.values.dtype),
+            list(s.slots),
+            _np_dtype(slot_dtype),
+            segment_bytes=_tier_store.DEFAULT_SEGMENT_BYTES,
+        )
+        return st
+
+    @staticmethod
+    def _check_slots(shard) -> None:
+        st = shard.state
+        if list(st.rows.slots) != st.store.slot_names:
+            raise ConfigError(
+                f"Tiered table {shard.name!r} must get its optimizer when it is created "
+                "(`create_table(..., optimizer=...)`): its disk records were laid out for "
+                f"slots {st.store.slot_names}. Received: slots {list(st.rows.slots)}"
+            )
+
+    # ------------------------------------------------------------ the prepare step
+    def prepare(self, shard, keys, count: bool = True) -> tf.Operation:
+        """Promotes the cold ones of unique `keys` and demotes victims (call in the lock).
+
+        `count`: a training lookup (its keys count in the hit rate).
+        """
+        self._check_slots(shard)
+        st = shard.state
+        s = st.rows
+        keys = tf.reshape(tf.cast(keys, tf.int64), [-1])
+        protected = self._protect(shard, keys)
+        with tf.control_dependencies([protected]):
+            rows0 = tf.reshape(st.index.lookup(keys), [-1])
+        miss = tf.boolean_mask(keys, rows0 < 0)
+        locs = tf.reshape(st.cold_index.lookup(miss), [-1])
+        found = locs >= 0
+        pkeys = tf.boolean_mask(miss, found)
+        plocs = tf.boolean_mask(locs, found)
+        n_miss = tf.size(miss, out_type=tf.int64)
+        excess = tf.maximum(s.live_count() + n_miss - st.memory_rows, 0)
+        demoted = tf.cond(
+            excess > 0,
+            lambda: self._demote(shard, excess, protected),
+            lambda: tf.constant(0, tf.int64),
+        )
+        n_keys = tf.size(keys, out_type=tf.int64)
+        with tf.control_dependencies([demoted]):
+            promoted = self._promote(shard, pkeys, plocs, n_keys if count else -1, n_keys - n_miss)
+        with tf.control_dependencies([promoted]):
+            compacted = self._maybe_compact(shard)
+        with tf.control_dependencies([compacted]):
+            return tf.group(st.index.maybe_rebuild(), st.cold_index.maybe_rebuild())
+
+    def _protect(self, shard, keys) -> tf.Tensor:
+        """int64 [p]: the keys no demotion may take now (this step's), recorded."""
+        st = shard.state
+        if shard.optimizer is None:
+            return keys
+        step = st.opt_step.read_value()
+        same = tf.equal(st.protected_step.read_value(), step)
+        prot = tf.cond(
+            same,
+            lambda: tf.unique(tf.concat([st.protected.read_value(), keys], 0))[0],
+            lambda: tf.identity(keys),
+        )
+        # A table looked up again and again without an optimizer step: the batch only.
+        prot = tf.cond(
+            tf.size(prot, out_type=tf.int64) > max(st.memory_rows, 1),
+            lambda: tf.identity(keys),
+            lambda: prot,
+        )
+        ops = [
+            st.protected.assign(prot, read_value=False),
+            st.protected_step.assign(step, read_value=False),
+        ]
+        with tf.control_dependencies(ops):
+            return tf.identity(prot)
+
+    def _demote(self, shard, excess, protected) -> tf.Tensor:
+        st = shard.state
+        s = st.rows
+        store = st.store
+        n = s.next_row.read_value()
+        upto = tf.range(n)
+        counts = tf.gather(s.counts, upto)
+        seen = tf.gather(s.last_seen, upto)
+        prot_rows = tf.reshape(st.index.lookup(protected), [-1])
+        prot_rows = tf.boolean_mask(prot_rows, prot_rows >= 0)
+        held = tf.scatter_nd(
+            prot_rows[:, None], tf.ones_like(prot_rows, tf.int32), tf.reshape(n, [1])
+        )
+        eligible = (counts > 0) & tf.equal(held, 0)
+        c = tf.cast(counts, tf.float64)
+        score = tf.where(
+            eligible,
+            tf.cast(seen, tf.float64) + 1.0 - 1.0 / (1.0 + c),
+            tf.constant(np.inf, tf.float64),
+        )
+        k = tf.minimum(excess, tf.math.count_nonzero(eligible, dtype=tf.int64))
+
+        def lowest(score, k):  # O(n) selection (TF's top_k sorts: ~4x slower at 200k rows)
+            if k >= len(score):
+                return np.arange(len(score), dtype=np.int64)
+            return np.argpartition(score, k)[:k].astype(np.int64)
+
+        victims = tf.reshape(tf.numpy_function(lowest, [score, k], tf.int64), [-1])
+        vkeys = tf.gather(s.row_keys, victims)
+        values = tf.gather(s.values, victims)
+        slots = self._gather_slots(shard, victims)
+        vcounts = tf.gather(s.counts, victims)
+        vsaved = tf.gather(s.saved_counts, victims)
+        vseen = tf.gather(s.last_seen, victims)
+
+        def write(keys, values, slots, counts, saved, seen):
+            recs = store.make_records(keys, values, slots, counts, saved, seen)
+            locs = store.append(recs)
+            store.stats["demotions"] += len(keys)
+            return locs
+
+        locs = tf.numpy_function(
+            write, [vkeys, values, slots, vcounts, vsaved, vseen], tf.int64, stateful=True
+        )
+        locs = tf.reshape(locs, [-1])
+        with tf.control_dependencies([locs]):
+            moved = tf.group(st.cold_index.insert(vkeys, locs), st.index.remove(vkeys))
+        with tf.control_dependencies([moved]):
+            released = s.release(victims)
+        with tf.control_dependencies([released]):
+            return tf.identity(k)
+
+    def _gather_slots(self, shard, rows) -> tf.Tensor:
+        """[k, num_slots, dim] of the rows' slots ([k, 0, dim] without an optimizer)."""
+        s = shard.state.rows
+        if not s.slots:
+            return tf.zeros(tf.stack([tf.size(rows), 0, shard.dim]), tf.float32)
+        return tf.stack([tf.gather(v, rows) for v in s.slots.values()], 1)
+
+    def _read_outputs(self, shard):
+        s = shard.state.rows
+        slot_dtype = next(iter(s.slots.values())).dtype if s.slots else tf.float32
+        return s.values.dtype, slot_dtype
+
+    def _promote(self, shard, pkeys, plocs, n_keys, n_hot) -> tf.Operation:
+        st = shard.state
+        s = st.rows
+        store = st.store
+        row_dtype, slot_dtype = self._read_outputs(shard)
+
+        def read(locs, n_keys, n_hot):
+            if n_keys >= 0:
+                store.stats["steps"] += 1
+                store.stats["lookups"] += int(n_keys)
+                store.stats["hits"] += int(n_hot)
+            recs = store.read(locs)
+            store.kill(locs)
+            store.stats["promotions"] += len(locs)
+            slots = recs["slots"] if store.slot_names else np.zeros((len(recs), 0, store.dim))
+            return (
+                recs["row"].astype(row_dtype.as_numpy_dtype),
+                slots.astype(slot_dtype.as_numpy_dtype),
+                recs["count"].copy(),
+                store.saved_counts(recs),
+                recs["last_seen"].copy(),
+            )
+
+        values, slots, counts, saved, seen = tf.numpy_function(
+            read,
+            [plocs, n_keys, n_hot],
+            [row_dtype, slot_dtype, tf.int64, tf.int64, tf.int64],
+            stateful=True,
+        )
+        m = tf.size(pkeys, out_type=tf.int64)
+
+        def write():
+            rows, alloc = s.allocate(m)
+            with tf.control_dependencies([rows]):
+                ops = [
+                    s.values.scatter_update(
+                        tf.IndexedSlices(tf.reshape(values, [-1, shard.dim]), rows)
+                    ),
+                    s.row_keys.scatter_update(tf.IndexedSlices(pkeys, rows)),
+                    s.counts.scatter_update(tf.IndexedSlices(tf.reshape(counts, [-1]), rows)),
+                    s.saved_counts.scatter_update(tf.IndexedSlices(tf.reshape(saved, [-1]), rows)),
+                    s.last_seen.scatter_update(tf.IndexedSlices(tf.reshape(seen, [-1]), rows)),
+                    st.index.insert(pkeys, rows),
+                    st.cold_index.remove(pkeys),
+                ]
+                slot3 = tf.reshape(slots, tf.stack([m, len(s.slots), shard.dim]))
+                for i, var in enumerate(s.slots.values()):
+                    ops.append(var.scatter_update(tf.IndexedSlices(slot3[:, i, :], rows)))
+            with tf.control_dependencies([alloc, *ops]):
+                return tf.constant(True)
+
+        return tf.cond(m > 0, write, lambda: tf.identity(tf.size(values) >= 0))
+
+    def _maybe_compact(self, shard) -> tf.Tensor:
+        st = shard.state
+        store = st.store
+
+        def relocate():
+            seg = store.compaction_candidate()
+            if seg < 0:
+                return np.zeros(0, np.int64), np.zeros(0, np.int64)
+            return store.relocate(seg)
+
+        keys, locs = tf.numpy_function(relocate, [], [tf.int64, tf.int64], stateful=True)
+        keys, locs = tf.reshape(keys, [-1]), tf.reshape(locs, [-1])
+        # The map's insert keeps an existing key's value: remove first.
+        removed = st.cold_index.remove(keys)
+        with tf.control_dependencies([removed]):
+            return tf.group(st.cold_index.insert(keys, locs))
+
+    # ---------------------------------------------------------------- lookups
+    def _train_unique(self, shard, keys, counts, times, from_feature, batch_time):
+        prep = self.prepare(shard, keys)
+        with tf.control_dependencies([prep]):
+            keys = tf.identity(keys)
+            return super()._train_unique(shard, keys, counts, times, from_feature, batch_time)
+
+    def lookup_unique(self, shard, keys, counts, times, training: bool, from_feature, batch_time):
+        if training:
+            return super().lookup_unique(
+                shard, keys, counts, times, training, from_feature, batch_time
+            )
+        st = shard.state
+        store = st.store
+        rows = tf.reshape(st.index.lookup(keys), [-1])
+        emb = self.gather(shard, rows)
+        miss_pos = tf.where(rows < 0)[:, 0]
+        locs = tf.reshape(st.cold_index.lookup(tf.gather(keys, miss_pos)), [-1])
+        have = locs >= 0
+
+        def read(locs):
+            return store.read(locs)["row"].astype(np.float32)
+
+        cold = tf.numpy_function(read, [tf.boolean_mask(locs, have)], tf.float32, stateful=True)
+        cold = tf.reshape(cold, [-1, shard.dim])
+        emb = tf.tensor_scatter_nd_update(emb, tf.boolean_mask(miss_pos, have)[:, None], cold)
+        return rows, emb
+
+    def find_rows(self, shard, keys) -> tf.Tensor:
+        def promote_then_find():
+            with tf.control_dependencies([self.prepare(shard, keys, count=False)]):
+                return shard.state.index.lookup(keys)
+
+        return shard.state.locked(promote_then_find)
+
+    # ------------------------------------------------------------ maintenance
+    def _evict(self, shard, now) -> tf.Tensor:
+        c, st = shard.config, shard.state
+        store = st.store
+        now = tf.where(tf.equal(now, NO_NOW), shard.default_now(), now)
+        hot = super()._evict(shard, now)
+
+        def idle(now):
+            recs, locs = store.live_records()
+            gone = now - recs["last_seen"] > c.eviction_threshold
+            store.kill(locs[gone])
+            return recs["key"][gone].copy()
+
+        with tf.control_dependencies([hot]):
+            keys = tf.reshape(tf.numpy_function(idle, [now], tf.int64, stateful=True), [-1])
+        ops = [st.cold_index.remove(keys), st.deleted.insert(keys, tf.ones_like(keys))]
+        with tf.control_dependencies(ops):
+            rebuilt = st.cold_index.maybe_rebuild()
+        with tf.control_dependencies([rebuilt]):
+            return hot + tf.size(keys, out_type=tf.int64)
+
+    def size(self, shard) -> tf.Tensor:
+        return super().size(shard) + shard.state.cold_index.size()
+
+    def export(self, shard, min_period) -> dict[str, tf.Tensor]:
+        st = shard.state
+        store = st.store
+        out = super().export(shard, min_period)
+        names = list(st.rows.slots)
+
+        def cold(min_period):
+            recs, _ = store.live_records()
+            recs = recs[recs["count"] - store.saved_counts(recs) >= min_period]
+            slots = [recs["slots"][:, i, :].astype(np.float32) for i in range(len(names))]
+            return (
+                recs["key"].copy(),
+                recs["row"].astype(np.float32),
+                recs["count"].copy(),
+                recs["last_seen"].copy(),
+                *slots,
+            )
+
+        with tf.control_dependencies(list(out.values())):
+            parts = tf.numpy_function(
+                cold,
+                [tf.cast(min_period, tf.int64)],
+                [tf.int64, tf.float32, tf.int64, tf.int64, *[tf.float32] * len(names)],
+                stateful=True,
+            )
+        cold_cols = {
+            "keys": parts[0],
+            "values": parts[1],
+            "counts": parts[2],
+            "last_seen": parts[3],
+        }
+        cold_cols.update({f"slot/{n}": parts[4 + i] for i, n in enumerate(names)})
+        for k, v in cold_cols.items():
+            shape = [-1, shard.dim] if k == "values" or k.startswith("slot/") else [-1]
+            out[k] = tf.concat([out[k], tf.reshape(v, shape)], 0)
+        return out
+
+    def load(self, shard, state: dict[str, tf.Tensor]) -> tf.Operation:
+        st = shard.state
+        store = st.store
+        keys = tf.reshape(state["keys"], [-1])
+        counts = tf.reshape(state["counts"], [-1])
+        seen = tf.reshape(state["last_seen"], [-1])
+        c = tf.cast(counts, tf.float64)
+        score = tf.cast(seen, tf.float64) + 1.0 - 1.0 / (1.0 + c)
+        order = tf.argsort(-score, stable=True)
+        hot, cold = order[: st.memory_rows], order[st.memory_rows :]
+        per_row = ["keys", "values", "counts", "last_seen", *[f"slot/{n}" for n in st.rows.slots]]
+        hot_state = dict(state)
+        for k in per_row:
+            hot_state[k] = tf.gather(state[k], hot)
+        load_hot = super().load(shard, hot_state)
+        ckeys = tf.gather(keys, cold)
+        cslots = self._stack_slots(shard, state, cold)
+
+        def write(keys, values, slots, counts, seen):
+            store.reset()
+            recs = store.make_records(keys, values, slots, counts, counts, seen)
+            return store.append(recs)
+
+        with tf.control_dependencies([load_hot]):
+            locs = tf.numpy_function(
+                write,
+                [
+                    ckeys,
+                    tf.gather(state["values"], cold),
+                    cslots,
+                    tf.gather(counts, cold),
+                    tf.gather(seen, cold),
+                ],
+                tf.int64,
+                stateful=True,
+            )
+        reset = st.cold_index.reset(ckeys, tf.reshape(locs, [-1]))
+        with tf.control_dependencies([reset]):
+            return tf.group(
+                st.protected.assign(tf.zeros([0], tf.int64), read_value=False),
+                st.protected_step.assign(tf.constant(-1, tf.int64), read_value=False),
+            )
+
+    def _stack_slots(self, shard, state, rows) -> tf.Tensor:
+        names = list(shard.state.rows.slots)
+        if not names:
+            return tf.zeros(tf.stack([tf.size(rows), 0, shard.dim]), tf.float32)
+        return tf.stack([tf.gather(state[f"slot/{n}"], rows) for n in names], 1)
+
+    def end_period(self, shard) -> tf.Operation:
+        store = shard.state.store
+
+        def bump():
+            store.period += 1
+            return np.int64(store.period)
+
+        hot = super().end_period(shard)
+        with tf.control_dependencies([hot]):
+            return tf.group(tf.numpy_function(bump, [], tf.int64, stateful=True))
+
+    def memory_stats(self, shard) -> dict[str, tf.Tensor]:
+        out = dict(super().memory_stats(shard))
+        cold = shard.state.cold_index
+        out["live_keys"] = out["live_keys"] + cold.size()
+        out["index"] = out["index"] + tf.cast(tf.size(cold.map.export()[0]), tf.int64) * 16
+        return out
+
+    def tier_stats(self, table) -> dict[str, float]:
+        """`SparseTable.tier_stats` of a table on this backend."""
+        return tier_stats(table)
+
+
+class TieredStockBackend(TierMixin, StockBackend):
+    """The stock backend with a disk tier."""
+
+    name = "stock+tier"
+
+
+class TieredKernelBackend(TierMixin, KernelBackend):
+    """The kernel backend with a disk tier (the fused lookup runs after `prepare`)."""
+
+    name = "kernels+tier"
+
+    def fused_lookup(self, shard, ids, id_counts, times, from_feature: bool, batch_time):
+        uniq = tf.unique(tf.reshape(ids, [-1]))[0] if id_counts is None else ids
+        prep = self.prepare(shard, uniq)
+        with tf.control_dependencies([prep]):
+            ids = tf.identity(ids)
+            return super().fused_lookup(shard, ids, id_counts, times, from_feature, batch_time)
+
+
+_TIERED = {StockBackend: TieredStockBackend(), KernelBackend: TieredKernelBackend()}
+
+
+def tiered_backend(base) -> TierMixin:
+    """The tiered backend over `base` (the backend `select_backend` chose)."""
+    return _TIERED[KernelBackend if isinstance(base, KernelBackend) else StockBackend]
+
+
+def tier_stats(table) -> dict[str, float]:
+    """Counters of a tiered table's shards, summed (see `SparseTable.tier_stats`)."""
+    total: dict[str, float] = {}
+    cold = disk = hot = 0
+    for shard in table.shards:
+        store = shard.state.store
+        for k, v in store.stats.items():
+            total[k] = total.get(k, 0) + v
+        cold += store.num_live()
+        disk += store.disk_bytes()
+    eager = tf.executing_eagerly() and not table._graph_mode
+    hot = int(sum(int(s.state.rows.live_count()) for s in table.shards)) if eager else -1
+    total["hit_rate"] = total["hits"] / total["lookups"] if total["lookups"] else 0.0
+    total["cold_keys"] = cold
+    total["memory_keys"] = hot
+    total["disk_bytes"] = disk
+    total["disk_bytes_per_key"] = disk / cold if cold else 0.0
+    return total

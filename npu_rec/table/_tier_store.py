@@ -1,0 +1,391 @@
+"""`SegmentStore`: the disk tier of a tiered table, append-only segment files of fixed-size records.
+
+A tiered table (`npu_rec.table._tier`) keeps its hottest rows in the usual
+`RowStorage` and the others here. One record holds everything of one cold
+key, written together (docs/design.md "Tiered tables"):
+
+    key int64 | count int64 | saved_count int64 | last_seen int64 | period int64
+    | row (row dtype, dim) | slots (slot dtype, [num_slots, dim]) | pad | checksum uint64
+
+The row's and the slots' storage dtypes and the width are parameters of the
+layout (`record_dtype`), so a table storing compact rows writes their bytes
+as they are. Every record of a table has the same size, so a record is
+addressed by its location `segment * records_per_segment + slot`.
+
+Files: `seg-<number>.npr` in `<dir>/<table name>.<pid>.<n>/` (one
+directory per store and process), segment `k` in `dirs[k % len(dirs)]`. A segment is preallocated (sparse) to
+`records_per_segment` records and filled front to back by one `pwrite` per
+demotion batch (sequential); full, it is sealed and the next one opened. Reads
+gather the records of a batch through a read-only map of each segment (one
+vectorised gather per segment, no call per key). Each record carries a
+checksum (a 64-bit weighted sum of its 8-byte words, offset so that a zeroed
+record fails); a record that fails it raises `SegmentCorruptedError` naming
+the file, at the read that meets it (a promotion, an export, a save).
+
+Liveness: a bit per written record (`live`); a promotion or an eviction
+clears it, and a segment holding no live record is deleted. A sealed
+segment less than a quarter live is compacted: its live records are appended to
+the open segment and the file deleted (`compaction_candidate` / `relocate`).
+
+The store is the process's cache of its cold rows, not a checkpoint:
+checkpoints hold both tiers in the usual format. A store deletes its files
+when it is closed or collected and at the process's exit, and a new one
+deletes the directories of its table left by processes no longer alive
+(killed ones).
+
+`period`: a checkpoint save starts a new delta period (`end_period`); a
+record written in an earlier period reads with `saved_count = count` (a cold
+key is not sighted while it is cold), so no record is rewritten at a save.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import itertools
+import mmap
+import os
+import re
+import shutil
+import weakref
+
+import numpy as np
+
+from npu_rec._validation import ConfigError as _ConfigError
+
+_CHECK_OFFSET = np.uint64(0x9E3779B97F4A7C15)
+_SEGMENT_GLOB_PREFIX = "seg-"
+_SEGMENT_SUFFIX = ".npr"
+#: Default bytes of one segment file.
+DEFAULT_SEGMENT_BYTES = 64 << 20
+
+
+_INSTANCES = itertools.count()
+#: Open stores, closed at exit (their files go with the process that wrote them).
+_OPEN: weakref.WeakSet = weakref.WeakSet()
+
+
+@atexit.register
+def _close_all() -> None:
+    for store in list(_OPEN):
+        with contextlib.suppress(Exception):
+            store.close()
+
+
+def _remove_dead(parent: str, name: str) -> None:
+    """Deletes `<parent>/<name>.<pid>.<n>` directories of processes no longer alive."""
+    if not os.path.isdir(parent):
+        return
+    pattern = re.compile(re.escape(name) + r"\.(\d+)\.\d+$")
+    for entry in os.listdir(parent):
+        m = pattern.match(entry)
+        if m is None or int(m.group(1)) == os.getpid():
+            continue
+        try:
+            os.kill(int(m.group(1)), 0)
+        except ProcessLookupError:
+            shutil.rmtree(os.path.join(parent, entry), ignore_errors=True)
+        except OSError:  # alive, another user's
+            pass
+
+
+class SegmentCorruptedError(RuntimeError):
+    """A record of a tiered table's segment file fails its checksum."""
+
+
+def record_dtype(dim: int, row_dtype, num_slots: int, slot_dtype) -> np.dtype:
+    """The numpy record layout of a table (see module docstring)."""
+    fields = [
+        ("key", "<i8"),
+        ("count", "<i8"),
+        ("saved", "<i8"),
+        ("last_seen", "<i8"),
+        ("period", "<i8"),
+        ("row", np.dtype(row_dtype), (dim,)),
+    ]
+    if num_slots:
+        fields.append(("slots", np.dtype(slot_dtype), (num_slots, dim)))
+    body = np.dtype(fields).itemsize
+    pad = -body % 8
+    if pad:
+        fields.append(("pad", f"V{pad}"))
+    fields.append(("check", "<u8"))
+    return np.dtype(fields)
+
+
+def _weights(words: int) -> np.ndarray:
+    rng = np.random.default_rng(0x5E6)
+    return rng.integers(0, 2**63, size=words, dtype=np.uint64) * np.uint64(2) + np.uint64(1)
+
+
+class SegmentStore:
+    """The cold records of one table shard (see module docstring).
+
+    Args:
+      dirs: Directories; the store uses `<dir>/<name>.<pid>.<n>/` in each.
+      name: The shard's name.
+      dim: Row width.
+      row_dtype, slot_dtype: numpy storage dtypes of the row and the slots.
+      slot_names: The optimizer's slot names, in record order.
+      segment_bytes: Size of one segment file.
+    """
+
+    def __init__(
+        self,
+        dirs,
+        name: str,
+        dim: int,
+        row_dtype,
+        slot_names,
+        slot_dtype,
+        segment_bytes: int = DEFAULT_SEGMENT_BYTES,
+    ):
+        self.name = name
+        self.dim = dim
+        self.slot_names = list(slot_names)
+        self.dtype = record_dtype(dim, row_dtype, len(self.slot_names), slot_dtype)
+        self.words = self.dtype.itemsize // 8
+        self._w = _weights(self.words - 1)
+        self.per_segment = max(1, segment_bytes // self.dtype.itemsize)
+        instance = f"{name}.{os.getpid()}.{next(_INSTANCES)}"
+        self.dirs = [os.path.join(os.fspath(d), instance) for d in dirs]
+        for d in dirs:
+            _remove_dead(os.fspath(d), name)
+        for d in self.dirs:
+            os.makedirs(d)
+        _OPEN.add(self)
+        self.period = 0
+        self._segments: dict[int, dict] = {}  # number -> {path, fd, map, live, used}
+        self._next_segment = 0
+        self._active = -1
+        self.stats = {
+            "lookups": 0,
+            "hits": 0,
+            "promotions": 0,
+            "demotions": 0,
+            "bytes_read": 0,
+            "bytes_written": 0,
+            "compactions": 0,
+            "steps": 0,
+        }
+
+    # ------------------------------------------------------------------ files
+    def path(self, seg: int) -> str:
+        d = self.dirs[seg % len(self.dirs)]
+        return os.path.join(d, f"{_SEGMENT_GLOB_PREFIX}{seg:08d}{_SEGMENT_SUFFIX}")
+
+    def _open_segment(self) -> int:
+        seg = self._next_segment
+        self._next_segment += 1
+        path = self.path(seg)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        size = self.per_segment * self.dtype.itemsize
+        os.ftruncate(fd, size)
+        mm = mmap.mmap(fd, size, prot=mmap.PROT_READ)
+        self._segments[seg] = {
+            "path": path,
+            "fd": fd,
+            "map": mm,
+            "records": np.frombuffer(mm, dtype=self.dtype),
+            # The same bytes as rows of 8-byte words: a gather of plain rows is a
+            # row copy, where one of the structured dtype copies field by field.
+            "words": np.frombuffer(mm, dtype=np.uint64).reshape(self.per_segment, self.words),
+            "live": np.zeros(self.per_segment, bool),
+            "used": 0,
+        }
+        self._active = seg
+        return seg
+
+    def _drop_segment(self, seg: int) -> None:
+        info = self._segments.pop(seg)
+        del info["records"], info["words"]
+        try:
+            info["map"].close()
+        except BufferError:  # a view is still alive; the map closes with it
+            pass
+        os.close(info["fd"])
+        os.remove(info["path"])
+        if seg == self._active:
+            self._active = -1
+
+    def close(self) -> None:
+        """Deletes the segment files and the store's directories."""
+        for seg in list(getattr(self, "_segments", {})):
+            self._drop_segment(seg)
+        for d in getattr(self, "dirs", []):
+            with contextlib.suppress(OSError):
+                os.rmdir(d)
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown  # noqa: BLE001
+            pass
+
+    # --------------------------------------------------------------- records
+    def _checksum(self, recs: np.ndarray) -> np.ndarray:
+        words = recs.view(np.uint64).reshape(len(recs), self.words)[:, :-1]
+        with np.errstate(over="ignore"):
+            s = (words * self._w).sum(axis=1, dtype=np.uint64)
+            s ^= s >> np.uint64(29)
+            return s + _CHECK_OFFSET
+
+    def make_records(self, keys, rows, slots, counts, saved, last_seen) -> np.ndarray:
+        """A record array (checksummed) of `n` keys; `slots` is [n, num_slots, dim] or None."""
+        n = len(keys)
+        recs = np.zeros(n, self.dtype)
+        recs["key"] = keys
+        recs["count"] = counts
+        recs["saved"] = saved
+        recs["last_seen"] = last_seen
+        recs["period"] = self.period
+        recs["row"] = rows
+        if self.slot_names:
+            recs["slots"] = slots
+        recs["check"] = self._checksum(recs)
+        return recs
+
+    def append(self, recs: np.ndarray) -> np.ndarray:
+        """Writes `recs` at the end of the open segment(s); returns their int64 locations."""
+        locs = np.empty(len(recs), np.int64)
+        done = 0
+        while done < len(recs):
+            if self._active < 0 or self._segments[self._active]["used"] == self.per_segment:
+                self._open_segment()
+            info = self._segments[self._active]
+            start = info["used"]
+            take = min(len(recs) - done, self.per_segment - start)
+            chunk = recs[done : done + take]
+            data = chunk.tobytes()
+            written = os.pwrite(info["fd"], data, start * self.dtype.itemsize)
+            if written != len(data):
+                raise OSError(f"short write to {info['path']!r}: {written} of {len(data)} bytes")
+            info["live"][start : start + take] = True
+            info["used"] = start + take
+            locs[done : done + take] = self._active * self.per_segment + np.arange(
+                start, start + take
+            )
+            done += take
+        self.stats["bytes_written"] += len(recs) * self.dtype.itemsize
+        return locs
+
+    def read(self, locs: np.ndarray, verify: bool = True) -> np.ndarray:
+        """The records at `locs` (one gather per segment), checksums verified."""
+        locs = np.asarray(locs, np.int64)
+        words = np.empty((len(locs), self.words), np.uint64)
+        out = words.view(self.dtype).reshape(-1)
+        if not len(locs):
+            return out
+        segs = locs // self.per_segment
+        touched = np.unique(segs)
+        for seg in touched:
+            info = self._segments.get(int(seg))
+            if info is None:
+                raise SegmentCorruptedError(
+                    f"Tiered table {self.name!r}: segment file {self.path(int(seg))!r} is "
+                    "missing but holds live records."
+                )
+            if len(touched) == 1:
+                words[:] = info["words"][locs - seg * self.per_segment]
+                at = slice(None)
+            else:
+                at = np.nonzero(segs == seg)[0]
+                words[at] = info["words"][locs[at] - seg * self.per_segment]
+            if verify:
+                self._verify(out[at], info["path"])
+        self.stats["bytes_read"] += len(locs) * self.dtype.itemsize
+        return out
+
+    def _verify(self, recs: np.ndarray, path: str) -> None:
+        bad = self._checksum(recs) != recs["check"]
+        if bad.any():
+            raise SegmentCorruptedError(
+                f"Tiered table {self.name!r}: segment file {path!r} is corrupted: "
+                f"{int(bad.sum())} records fail their checksum (e.g. key "
+                f"{int(recs['key'][bad][0])}). The table's cold rows cannot be read; "
+                "restore the newest checkpoint."
+            )
+
+    def saved_counts(self, recs: np.ndarray) -> np.ndarray:
+        """`saved` of records, as of the current period (see module docstring)."""
+        return np.where(recs["period"] < self.period, recs["count"], recs["saved"])
+
+    def kill(self, locs: np.ndarray) -> None:
+        """Marks records dead (promoted or evicted); deletes segments left empty."""
+        locs = np.asarray(locs, np.int64)
+        segs = locs // self.per_segment
+        for seg in np.unique(segs):
+            info = self._segments[int(seg)]
+            info["live"][locs[segs == seg] - seg * self.per_segment] = False
+            if seg != self._active and not info["live"].any():
+                self._drop_segment(int(seg))
+
+    def live_records(self):
+        """(records, locations) of every live record, checksums verified."""
+        recs, locs = [], []
+        for seg, info in sorted(self._segments.items()):
+            at = np.nonzero(info["live"][: info["used"]])[0]
+            r = info["records"][at].copy()
+            self._verify(r, info["path"])
+            recs.append(r)
+            locs.append(at + seg * self.per_segment)
+        if not recs:
+            return np.zeros(0, self.dtype), np.zeros(0, np.int64)
+        return np.concatenate(recs), np.concatenate(locs)
+
+    def num_live(self) -> int:
+        return int(sum(int(i["live"].sum()) for i in self._segments.values()))
+
+    def disk_bytes(self) -> int:
+        """Bytes of the records written in the segment files (live or dead)."""
+        return sum(i["used"] for i in self._segments.values()) * self.dtype.itemsize
+
+    def reset(self) -> None:
+        """Drops every segment (the cold tier becomes empty)."""
+        for seg in list(self._segments):
+            self._drop_segment(seg)
+
+    # ------------------------------------------------------------ compaction
+    def compaction_candidate(self) -> int:
+        """A sealed segment less than a quarter live, or -1."""
+        for seg, info in self._segments.items():
+            if seg != self._active and 4 * int(info["live"].sum()) < info["used"]:
+                return seg
+        return -1
+
+    def relocate(self, seg: int):
+        """Copies segment `seg`'s live records to the open segment and deletes it.
+
+        Returns:
+          (keys int64 [k], new locations int64 [k]).
+        """
+        info = self._segments[seg]
+        at = np.nonzero(info["live"][: info["used"]])[0]
+        recs = info["records"][at].copy()
+        self._verify(recs, info["path"])
+        self._drop_segment(seg)
+        if self._active < 0:
+            self._open_segment()
+        locs = self.append(recs)
+        self.stats["compactions"] += 1
+        return recs["key"].copy(), locs
+
+
+def check_dirs(paths) -> tuple[str, ...]:
+    """`ssd_path` as a tuple of directory names (validated; see `TableConfig`)."""
+    rule = "`ssd_path` must be a directory name or a non-empty list of them"
+    if isinstance(paths, (str, os.PathLike)):
+        paths = [paths]
+    if not isinstance(paths, (list, tuple)) or not paths:
+        raise _ConfigError(f"{rule}. Received: ssd_path={paths!r}")
+    out = []
+    for p in paths:
+        if not isinstance(p, (str, os.PathLike)) or not os.fspath(p):
+            raise _ConfigError(f"{rule}. Received: ssd_path={paths!r}")
+        p = os.fspath(p)
+        if os.path.exists(p) and not os.path.isdir(p):
+            raise _ConfigError(f"{rule}; {p!r} is a file. Received: ssd_path={paths!r}")
+        out.append(p)
+    if len(set(out)) != len(out):
+        raise _ConfigError(f"{rule}, each named once. Received: ssd_path={paths!r}")
+    return tuple(out)

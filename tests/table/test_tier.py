@@ -1,0 +1,307 @@
+"""Tiered tables (`memory_rows`, `ssd_path`) against in-memory tables fed the same batches.
+
+With a tiny `memory_rows` every training step promotes and demotes, and with
+tiny segment files every few steps seal, compact or delete a segment. After
+every operation the tiered table's whole exported state (keys, rows, slots,
+counts, last-seen) must equal the in-memory table's, on the stock and the
+kernel lookup path, through eviction, growth, delta and full saves, and
+restores of each table's checkpoints into the other kind of table.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import npu_rec
+from npu_rec.checkpoint import TableCheckpointManager
+from npu_rec.table import _registry, _tier_store
+from tests.table.tier_driver import TablePair
+
+DIM = 3
+HAVE_CXX = shutil.which(os.environ.get("CXX") or "g++") is not None
+PATHS = [False, pytest.param(True, marks=pytest.mark.skipif(not HAVE_CXX, reason="no compiler"))]
+
+
+@pytest.fixture(autouse=True)
+def _small_segments(monkeypatch):
+    """Segments of a few records, so that sealing, compaction and deletion happen often."""
+    monkeypatch.setattr(_tier_store, "DEFAULT_SEGMENT_BYTES", 600)
+    _registry.clear()
+    yield
+    _registry.clear()
+
+
+_op = st.one_of(
+    st.tuples(
+        st.just("train"),
+        st.lists(st.integers(-3, 40), min_size=1, max_size=12, unique=True),
+        st.integers(0, 3),
+    ),
+    st.tuples(st.just("evict"), st.integers(0, 4)),
+    st.tuples(st.just("save"), st.sampled_from(["full", "delta"])),
+    st.tuples(st.just("restore"), st.sampled_from(["own", "other"])),
+    st.tuples(st.just("swap"), st.just(0)),
+)
+
+
+def _run(tmp_path, mode, kernels, ops, *, optimizer="adagrad", access=0, evict=4, shards=1):
+    kwargs = {
+        "access_threshold": access,
+        "eviction_threshold": evict,
+        "dynamic_expansion": True,
+        "capacity": 4,
+        "num_shards": shards,
+    }
+    pair = TablePair(
+        mode, "t", DIM, optimizer, kernels, 3 * shards, str(tmp_path / "ssd"), **kwargs
+    )
+    managers = [d.manager(str(tmp_path / f"ckpt{i}")) for i, d in enumerate(pair.both)]
+    rng = np.random.default_rng(len(ops))
+    clock, version, saved = 100, 0, False
+    try:
+        for op in ops:
+            if op[0] == "train":
+                clock += op[2]
+                ids = np.array(op[1], np.int64)
+                ts = clock - rng.integers(0, 2, len(ids))
+                grads = rng.normal(size=(len(ids), DIM)).astype(np.float32)
+                pair.step(ids, ts, grads)
+            elif op[0] == "evict":
+                pair.evict(clock + op[1])
+            elif op[0] == "save":
+                version += 1
+                for d, m in zip(pair.both, managers, strict=True):
+                    m.save(version, delta=op[1] == "delta", session=d.sess)
+                saved = True
+            elif op[0] == "restore" and saved:
+                for i, d in enumerate(pair.both):
+                    src = managers[i] if op[1] == "own" else managers[1 - i]
+                    TableCheckpointManager(src.directory, [d.table]).restore(session=d.sess)
+            elif op[0] == "swap":  # each table restores the other's full save
+                paths = [str(tmp_path / f"swap{i}.nrc") for i in range(2)]
+                for d, p in zip(pair.both, paths, strict=True):
+                    d.save(p)
+                pair.mem.restore(paths[1])
+                pair.tier.restore(paths[0])
+            pair.assert_same()
+        probe = np.arange(-3, 41, dtype=np.int64)
+        np.testing.assert_array_equal(pair.tier.read(probe), pair.mem.read(probe))
+        return pair.stats()
+    finally:
+        pair.close()
+
+
+@settings(
+    max_examples=8,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(ops=st.lists(_op, min_size=1, max_size=25))
+@pytest.mark.parametrize("kernels", PATHS)
+def test_tiered_table_exports_what_an_in_memory_table_does_after_every_operation(
+    tmp_path_factory, kernels, ops
+):
+    _registry.clear()
+    _run(tmp_path_factory.mktemp("tier"), "eager", kernels, ops)
+
+
+@settings(
+    max_examples=3,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(ops=st.lists(_op, min_size=1, max_size=20))
+@pytest.mark.parametrize("mode", ["function", "graph"])
+def test_tiered_table_agrees_in_tf_function_and_v1_graphs(tmp_path_factory, mode, ops):
+    _registry.clear()
+    _run(tmp_path_factory.mktemp("tier"), mode, HAVE_CXX, ops)
+
+
+def _busy_ops(steps=30, keys=40, seed=0):
+    rng = np.random.default_rng(seed)
+    ops = []
+    for i in range(steps):
+        ids = rng.choice(keys, size=int(rng.integers(1, 10)), replace=False).tolist()
+        ops.append(("train", ids, 1))
+        if i % 7 == 6:
+            ops.append(("save", "delta" if i % 2 else "full"))
+        if i % 11 == 10:
+            ops.append(("evict", 2))
+        if i % 13 == 12:
+            ops.append(("restore", "other"))
+    return ops
+
+
+@pytest.mark.parametrize(
+    "optimizer,access,shards",
+    [("sgd", 0, 1), ("adam", 2, 1), ("ftrl", 0, 2), ("adagrad", 3, 2)],
+)
+def test_every_optimizer_admission_and_sharding(tmp_path, optimizer, access, shards):
+    stats = _run(
+        tmp_path, "eager", HAVE_CXX, _busy_ops(), optimizer=optimizer, access=access, shards=shards
+    )
+    assert stats["promotions"] > 0 and stats["demotions"] > 0
+
+
+def test_stats_count_hits_promotions_and_bytes(tmp_path):
+    stats = _run(tmp_path, "eager", HAVE_CXX, _busy_ops(steps=40))
+    assert stats["compactions"] > 0
+    assert 0 < stats["hits"] < stats["lookups"]
+    assert stats["hit_rate"] == pytest.approx(stats["hits"] / stats["lookups"])
+    assert stats["steps"] >= 20
+    record = _tier_store.record_dtype(DIM, np.float32, 1, np.float32).itemsize
+    assert stats["bytes_read"] >= stats["promotions"] * record  # and inference reads
+    assert stats["bytes_written"] >= stats["demotions"] * record
+    assert stats["disk_bytes"] >= stats["cold_keys"] * record
+
+
+def _tiered(tmp_path, name="c", memory_rows=2):
+    return npu_rec.create_table(
+        name,
+        DIM,
+        optimizer=npu_rec.optimizers.Adagrad(0.1),
+        access_threshold=0,
+        dynamic_expansion=True,
+        memory_rows=memory_rows,
+        ssd_path=[str(tmp_path / "a"), str(tmp_path / "b")],
+    )
+
+
+def test_a_corrupted_segment_is_refused_by_name(tmp_path):
+    table = _tiered(tmp_path)
+    manager = TableCheckpointManager(str(tmp_path / "ckpt"), [table])
+    for i in range(6):
+        npu_rec.sparse_lookup(table, tf.constant([2 * i, 2 * i + 1], tf.int64))
+    manager.save(1)
+    store = table.state.store
+    files = sorted(
+        os.path.join(d, f) for d in store.dirs for f in os.listdir(d) if f.endswith(".npr")
+    )
+    assert {os.path.dirname(os.path.dirname(f)) for f in files} == {
+        str(tmp_path / "a"),
+        str(tmp_path / "b"),
+    }
+    recs, locs = store.live_records()
+    seg = int(locs[0]) // store.per_segment
+    victim = store.path(seg)
+    with open(victim, "r+b") as f:  # flip one bit of the first record's row
+        f.seek((int(locs[0]) % store.per_segment) * store.dtype.itemsize + 48)
+        byte = f.read(1)
+        f.seek(-1, 1)
+        f.write(bytes([byte[0] ^ 1]))
+    with pytest.raises(_tier_store.SegmentCorruptedError, match=os.path.basename(victim)):
+        table.export()
+    with pytest.raises(Exception, match=os.path.basename(victim)):
+        manager.save(2)
+    assert manager.latest_version() == 1  # the previous version stays the newest
+    with pytest.raises(Exception, match=os.path.basename(victim)):
+        npu_rec.sparse_lookup(table, tf.constant([int(recs["key"][0])], tf.int64))
+    _registry.clear()
+    fresh = npu_rec.create_table(
+        "c",
+        DIM,
+        optimizer=npu_rec.optimizers.Adagrad(0.1),
+        access_threshold=0,
+        dynamic_expansion=True,
+    )
+    TableCheckpointManager(str(tmp_path / "ckpt"), [fresh]).restore()
+    assert fresh.size() == 12
+
+
+def test_stores_keep_their_own_files_and_remove_those_of_dead_processes(tmp_path):
+    dead = tmp_path / "a" / "c.999999999.0"
+    dead.mkdir(parents=True)
+    (dead / "seg-00000000.npr").write_bytes(b"x")
+    table = _tiered(tmp_path)
+    assert not dead.exists()
+    for i in range(4):
+        npu_rec.sparse_lookup(table, tf.constant([2 * i, 2 * i + 1], tf.int64))
+    assert table.tier_stats()["cold_keys"] == 6
+    with tf.Graph().as_default():  # another table of the name (another graph)
+        other = _tiered(tmp_path)
+        assert other.state.store.dirs != table.state.store.dirs
+    dirs = table.state.store.dirs
+    assert any(os.listdir(d) for d in dirs)
+    table.state.store.close()
+    assert not any(os.path.exists(d) for d in dirs)
+
+
+def test_memory_rows_bounds_the_rows_kept_between_steps(tmp_path):
+    table = _tiered(tmp_path, memory_rows=5)
+    for i in range(20):
+        npu_rec.sparse_lookup(table, tf.constant([3 * i, 3 * i + 1, 3 * i + 2], tf.int64))
+        table.apply_gradients(
+            tf.constant([3 * i, 3 * i + 1, 3 * i + 2], tf.int64), tf.ones([3, DIM])
+        )
+    stats = table.tier_stats()
+    assert table.size() == 60
+    assert stats["memory_keys"] <= 5 + 3 and stats["cold_keys"] >= 52
+    # A batch larger than memory_rows is held in memory for its step.
+    ids = tf.range(100, 112, dtype=tf.int64)
+    emb = npu_rec.sparse_lookup(table, ids)
+    assert emb.shape == (12, DIM)
+    assert table.tier_stats()["memory_keys"] >= 12
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        ({"memory_rows": 4}, "needs both `memory_rows` and `ssd_path`"),
+        ({"ssd_path": "x"}, "needs both"),
+        ({"memory_rows": 0, "ssd_path": "x"}, "memory_rows=0"),
+        ({"memory_rows": True, "ssd_path": "x"}, "memory_rows=True"),
+        ({"memory_rows": 4, "ssd_path": []}, r"ssd_path=\[\]"),
+        ({"memory_rows": 4, "ssd_path": ["a", "a"]}, "each named once"),
+        ({"memory_rows": 4, "ssd_path": 3}, "ssd_path=3"),
+    ],
+)
+def test_bad_tier_arguments_are_refused_naming_them(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        npu_rec.create_table("bad", 4, **kwargs)
+
+
+def test_ssd_path_that_is_a_file_is_refused(tmp_path):
+    f = tmp_path / "file"
+    f.write_text("x")
+    with pytest.raises(ValueError, match="is a file"):
+        npu_rec.create_table("bad", 4, memory_rows=2, ssd_path=str(f))
+
+
+def test_an_optimizer_with_slots_bound_after_creation_is_refused(tmp_path):
+    table = npu_rec.create_table(
+        "late", DIM, access_threshold=0, memory_rows=2, ssd_path=str(tmp_path)
+    )
+    with pytest.raises(ValueError, match="pass an optimizer with slots to npu_rec.create_table"):
+        table.bind_optimizer(npu_rec.optimizers.Adagrad(0.1))
+    table.bind_optimizer(npu_rec.optimizers.SGD(0.1))  # no slots: the records stay the same
+    ids = tf.constant([1, 2, 3, 4, 5], tf.int64)
+    npu_rec.sparse_lookup(table, ids)
+    table.apply_gradients(ids, tf.ones([5, DIM]))
+    assert table.size() == 5
+
+
+def test_tier_stats_of_an_in_memory_table_is_refused():
+    table = npu_rec.create_table("plain", DIM)
+    with pytest.raises(ValueError, match="not tiered"):
+        table.tier_stats()
+
+
+def test_the_tier_variables_are_table_state_not_dense_model_state(tmp_path):
+    """A v1 graph's dense `Saver` leaves out `table.variables()`: the tier's are among them."""
+
+    def outside(**kwargs):
+        with tf.Graph().as_default():
+            table = npu_rec.create_table(
+                "v", DIM, optimizer=npu_rec.optimizers.Adagrad(0.1), access_threshold=0, **kwargs
+            )
+            left = set(tf.compat.v1.global_variables()) - set(table.variables())
+            return sorted(v.name for v in left)
+
+    assert outside(memory_rows=2, ssd_path=str(tmp_path)) == outside()
