@@ -203,6 +203,14 @@ def _tiered_table(config: TableConfig, backend) -> SparseTable:
             "in one process for now (no parameter servers, no multi-worker strategy). "
             f"Received: memory_rows={config.memory_rows}, ssd_path={list(config.ssd_path)}"
         )
+    row_slots = config.optimizer.row_slots if config.optimizer is not None else ()
+    if config.value_dtype != tf.float32 or row_slots:
+        raise ConfigError(
+            f"Tiered table {config.name!r}: the disk tier's records hold float32 rows and "
+            "per-element slots for now; use value_dtype=tf.float32 and an optimizer without "
+            "row-wise slots (not RowWiseAdagrad) there. Received: "
+            f"value_dtype={config.value_dtype.name}, row-wise slots={list(row_slots)}"
+        )
     if config.not_admitted != "zeros":
         raise ConfigError(
             f"Tiered table {config.name!r}: not_admitted='hashed' is not available with a "

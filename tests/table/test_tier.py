@@ -51,8 +51,11 @@ _op = st.one_of(
 )
 
 
-def _run(tmp_path, mode, kernels, ops, *, optimizer="adagrad", access=0, evict=4, shards=1):
+def _run(
+    tmp_path, mode, kernels, ops, *, optimizer="adagrad", access=0, evict=4, shards=1, **extra
+):
     kwargs = {
+        **extra,
         "access_threshold": access,
         "eviction_threshold": evict,
         "dynamic_expansion": True,
@@ -265,6 +268,23 @@ def test_memory_rows_bounds_the_rows_kept_between_steps(tmp_path):
 def test_bad_tier_arguments_are_refused_naming_them(kwargs, match):
     with pytest.raises(ValueError, match=match):
         npu_rec.create_table("bad", 4, **kwargs)
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        ({"value_dtype": "bfloat16"}, "value_dtype=bfloat16"),
+        (
+            {"optimizer": npu_rec.optimizers.RowWiseAdagrad(0.1)},
+            r"row-wise slots=\['accumulator'\]",
+        ),
+        ({"not_admitted": "hashed", "access_threshold": 2}, "not_admitted='hashed'"),
+    ],
+)
+def test_what_the_disk_tier_cannot_hold_yet_is_refused_naming_it(tmp_path, kwargs, match):
+    kwargs = {"optimizer": npu_rec.optimizers.Adagrad(0.1), **kwargs}
+    with pytest.raises(npu_rec.ConfigError, match=match):
+        npu_rec.create_table("c", DIM, memory_rows=4, ssd_path=str(tmp_path), **kwargs)
 
 
 def test_ssd_path_that_is_a_file_is_refused(tmp_path):
