@@ -265,7 +265,9 @@ class SparseTable(abc.ABC):
           list), `index` (the key index's buckets, at least) and `fallback`
           (the trained fallback of `not_admitted="hashed"`, else 0); `total_bytes`,
           their sum; and `bytes_per_live_key` (`total_bytes / live_keys`, 0.0
-          for an empty table). Bytes count the arrays the table allocated, not
+          for an empty table); `memory_rows` and `disk_rows`, the live keys whose
+          rows are in memory and on disk (a tiered table's two tiers; 0 on disk
+          otherwise). Bytes count the arrays the table allocated, not
           the process's resident memory (`benchmarks/table_bench.py` measures
           that).
 
@@ -278,6 +280,8 @@ class SparseTable(abc.ABC):
             raw = {k: v.numpy() for k, v in self.build_memory_stats().items()}
         out: dict[str, int | float] = {k: int(v) for k, v in raw.items()}
         out["fallback"] = self.fallback.nbytes() if self.fallback is not None else 0
+        out.setdefault("memory_rows", out["live_keys"])  # a tiered table counts both tiers
+        out.setdefault("disk_rows", 0)
         total = sum(v for k, v in out.items() if k in _BYTE_FIELDS)
         out["total_bytes"] = total
         out["bytes_per_live_key"] = total / out["live_keys"] if out["live_keys"] else 0.0

@@ -485,6 +485,8 @@ class TierMixin:
     def memory_stats(self, shard) -> dict[str, tf.Tensor]:
         out = dict(super().memory_stats(shard))
         cold = shard.state.cold_index
+        out["memory_rows"] = out["live_keys"]
+        out["disk_rows"] = cold.size()
         out["live_keys"] = out["live_keys"] + cold.size()
         out["index"] = out["index"] + tf.cast(tf.size(cold.map.export()[0]), tf.int64) * 16
         return out

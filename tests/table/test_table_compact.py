@@ -342,6 +342,7 @@ def test_memory_stats_report_the_compact_bytes(num_shards):
         assert stats["live_keys"] == 300
         parts = stats["rows"] + stats["slots"] + stats["metadata"] + stats["index"]
         assert stats["fallback"] == 0
+        assert (stats["memory_rows"], stats["disk_rows"]) == (300, 0)
         assert stats["total_bytes"] == parts
         assert stats["bytes_per_live_key"] == pytest.approx(parts / 300)
     capacity = 1024 if num_shards == 1 else 2 * 512

@@ -246,6 +246,9 @@ def test_memory_rows_bounds_the_rows_kept_between_steps(tmp_path):
     stats = table.tier_stats()
     assert table.size() == 60
     assert stats["memory_keys"] <= 5 + 3 and stats["cold_keys"] >= 52
+    memory = table.memory_stats()
+    assert memory["memory_rows"] <= 5 and memory["memory_rows"] + memory["disk_rows"] == 60
+    assert memory["live_keys"] == 60
     # A batch larger than memory_rows is held in memory for its step.
     ids = tf.range(100, 112, dtype=tf.int64)
     emb = npu_rec.sparse_lookup(table, ids)
