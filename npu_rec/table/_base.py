@@ -522,8 +522,9 @@ class SparseTable(abc.ABC):
           session: graph mode only (see `evict`).
 
         Returns:
-          dict with `keys` [n] (key dtype), `values` float32 [n, dim], `slots`
-          (slot name -> float32 [n, dim]), `counts` int64 [n], `last_seen` int64 [n].
+          dict with `keys` [n] (key dtype), `values` [n, dim] in the rows' storage
+          dtype (`value_dtype`), `slots` (slot name -> float32 [n, dim], or [n, 1]
+          for a row-wise slot), `counts` int64 [n], `last_seen` int64 [n].
         """
         st = self.read_state(0, session, check=False)
         return {
