@@ -189,21 +189,15 @@ class SGD(SparseOptimizer):
         return values.scatter_update(tf.IndexedSlices(new, rows))
 
 
-class Adagrad(SparseOptimizer):
-    """Sparse Adagrad: `acc += g*g; row -= lr * g / (sqrt(acc) + epsilon)`.
-
-    Reads and writes back only the touched rows and their accumulators.
-
-    Example:
-      >>> opt = npu_rec.optimizers.Adagrad(learning_rate=0.05)
-    """
+class _AdagradRule(SparseOptimizer):
+    """Adagrad's settings and update; `_squares` says what a row's accumulator adds."""
 
     def __init__(
         self,
-        learning_rate: float = 0.001,
-        initial_accumulator_value: float = 0.1,
-        epsilon: float = 1e-7,
-        name: str = "Adagrad",
+        learning_rate: float,
+        initial_accumulator_value: float,
+        epsilon: float,
+        name: str,
     ):
         super().__init__(learning_rate, name)
         self.initial_accumulator_value = _check_float(
@@ -219,14 +213,41 @@ class Adagrad(SparseOptimizer):
             "epsilon": self.epsilon,
         }
 
+    @staticmethod
+    def _squares(grads: tf.Tensor) -> tf.Tensor:
+        raise NotImplementedError
+
     def apply_sparse(self, values, slots, rows, grads, step, current=None):
-        acc = tf.gather(slots["accumulator"], rows) + tf.square(grads)
+        acc = tf.gather(slots["accumulator"], rows) + self._squares(grads)
         step_size = self.learning_rate_at(step) * grads / (tf.sqrt(acc) + self.epsilon)
         new = self._rows_now(values, rows, current) - step_size
         return tf.group(
             slots["accumulator"].scatter_update(tf.IndexedSlices(acc, rows)),
             values.scatter_update(tf.IndexedSlices(new, rows)),
         )
+
+
+class Adagrad(_AdagradRule):
+    """Sparse Adagrad: `acc += g*g; row -= lr * g / (sqrt(acc) + epsilon)`.
+
+    Reads and writes back only the touched rows and their accumulators.
+
+    Example:
+      >>> opt = npu_rec.optimizers.Adagrad(learning_rate=0.05)
+    """
+
+    def __init__(
+        self,
+        learning_rate: float = 0.001,
+        initial_accumulator_value: float = 0.1,
+        epsilon: float = 1e-7,
+        name: str = "Adagrad",
+    ):
+        super().__init__(learning_rate, initial_accumulator_value, epsilon, name)
+
+    @staticmethod
+    def _squares(grads: tf.Tensor) -> tf.Tensor:
+        return tf.square(grads)
 
 
 def _row_mean_square(grads: tf.Tensor) -> tf.Tensor:
@@ -245,7 +266,7 @@ def _row_mean_square(grads: tf.Tensor) -> tf.Tensor:
     return total / float(dim)
 
 
-class RowWiseAdagrad(SparseOptimizer):
+class RowWiseAdagrad(_AdagradRule):
     """Row-wise Adagrad: one float32 accumulator per row instead of one per element.
 
     For a row with summed gradient `g` (dim elements):
@@ -269,28 +290,11 @@ class RowWiseAdagrad(SparseOptimizer):
         epsilon: float = 1e-7,
         name: str = "RowWiseAdagrad",
     ):
-        super().__init__(learning_rate, name)
-        self.initial_accumulator_value = _check_float(
-            "initial_accumulator_value", initial_accumulator_value, 0.0
-        )
-        self.epsilon = _check_float("epsilon", epsilon, 0.0)
-        self.slot_specs = (("accumulator", self.initial_accumulator_value),)
+        super().__init__(learning_rate, initial_accumulator_value, epsilon, name)
 
-    def get_config(self):
-        return {
-            **super().get_config(),
-            "initial_accumulator_value": self.initial_accumulator_value,
-            "epsilon": self.epsilon,
-        }
-
-    def apply_sparse(self, values, slots, rows, grads, step, current=None):
-        acc = tf.gather(slots["accumulator"], rows) + _row_mean_square(grads)
-        step_size = self.learning_rate_at(step) * grads / (tf.sqrt(acc) + self.epsilon)
-        new = self._rows_now(values, rows, current) - step_size
-        return tf.group(
-            slots["accumulator"].scatter_update(tf.IndexedSlices(acc, rows)),
-            values.scatter_update(tf.IndexedSlices(new, rows)),
-        )
+    @staticmethod
+    def _squares(grads: tf.Tensor) -> tf.Tensor:
+        return _row_mean_square(grads)
 
 
 class Adam(SparseOptimizer):
