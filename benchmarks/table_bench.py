@@ -47,6 +47,7 @@ import sys
 import time
 
 import numpy as np
+from _table_ids import raw_keys, rss, zipf_ranks
 from absl import app, flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -82,22 +83,9 @@ _JSON = flags.DEFINE_string(
     "Where to write results.",
 )
 
-_MUL = np.uint64(0x9E3779B97F4A7C15)
-
-
-def _raw_keys(ranks: np.ndarray) -> np.ndarray:
-    """Rank -> a scattered raw 63-bit id (a bijection)."""
-    with np.errstate(over="ignore"):
-        return ((ranks.astype(np.uint64) * _MUL) >> np.uint64(1)).astype(np.int64)
-
-
-def _rss() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
 
 def _zipf_ranks(rng, n_keys, count):
-    return (rng.zipf(_ZIPF.value, size=count) - 1) % n_keys
+    return zipf_ranks(rng, _ZIPF.value, n_keys, count)
 
 
 def _interleaved(cases, steps, warmup, block=5):
@@ -137,7 +125,7 @@ def bench_table(
 ):
     npu_rec.table._registry.clear()
     on = mode == "on"
-    rss0 = _rss()
+    rss0 = rss()
     table = npu_rec.create_table(
         f"bench_{n_keys}_{dim}_{mode}_{value_dtype}_{opt}",
         dim,
@@ -157,10 +145,10 @@ def bench_table(
 
     t0 = time.perf_counter()
     for start in range(0, n_keys, ids_per_batch):
-        fill(tf.constant(_raw_keys(np.arange(start, min(n_keys, start + ids_per_batch)))))
+        fill(tf.constant(raw_keys(np.arange(start, min(n_keys, start + ids_per_batch)))))
     fill_s = time.perf_counter() - t0
     gc.collect()
-    rss_per_key_bytes = _rss() - rss0
+    rss_per_key_bytes = rss() - rss0
     live = int(table.size())
     # The shape through the handle: reading a variable that sparse ops have used
     # copies it (TF's copy-on-read mode), which would inflate the RSS figures.
@@ -177,10 +165,10 @@ def bench_table(
     batches = []
     for _ in range(8):
         ranks = _zipf_ranks(rng, n_keys, ids_per_batch)
-        keys = _raw_keys(ranks)
+        keys = raw_keys(ranks)
         if on:
             fresh = rng.random(ids_per_batch) < 0.01
-            keys[fresh] = _raw_keys(rng.integers(n_keys, 1 << 40, size=int(fresh.sum())))
+            keys[fresh] = raw_keys(rng.integers(n_keys, 1 << 40, size=int(fresh.sum())))
         batches.append((tf.constant(keys.reshape(_BATCH.value, _FIELDS.value)),))
 
     @tf.function
@@ -268,7 +256,7 @@ def bench_pairs(tf, npu_rec, n_keys, dim, rng, pairs):
     npu_rec.table._registry.clear()
     ids_per_batch = _BATCH.value * _FIELDS.value
     batches = [
-        (tf.constant(_raw_keys(_zipf_ranks(rng, n_keys, ids_per_batch)).reshape(_BATCH.value, -1)),)
+        (tf.constant(raw_keys(_zipf_ranks(rng, n_keys, ids_per_batch)).reshape(_BATCH.value, -1)),)
         for _ in range(8)
     ]
     cases, tables = {}, []
@@ -284,7 +272,7 @@ def bench_pairs(tf, npu_rec, n_keys, dim, rng, pairs):
         tables.append(table)
         fill = tf.function(lambda keys, t=table: tf.reduce_sum(npu_rec.sparse_lookup(t, keys)[:1]))
         for start in range(0, n_keys, ids_per_batch):
-            fill(tf.constant(_raw_keys(np.arange(start, min(n_keys, start + ids_per_batch)))))
+            fill(tf.constant(raw_keys(np.arange(start, min(n_keys, start + ids_per_batch)))))
 
         @tf.function
         def train_step(ids, table=table):
@@ -418,7 +406,7 @@ def _warm_up(tf, npu_rec):
             return loss
 
         for start in range(0, 3 * _BATCH.value, _BATCH.value):
-            keys = _raw_keys(np.arange(start, start + _BATCH.value)) + 1
+            keys = raw_keys(np.arange(start, start + _BATCH.value)) + 1
             step(tf.constant(np.concatenate([keys, keys])))
         _release(tf, table)
     npu_rec.table._registry.clear()

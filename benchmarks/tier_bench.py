@@ -30,6 +30,7 @@ import tempfile
 import time
 
 import numpy as np
+from _table_ids import raw_keys, rss, zipf_ranks
 from absl import app, flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -50,23 +51,9 @@ _JSON = flags.DEFINE_string(
     "Where the results go.",
 )
 
-_MUL = np.uint64(0x9E3779B97F4A7C15)
-
-
-def _raw_keys(ranks: np.ndarray) -> np.ndarray:
-    """Rank -> a scattered raw 63-bit id (a bijection)."""
-    with np.errstate(over="ignore"):
-        return ((ranks.astype(np.uint64) * _MUL) >> np.uint64(1)).astype(np.int64)
-
-
-def _rss() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
 
 def _zipf_ranks(rng, n_keys, count):
-    ranks = rng.zipf(_ZIPF.value, size=count) - 1
-    return ranks % n_keys
+    return zipf_ranks(rng, _ZIPF.value, n_keys, count)
 
 
 def _make_table(tf, npu_rec, name, tiered, ssd):
@@ -74,7 +61,7 @@ def _make_table(tf, npu_rec, name, tiered, ssd):
     kwargs = {}
     if tiered:
         kwargs = {"memory_rows": max(1, int(n * _FRACTION.value)), "ssd_path": ssd}
-    rss0 = _rss()
+    rss0 = rss()
     table = npu_rec.create_table(
         name,
         _DIM.value,
@@ -85,7 +72,7 @@ def _make_table(tf, npu_rec, name, tiered, ssd):
         **kwargs,
     )
     rng = np.random.default_rng(1)
-    keys = _raw_keys(np.arange(n))
+    keys = raw_keys(np.arange(n))
     state = {
         "keys": keys,
         "values": rng.uniform(-0.05, 0.05, (n, _DIM.value)).astype(np.float32),
@@ -104,7 +91,7 @@ def _make_table(tf, npu_rec, name, tiered, ssd):
     fill_s = time.perf_counter() - t0
     del state, keys
     gc.collect()
-    return table, fill_s, _rss() - rss0
+    return table, fill_s, rss() - rss0
 
 
 def _interleaved(cases, batches, steps, warmup, block=5):
@@ -137,7 +124,7 @@ def main(argv):
     batches = [
         (
             tf.constant(
-                _raw_keys(_zipf_ranks(rng, n, ids_per_batch)).reshape(_BATCH.value, _FIELDS.value)
+                raw_keys(_zipf_ranks(rng, n, ids_per_batch)).reshape(_BATCH.value, _FIELDS.value)
             ),
         )
         for _ in range(16)

@@ -26,7 +26,7 @@ def test_every_benchmark_script_is_described_in_the_docs():
     scripts = sorted(
         n[:-3]
         for n in os.listdir(os.path.join(ROOT, "benchmarks"))
-        if n.endswith(".py") and n[:-3] not in helpers
+        if n.endswith(".py") and not n.startswith("_") and n[:-3] not in helpers
     )
     missing = [n for n in scripts if n not in text]
     assert missing == [], f"benchmark scripts no page of docs/ describes: {missing}"
