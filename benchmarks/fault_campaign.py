@@ -15,6 +15,11 @@ a timeout), with step saves and timed full and delta saves
   checkpoint file's size instead (EFBIG);
 * a last run with the same command trains to `--max_steps`.
 
+The front ends named in `--compact` (default: keras) train compact tables,
+bfloat16 rows with RowWiseAdagrad (`--value_dtype=bfloat16
+--sparse_optimizer=rowwise_adagrad`), the others float32 rows with Adagrad; so
+a kill during a save of a compact table is covered too.
+
 Then it checks:
 
 * resumed: every restart that committed a version continued from the newest
@@ -98,6 +103,12 @@ _KILLS = flags.DEFINE_integer(
     lower_bound=0,
 )
 _FRONTENDS = flags.DEFINE_list("frontends", ["keras", "estimator"], "Front ends to test.")
+_COMPACT = flags.DEFINE_list(
+    "compact",
+    ["keras"],
+    "Kills campaign: front ends whose tables store bfloat16 rows with RowWiseAdagrad (the "
+    "others: float32 rows with Adagrad).",
+)
 _MAX_STEPS = flags.DEFINE_integer(
     "max_steps", None, "Steps of each training; default 24 (short) or 300 (long).", lower_bound=2
 )
@@ -122,7 +133,21 @@ _RUN_TIMEOUT = flags.DEFINE_integer("run_timeout", 240, "Seconds before a run is
 FSIZE_LIMIT = 40_000  # bytes: below a table file of the campaign's model
 
 
-def command(frontend: str, model_dir: str, save_steps: int, max_steps: int) -> list[str]:
+#: The train.py flags of each table configuration.
+TABLE_FLAGS = {
+    "float32/adagrad": [],
+    "bfloat16/rowwise_adagrad": ["--value_dtype=bfloat16", "--sparse_optimizer=rowwise_adagrad"],
+}
+
+
+def table_config(frontend: str) -> str:
+    """The table configuration (a `TABLE_FLAGS` key) a front end's kills campaign trains."""
+    return "bfloat16/rowwise_adagrad" if frontend in _COMPACT.value else "float32/adagrad"
+
+
+def command(
+    frontend: str, model_dir: str, save_steps: int, max_steps: int, tables: str = "float32/adagrad"
+) -> list[str]:
     return [
         sys.executable,
         "-m",
@@ -138,7 +163,9 @@ def command(frontend: str, model_dir: str, save_steps: int, max_steps: int) -> l
         "--incremental_checkpoint",
         "--save_delta_checkpoints_secs=1",
         "--save_checkpoint_due_time=3",
-    ] + _tier_flags(model_dir)
+        *TABLE_FLAGS[tables],
+        *_tier_flags(model_dir),
+    ]
 
 
 def _tier_flags(model_dir: str) -> list[str]:
@@ -266,7 +293,8 @@ def max_difference(a: dict, b: dict) -> float:
         if rows.keys() != other.keys():
             return float("inf")
         for key, row in rows.items():
-            worst = max(worst, float(np.max(np.abs(row - other[key]), initial=0.0)))
+            diff = np.abs(np.asarray(row, np.float64) - np.asarray(other[key], np.float64))
+            worst = max(worst, float(np.max(diff, initial=0.0)))
     for name, value in a["dense"].items():
         if np.shape(value) != np.shape(b["dense"][name]):
             return float("inf")
@@ -296,7 +324,7 @@ def start_reference(frontend: str, work: str, max_steps: int):
     ref_dir = os.path.join(work, frontend + "_reference")
     shutil.rmtree(ref_dir, ignore_errors=True)
     return ref_dir, subprocess.Popen(
-        command(frontend, ref_dir, 1, max_steps),
+        command(frontend, ref_dir, 1, max_steps, table_config(frontend)),
         env=_env(),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -317,6 +345,7 @@ def campaign(
     ref_dir, ref = start_reference(frontend, work, max_steps)
     result = {
         "frontend": frontend,
+        "tables": table_config(frontend),
         "rounds": rounds,
         "kills": 0,
         "full_disk_runs": 0,
@@ -389,7 +418,7 @@ def one_round(
     result: dict, model_dir: str, kills: int, rng: random.Random, max_steps: int, timeout: float
 ) -> dict:
     """Kills, a full-disk run and the final run in `model_dir`; returns pid -> expected origin."""
-    cmd = command(result["frontend"], model_dir, 4, max_steps)
+    cmd = command(result["frontend"], model_dir, 4, max_steps, result["tables"])
     expected: dict[int, str | None] = {}  # pid -> id of the newest committed version
     plan = ["kill"] * kills
     plan.insert(min(1, len(plan)), "full_disk")  # early, while there are steps left
@@ -790,6 +819,7 @@ def main(argv):
     results = [job.result() for job in jobs]
     cols = [
         "frontend",
+        "tables",
         "rounds",
         "kills",
         "full_disk_runs",

@@ -28,6 +28,8 @@ def test_every_restart_resumes_from_the_newest_committed_version_intact(tmp_path
     )
     results = json.loads(out.read_text())["results"]
     assert {r["frontend"] for r in results} == {"keras", "estimator"}
+    # one front end trains compact tables (bfloat16 rows, RowWiseAdagrad), the other float32
+    assert {r["tables"] for r in results} == {"bfloat16/rowwise_adagrad", "float32/adagrad"}
     for r in results:
         assert r["kills"] >= 1 and r["full_disk_runs"] == 1, r
         assert r["failed_restarts"] == [], r["failed_restarts"]

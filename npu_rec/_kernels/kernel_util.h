@@ -144,20 +144,31 @@ inline uint64_t RoundingRowHash(int64_t key, uint64_t seed, int64_t step) {
                     static_cast<uint64_t>(step));
 }
 
-// float32 `x` (element `e` of a row whose hash is `row_hash`) with random bits
-// added below the `drop` mantissa bits the storage dtype drops, which are then
-// cleared (Inf and NaN kept): the float32 of step 3 of npu_rec/table/_rounding.py.
-inline float StochasticBits(float x, uint64_t row_hash, int64_t e, int drop) {
-  uint32_t bits;
-  std::memcpy(&bits, &x, sizeof bits);
-  if ((bits & 0x7F800000u) != 0x7F800000u) {
-    const uint64_t u = SplitMix64(row_hash + static_cast<uint64_t>(e)) >> 32;
-    const uint64_t sum = static_cast<uint64_t>(bits) + (u >> (32 - drop));
-    bits = static_cast<uint32_t>(sum & (0xFFFFFFFFull ^ ((1ull << drop) - 1)));
+// The top `bits` bits of element e's 32 random bits (step 1 of
+// npu_rec/table/_rounding.py): noise[e] = splitmix64(row_hash + e) >> (64 - bits),
+// for e in [0, n). One tight loop without branches per row.
+inline void RoundingNoise(uint64_t row_hash, int64_t n, int bits, uint32_t* noise) {
+  const int shift = 64 - bits;
+  for (int64_t e = 0; e < n; ++e) {
+    noise[e] = static_cast<uint32_t>(SplitMix64(row_hash + static_cast<uint64_t>(e)) >> shift);
   }
-  float out;
-  std::memcpy(&out, &bits, sizeof out);
-  return out;
+}
+
+// The float32 bit pattern `b` with `noise` added below the `drop` mantissa bits
+// the storage dtype drops, which are then cleared; Inf and NaN kept: step 3 of
+// npu_rec/table/_rounding.py. (The sum never passes 32 bits: b <= 0xFF800000
+// for every finite value, noise < 2**drop.)
+inline uint32_t StochasticBits(uint32_t b, uint32_t noise, int drop) {
+  const uint32_t rounded = (b + noise) & ~((1u << drop) - 1u);
+  return (b & 0x7F800000u) == 0x7F800000u ? b : rounded;
+}
+
+// bfloat16 bits of the float32 bit pattern `b` whose low 16 bits are zero or
+// which is Inf or NaN: what Eigen's round-to-nearest-even conversion gives for
+// such values (exact, and a NaN becomes the quiet NaN 0x7FC0 of its sign).
+inline uint16_t BFloat16OfClearedBits(uint32_t b) {
+  const bool nan = (b & 0x7FFFFFFFu) > 0x7F800000u;
+  return static_cast<uint16_t>(nan ? ((b >> 16) & 0x8000u) | 0x7FC0u : b >> 16);
 }
 
 // A table's rows variable as float32 values: stored as float, bfloat16 or half.
@@ -178,9 +189,12 @@ class RowsView {
   // dst[0..n) = elements off..off+n as float32.
   void Read(int64_t off, int64_t n, float* dst) const {
     switch (dtype_) {
-      case ::tensorflow::DT_BFLOAT16: {
-        const auto* src = reinterpret_cast<const Eigen::bfloat16*>(data_) + off;
-        for (int64_t d = 0; d < n; ++d) dst[d] = static_cast<float>(src[d]);
+      case ::tensorflow::DT_BFLOAT16: {  // exact: the bits shifted up
+        const auto* src = reinterpret_cast<const uint16_t*>(data_) + off;
+        for (int64_t d = 0; d < n; ++d) {
+          const uint32_t b = static_cast<uint32_t>(src[d]) << 16;
+          std::memcpy(dst + d, &b, sizeof b);
+        }
         return;
       }
       case ::tensorflow::DT_HALF: {
@@ -211,20 +225,31 @@ class RowsView {
     }
   }
 
-  // Elements off..off+n = src rounded stochastically (float rows: exact).
-  void WriteRounded(int64_t off, int64_t n, const float* src, uint64_t row_hash) {
+  // Elements off..off+n = src rounded stochastically (float rows: exact); `noise` is
+  // scratch space of n elements.
+  void WriteRounded(int64_t off, int64_t n, const float* src, uint64_t row_hash,
+                    uint32_t* noise) {
     switch (dtype_) {
       case ::tensorflow::DT_BFLOAT16: {
-        auto* dst = reinterpret_cast<Eigen::bfloat16*>(data_) + off;
+        RoundingNoise(row_hash, n, 16, noise);
+        auto* dst = reinterpret_cast<uint16_t*>(data_) + off;
         for (int64_t d = 0; d < n; ++d) {
-          dst[d] = static_cast<Eigen::bfloat16>(StochasticBits(src[d], row_hash, d, 16));
+          uint32_t b;
+          std::memcpy(&b, src + d, sizeof b);
+          dst[d] = BFloat16OfClearedBits(StochasticBits(b, noise[d], 16));
         }
         return;
       }
       case ::tensorflow::DT_HALF: {
+        RoundingNoise(row_hash, n, 13, noise);
         auto* dst = reinterpret_cast<Eigen::half*>(data_) + off;
         for (int64_t d = 0; d < n; ++d) {
-          dst[d] = static_cast<Eigen::half>(StochasticBits(src[d], row_hash, d, 13));
+          uint32_t b;
+          std::memcpy(&b, src + d, sizeof b);
+          b = StochasticBits(b, noise[d], 13);
+          float x;
+          std::memcpy(&x, &b, sizeof x);
+          dst[d] = static_cast<Eigen::half>(x);
         }
         return;
       }

@@ -333,10 +333,16 @@ class SparseApplyOp : public OpKernel {
     const int64_t s0_width = kind_ == Kind::kRowWiseAdagrad ? 1 : dim;
     ParallelRows(ctx, u, cost, [&](int64_t begin, int64_t end) {
       std::vector<float> g(dim), row(dim);
+      std::vector<uint32_t> noise(dim);
       for (int64_t i = begin; i < end; ++i) {
         if (i + kAhead < end && rows[i + kAhead] >= 0) {  // scattered rows: prefetch
           const int64_t p = rows[i + kAhead] * dim;
           __builtin_prefetch(w.Address(p), 1);
+          if (row_keys != nullptr) __builtin_prefetch(row_keys + rows[i + kAhead]);
+          // the row's first gradient (the ids' gradients are scattered over `grads`)
+          if (start[i + kAhead] < start[i + kAhead + 1]) {
+            __builtin_prefetch(grads + order[start[i + kAhead]] * dim);
+          }
           if (s0 != nullptr) __builtin_prefetch(s0 + rows[i + kAhead] * s0_width, 1);
           if (s1 != nullptr) __builtin_prefetch(s1 + p, 1);
         }
@@ -353,7 +359,8 @@ class SparseApplyOp : public OpKernel {
           w.WriteNearest(r * dim, dim, row.data());  // float32 rows: a copy
         } else {
           w.WriteRounded(r * dim, dim, row.data(),
-                         RoundingRowHash(row_keys[r], static_cast<uint64_t>(seed_), step));
+                         RoundingRowHash(row_keys[r], static_cast<uint64_t>(seed_), step),
+                         noise.data());
         }
       }
     });
