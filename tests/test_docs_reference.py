@@ -30,3 +30,12 @@ def test_every_benchmark_script_is_described_in_the_docs():
     )
     missing = [n for n in scripts if n not in text]
     assert missing == [], f"benchmark scripts no page of docs/ describes: {missing}"
+
+
+def test_results_hold_one_json_per_benchmark_script():
+    results = os.path.join(ROOT, "benchmarks", "results")
+    scripts = {n[:-3] for n in os.listdir(os.path.join(ROOT, "benchmarks")) if n.endswith(".py")}
+    strays = sorted(
+        n for n in os.listdir(results) if not (n.endswith(".json") and n[:-5] in scripts)
+    )
+    assert strays == [], f"benchmarks/results keeps one NAME.json per benchmarks/NAME.py: {strays}"
