@@ -25,7 +25,10 @@ shard's lock, before the in-memory lookup, which then runs unchanged):
    rewritten at the end of the log and `cold_index` follows them);
 5. both indexes are rebuilt when their tombstones crowd them.
 
-A promotion or a demotion changes no exported value: `export()` of a tiered
+Rows move between the tiers in their storage dtype (`value_dtype`: float32,
+bfloat16 or float16) and slots at their own widths (`dim`, or 1 for a slot
+kept per row), bits unchanged: no float32 round trip on the way to or from
+disk. A promotion or a demotion changes no exported value: `export()` of a tiered
 table equals that of an in-memory table fed the same batches (tested in
 tests/table/test_tier.py). `memory_rows` is a bound on the rows kept between
 steps: while one step's keys (those of the batch and of earlier lookups not
