@@ -294,8 +294,13 @@ def describe(model_dir: str) -> dict:
                 arrays, meta = read_file(os.path.join(model_dir, parts[-1]))
                 tables = {n: dict(d) for n, d in meta["tables"].items()}
                 for n, size in _rows_of_chain(model_dir, chain).items():
-                    tables.setdefault(n, {})["rows"] = size
-                    tables[n]["memory"] = _memory(arrays, n, size)
+                    t = tables.setdefault(n, {})
+                    t["rows"] = size
+                    hot = size
+                    if t.get("memory_rows"):  # tiered: a restore keeps the hottest in memory
+                        hot = min(size, t["memory_rows"])
+                        t["disk_rows"] = size - hot
+                    t["memory"] = _memory(arrays, n, hot)
         except Exception as err:  # changed since it was verified
             tables = {"error": {"problem": _problem(err)}}
     return {

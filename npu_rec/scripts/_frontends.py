@@ -21,6 +21,7 @@ from npu_rec import estimator as E
 from npu_rec.keras import callbacks as kcb
 from npu_rec.models import TRAIN_OUTPUTS, build_rec_model, estimator_model_fn, specs_for
 from npu_rec.scripts import _checkpoints, _data, _report, _workers
+from npu_rec.table import _registry as _table_registry
 from npu_rec.table._create import tier_defaults
 
 
@@ -234,6 +235,32 @@ class _ProgressHook(tf.compat.v1.train.SessionRunHook):
         self.log.record(r["step"] + 1, r.get("loss", float("nan")), auc)
 
 
+class _TierStatsHook(tf.compat.v1.train.SessionRunHook):
+    """The `tier_stats` of the training graph's tiered tables, read when training ends.
+
+    The counters live in the tables' disk stores (Python); the rows kept in
+    memory are variables, read through the session at `end`.
+    """
+
+    def __init__(self):
+        self.stats: dict[str, dict] = {}
+
+    def begin(self):
+        self._tables = [t for t in _table_registry.tables() if t.config.memory_rows is not None]
+        self._memory_keys = {
+            t.name: tf.add_n([s.state.rows.live_count() for s in t.shards]) for t in self._tables
+        }
+
+    def end(self, session):
+        if not self._tables:
+            return
+        memory = session.run(self._memory_keys)
+        for t in self._tables:
+            stats = t.tier_stats()
+            stats["memory_keys"] = int(memory[t.name])
+            self.stats[t.name] = stats
+
+
 def estimator(s: RunSettings, plan: _data.DataPlan) -> E.NPUEstimator:
     """The `NPUEstimator` of the run (`keep_checkpoint_max` versions kept; 0 = all)."""
     experimental = (
@@ -285,7 +312,8 @@ def run_estimator(s: RunSettings, plan: _data.DataPlan, *, train: bool = True):
     if role in ("ps", "worker", "evaluator"):
         return _run_estimator_task(s, plan, est, role), None, est
     log = _report.MetricLog(s.batch_size, s.max_steps, start_step, s.verbose if train else 0)
-    hooks = [_ProgressHook(log)]
+    tier = _TierStatsHook()
+    hooks = [_ProgressHook(log), tier]
     if s.eviction_threshold >= 0:
         hooks.append(
             E.EvictHook(
@@ -310,6 +338,8 @@ def run_estimator(s: RunSettings, plan: _data.DataPlan, *, train: bool = True):
     metrics = _result(s, plan, log, results, sizes, results["global_step"], seconds)
     # The tables live in the estimator's graphs: their memory as restored from the checkpoint.
     metrics["table_memory"] = _checkpoints.table_memory(s.model_dir)
+    if tier.stats:  # tiered tables, as the training graph left them
+        metrics["tier"] = tier.stats
     if role == "chief" and seconds > 0:  # the cluster's rate: every trainer's batches
         done = results["global_step"] - start_step
         metrics["samples_per_sec"] = round(done * s.batch_size / seconds, 1)

@@ -7,7 +7,10 @@ Examples:
 Reads the checkpoint files only (no model is built). Each table's memory is
 what it would hold restored from the latest restorable version
 (`SparseTable.memory_stats` of a table of exactly that many rows: rows in their
-stored dtype, slots, per-row metadata, key index). Every committed version
+stored dtype, slots, per-row metadata, key index); for a tiered table, whose
+checkpoint records its `memory_rows`, the rows a restore keeps in memory (the
+disk tier's own key index not counted) and those it writes to disk. Every
+committed version
 is checked as a restore checks it (its full save and the deltas up to it,
 every part present with the size and SHA-256 its commit record names) and
 marked restorable, or damaged with the file and the reason; versions moved
@@ -52,6 +55,12 @@ def run() -> dict:
             f"value_dtype={t.get('value_dtype', 'float32')} "
             f"slots={','.join(t.get('slots', []))}"
         )
+        if t.get("memory_rows"):
+            print(
+                f"    tiered: memory_rows={t['memory_rows']}; a restore keeps "
+                f"{t.get('rows', 0) - t.get('disk_rows', 0)} rows in memory and writes "
+                f"{t.get('disk_rows', 0)} to the disk tier"
+            )
         if t.get("memory"):
             print(f"    restored in memory: {_report.memory_line(t['memory'])}")
     print("versions:")

@@ -140,6 +140,8 @@ class SparseTable(abc.ABC):
             "key_dtype": self.key_dtype.name,
             "slots": self.slot_names,
             "value_dtype": tf.as_dtype(self.config.value_dtype).name,
+            # A tiered table (memory + disk); absent for an in-memory one.
+            **({"memory_rows": self.config.memory_rows} if self.config.memory_rows else {}),
         }
 
     def note_value_conversion(self, values) -> None:

@@ -108,8 +108,9 @@ def create_table(
         rows (divided between the shards) stay in memory, the others live in
         append-only files under `ssd_path` and come back to memory when a
         training lookup sees their keys (docs/design.md "Tiered tables"). Its
-        key count is bounded by the disk, not by `capacity`. None = every row
-        in memory.
+        key count is bounded by the disk, not by `capacity`. Its cold rows keep
+        their `value_dtype` bits and the optimizer's slots (row-wise ones
+        included) unchanged. None = every row in memory.
       ssd_path: A directory, or a list of directories the disk tier spreads its
         files over (each table uses its own subdirectory).
 
@@ -202,14 +203,6 @@ def _tiered_table(config: TableConfig, backend) -> SparseTable:
             f"Tiered table {config.name!r}: a table with `memory_rows` and `ssd_path` lives "
             "in one process for now (no parameter servers, no multi-worker strategy). "
             f"Received: memory_rows={config.memory_rows}, ssd_path={list(config.ssd_path)}"
-        )
-    row_slots = config.optimizer.row_slots if config.optimizer is not None else ()
-    if config.value_dtype != tf.float32 or row_slots:
-        raise ConfigError(
-            f"Tiered table {config.name!r}: the disk tier's records hold float32 rows and "
-            "per-element slots for now; use value_dtype=tf.float32 and an optimizer without "
-            "row-wise slots (not RowWiseAdagrad) there. Received: "
-            f"value_dtype={config.value_dtype.name}, row-wise slots={list(row_slots)}"
         )
     if config.not_admitted != "zeros":
         raise ConfigError(

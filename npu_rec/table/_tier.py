@@ -25,7 +25,10 @@ shard's lock, before the in-memory lookup, which then runs unchanged):
    rewritten at the end of the log and `cold_index` follows them);
 5. both indexes are rebuilt when their tombstones crowd them.
 
-A promotion or a demotion changes no exported value: `export()` of a tiered
+Rows move between the tiers in their storage dtype (`value_dtype`: float32,
+bfloat16 or float16) and slots at their own widths (`dim`, or 1 for a slot
+kept per row), bits unchanged: no float32 round trip on the way to or from
+disk. A promotion or a demotion changes no exported value: `export()` of a tiered
 table equals that of an in-memory table fed the same batches (tested in
 tests/table/test_tier.py). `memory_rows` is a bound on the rows kept between
 steps: while one step's keys (those of the batch and of earlier lookups not
@@ -121,6 +124,7 @@ class TierMixin:
             list(s.slots),
             _np_dtype(slot_dtype),
             segment_bytes=_tier_store.DEFAULT_SEGMENT_BYTES,
+            slot_widths=[s.slot_dims[n] for n in s.slots],
         )
         return st
 
@@ -245,11 +249,11 @@ class TierMixin:
             return tf.identity(k)
 
     def _gather_slots(self, shard, rows) -> tf.Tensor:
-        """[k, num_slots, dim] of the rows' slots ([k, 0, dim] without an optimizer)."""
+        """[k, slot widths summed]: the rows' slots side by side ([k, 0] without an optimizer)."""
         s = shard.state.rows
         if not s.slots:
-            return tf.zeros(tf.stack([tf.size(rows), 0, shard.dim]), tf.float32)
-        return tf.stack([tf.gather(v, rows) for v in s.slots.values()], 1)
+            return tf.zeros(tf.stack([tf.size(rows), 0]), tf.float32)
+        return tf.concat([tf.gather(v, rows) for v in s.slots.values()], 1)
 
     def _read_outputs(self, shard):
         s = shard.state.rows
@@ -270,9 +274,10 @@ class TierMixin:
             recs = store.read(locs)
             store.kill(locs)
             store.stats["promotions"] += len(locs)
-            slots = recs["slots"] if store.slot_names else np.zeros((len(recs), 0, store.dim))
+            # The stored bits as they are: the record's dtypes are the variables'.
+            slots = recs["slots"] if store.slot_names else np.zeros((len(recs), 0))
             return (
-                recs["row"].astype(row_dtype.as_numpy_dtype),
+                recs["row"].copy(),
                 slots.astype(slot_dtype.as_numpy_dtype),
                 recs["count"].copy(),
                 store.saved_counts(recs),
@@ -301,9 +306,12 @@ class TierMixin:
                     st.index.insert(pkeys, rows),
                     st.cold_index.remove(pkeys),
                 ]
-                slot3 = tf.reshape(slots, tf.stack([m, len(s.slots), shard.dim]))
-                for i, var in enumerate(s.slots.values()):
-                    ops.append(var.scatter_update(tf.IndexedSlices(slot3[:, i, :], rows)))
+                flat = tf.reshape(slots, tf.stack([m, sum(s.slot_dims.values())]))
+                at = 0
+                for name, var in s.slots.items():
+                    w = s.slot_dims[name]
+                    ops.append(var.scatter_update(tf.IndexedSlices(flat[:, at : at + w], rows)))
+                    at += w
             with tf.control_dependencies([alloc, *ops]):
                 return tf.constant(True)
 
@@ -346,7 +354,7 @@ class TierMixin:
         locs = tf.reshape(st.cold_index.lookup(tf.gather(keys, miss_pos)), [-1])
         have = locs >= 0
 
-        def read(locs):
+        def read(locs):  # float32 holds every bfloat16 / float16 value exactly
             return store.read(locs)["row"].astype(np.float32)
 
         cold = tf.numpy_function(read, [tf.boolean_mask(locs, have)], tf.float32, stateful=True)
@@ -390,24 +398,24 @@ class TierMixin:
         store = st.store
         out = super().export(shard, min_period)
         names = list(st.rows.slots)
+        row_dtype, slot_dtype = self._read_outputs(shard)
 
-        def cold(min_period):
+        def cold(min_period):  # rows and slots in their stored dtypes, bits unchanged
             recs, _ = store.live_records()
             recs = recs[recs["count"] - store.saved_counts(recs) >= min_period]
-            slots = [recs["slots"][:, i, :].astype(np.float32) for i in range(len(names))]
             return (
                 recs["key"].copy(),
-                recs["row"].astype(np.float32),
+                recs["row"].copy(),
                 recs["count"].copy(),
                 recs["last_seen"].copy(),
-                *slots,
+                *store.split_slots(recs),
             )
 
         with tf.control_dependencies(list(out.values())):
             parts = tf.numpy_function(
                 cold,
                 [tf.cast(min_period, tf.int64)],
-                [tf.int64, tf.float32, tf.int64, tf.int64, *[tf.float32] * len(names)],
+                [tf.int64, row_dtype, tf.int64, tf.int64, *[slot_dtype] * len(names)],
                 stateful=True,
             )
         cold_cols = {
@@ -417,8 +425,11 @@ class TierMixin:
             "last_seen": parts[3],
         }
         cold_cols.update({f"slot/{n}": parts[4 + i] for i, n in enumerate(names)})
+        widths = st.rows.slot_dims
         for k, v in cold_cols.items():
-            shape = [-1, shard.dim] if k == "values" or k.startswith("slot/") else [-1]
+            shape = [-1, shard.dim] if k == "values" else [-1]
+            if k.startswith("slot/"):
+                shape = [-1, widths[k[len("slot/") :]]]
             out[k] = tf.concat([out[k], tf.reshape(v, shape)], 0)
         return out
 
@@ -450,7 +461,9 @@ class TierMixin:
                 write,
                 [
                     ckeys,
-                    tf.gather(state["values"], cold),
+                    # Rounded to nearest as the in-memory rows' `load` does (exact
+                    # when the checkpoint holds the table's storage dtype).
+                    st.rows.stored(tf.gather(state["values"], cold)),
                     cslots,
                     tf.gather(counts, cold),
                     tf.gather(seen, cold),
@@ -468,8 +481,8 @@ class TierMixin:
     def _stack_slots(self, shard, state, rows) -> tf.Tensor:
         names = list(shard.state.rows.slots)
         if not names:
-            return tf.zeros(tf.stack([tf.size(rows), 0, shard.dim]), tf.float32)
-        return tf.stack([tf.gather(state[f"slot/{n}"], rows) for n in names], 1)
+            return tf.zeros(tf.stack([tf.size(rows), 0]), tf.float32)
+        return tf.concat([tf.gather(state[f"slot/{n}"], rows) for n in names], 1)
 
     def end_period(self, shard) -> tf.Operation:
         store = shard.state.store

@@ -5,11 +5,14 @@ A tiered table (`npu_rec.table._tier`) keeps its hottest rows in the usual
 key, written together (docs/design.md "Tiered tables"):
 
     key int64 | count int64 | saved_count int64 | last_seen int64 | period int64
-    | row (row dtype, dim) | slots (slot dtype, [num_slots, dim]) | pad | checksum uint64
+    | row (row dtype, dim) | slots (slot dtype, the slots' widths summed) | pad
+    | checksum uint64
 
-The row's and the slots' storage dtypes and the width are parameters of the
-layout (`record_dtype`), so a table storing compact rows writes their bytes
-as they are. Every record of a table has the same size, so a record is
+The row's and the slots' storage dtypes and widths are parameters of the
+layout (`record_dtype`): a table storing compact rows (bfloat16, float16)
+writes their bits as they are, and a slot kept per row (width 1, e.g.
+`RowWiseAdagrad`'s accumulator) takes one value, the others `dim` each, one
+after the other in the optimizer's slot order. Every record of a table has the same size, so a record is
 addressed by its location `segment * records_per_segment + slot`.
 
 Files: `seg-<number>.npr` in `<dir>/<table name>.<pid>.<n>/` (one
@@ -93,8 +96,17 @@ class SegmentCorruptedError(RuntimeError):
     """A record of a tiered table's segment file fails its checksum."""
 
 
-def record_dtype(dim: int, row_dtype, num_slots: int, slot_dtype) -> np.dtype:
-    """The numpy record layout of a table (see module docstring)."""
+def record_dtype(dim: int, row_dtype, slot_widths, slot_dtype) -> np.dtype:
+    """The numpy record layout of a table (see module docstring).
+
+    Args:
+      dim: Row width.
+      row_dtype: numpy storage dtype of the row (e.g. `ml_dtypes.bfloat16`).
+      slot_widths: Width of each slot, in slot order (`dim`, or 1 for a slot
+        kept per row).
+      slot_dtype: numpy dtype of the slots.
+    """
+    total = int(sum(slot_widths))
     fields = [
         ("key", "<i8"),
         ("count", "<i8"),
@@ -103,8 +115,8 @@ def record_dtype(dim: int, row_dtype, num_slots: int, slot_dtype) -> np.dtype:
         ("period", "<i8"),
         ("row", np.dtype(row_dtype), (dim,)),
     ]
-    if num_slots:
-        fields.append(("slots", np.dtype(slot_dtype), (num_slots, dim)))
+    if total:
+        fields.append(("slots", np.dtype(slot_dtype), (total,)))
     body = np.dtype(fields).itemsize
     pad = -body % 8
     if pad:
@@ -128,6 +140,7 @@ class SegmentStore:
       row_dtype, slot_dtype: numpy storage dtypes of the row and the slots.
       slot_names: The optimizer's slot names, in record order.
       segment_bytes: Size of one segment file.
+      slot_widths: Width of each slot (default `dim` each).
     """
 
     def __init__(
@@ -139,11 +152,15 @@ class SegmentStore:
         slot_names,
         slot_dtype,
         segment_bytes: int = DEFAULT_SEGMENT_BYTES,
+        slot_widths=None,
     ):
         self.name = name
         self.dim = dim
         self.slot_names = list(slot_names)
-        self.dtype = record_dtype(dim, row_dtype, len(self.slot_names), slot_dtype)
+        if slot_widths is None:
+            slot_widths = [dim] * len(self.slot_names)
+        self.slot_widths = [int(w) for w in slot_widths]
+        self.dtype = record_dtype(dim, row_dtype, self.slot_widths, slot_dtype)
         self.words = self.dtype.itemsize // 8
         self._w = _weights(self.words - 1)
         self.per_segment = max(1, segment_bytes // self.dtype.itemsize)
@@ -231,7 +248,11 @@ class SegmentStore:
             return s + _CHECK_OFFSET
 
     def make_records(self, keys, rows, slots, counts, saved, last_seen) -> np.ndarray:
-        """A record array (checksummed) of `n` keys; `slots` is [n, num_slots, dim] or None."""
+        """A record array (checksummed) of `n` keys.
+
+        `rows` [n, dim] in the row dtype (assigned bit for bit); `slots` [n,
+        sum of the slot widths] (the slots side by side, in slot order) or None.
+        """
         n = len(keys)
         recs = np.zeros(n, self.dtype)
         recs["key"] = keys
@@ -241,9 +262,18 @@ class SegmentStore:
         recs["period"] = self.period
         recs["row"] = rows
         if self.slot_names:
-            recs["slots"] = slots
+            recs["slots"] = np.reshape(slots, (n, recs["slots"].shape[1]))
         recs["check"] = self._checksum(recs)
         return recs
+
+    def split_slots(self, recs: np.ndarray) -> list[np.ndarray]:
+        """Each slot of `recs`, [n, width] (copies), in slot order."""
+        if not self.slot_names:
+            return []
+        ends = np.cumsum(self.slot_widths)
+        return [
+            recs["slots"][:, e - w : e].copy() for e, w in zip(ends, self.slot_widths, strict=True)
+        ]
 
     def append(self, recs: np.ndarray) -> np.ndarray:
         """Writes `recs` at the end of the open segment(s); returns their int64 locations."""

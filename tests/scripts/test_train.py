@@ -7,7 +7,7 @@ import pytest
 from absl import app, flags
 from absl.testing import flagsaver
 
-from npu_rec.scripts import _checkpoints, train
+from npu_rec.scripts import _checkpoints, inspect_checkpoint, train
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TINY = dict(batch_size=256, max_steps=30, eval_steps=4, save_steps=20, verbose=0)
@@ -233,7 +233,7 @@ def test_rerun_after_max_steps_keeps_the_metrics_and_says_so(tmp_path, capsys, f
 
 
 @pytest.mark.parametrize("frontend", ["keras", "estimator"])
-def test_tiered_tables_train_save_and_resume(tmp_path, frontend):
+def test_tiered_tables_train_save_and_resume(tmp_path, frontend, capsys):
     model_dir, ssd = tmp_path / "run", tmp_path / "ssd"
     tier = dict(memory_rows=300, ssd_path=[str(ssd)], frontend=frontend, model_dir=str(model_dir))
     with flagsaver.flagsaver(**{**TINY, "max_steps": 20}, **tier):
@@ -244,6 +244,17 @@ def test_tiered_tables_train_save_and_resume(tmp_path, frontend):
     assert m["start_step"] == 20 and m["global_step"] == 30
     assert m["table_sizes"]["categorical"] > 1000  # both tiers; far more than memory_rows
     assert ssd.is_dir()
-    if frontend == "keras":
-        stats = m["tier"]["categorical"]
-        assert stats["promotions"] > 0 and stats["demotions"] > 0 and 0 < stats["hit_rate"] < 1
+    # The summary's tier counters, from either front end (the run after the resume).
+    stats = m["tier"]["categorical"]
+    assert stats["promotions"] > 0 and stats["demotions"] > 0 and 0 < stats["hit_rate"] < 1
+    assert stats["cold_keys"] + stats["memory_keys"] == m["table_sizes"]["categorical"]
+    assert 0 < stats["memory_keys"] < stats["cold_keys"]
+    # inspect_checkpoint knows what the checkpoint records: memory_rows, and so the split.
+    with flagsaver.flagsaver(model_dir=str(model_dir), json=True):
+        info = inspect_checkpoint.run()
+    table = info["tables"]["categorical"]
+    assert table["memory_rows"] == 300
+    assert table["disk_rows"] == table["rows"] - 300 == m["table_sizes"]["categorical"] - 300
+    with flagsaver.flagsaver(model_dir=str(model_dir), json=False):
+        inspect_checkpoint.run()
+    assert "tiered: memory_rows=300; a restore keeps 300 rows in memory" in capsys.readouterr().out

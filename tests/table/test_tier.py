@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 import npu_rec
 from npu_rec.checkpoint import TableCheckpointManager
 from npu_rec.table import _registry, _tier_store
-from tests.table.tier_driver import TablePair
+from tests.table.tier_driver import TablePair, assert_same_bits
 
 DIM = 3
 HAVE_CXX = shutil.which(os.environ.get("CXX") or "g++") is not None
@@ -153,13 +153,121 @@ def test_every_optimizer_admission_and_sharding(tmp_path, optimizer, access, sha
     assert stats["promotions"] > 0 and stats["demotions"] > 0
 
 
+@pytest.mark.parametrize(
+    "value_dtype,optimizer,shards",
+    [
+        ("bfloat16", "adagrad", 1),
+        ("float16", "adam", 2),
+        ("bfloat16", "rowwise_adagrad", 2),
+        ("float16", "rowwise_adagrad", 1),
+        ("float32", "rowwise_adagrad", 1),
+    ],
+)
+def test_compact_rows_and_row_wise_slots_keep_their_bits_through_the_disk_tier(
+    tmp_path, value_dtype, optimizer, shards
+):
+    ops = [*_busy_ops(), ("swap", 0), *_busy_ops(steps=8, seed=1)]
+    stats = _run(
+        tmp_path,
+        "eager",
+        HAVE_CXX,
+        ops,
+        optimizer=optimizer,
+        shards=shards,
+        value_dtype=value_dtype,
+    )
+    assert stats["promotions"] > 0 and stats["demotions"] > 0
+
+
+@pytest.mark.parametrize("mode", ["function", "graph"])
+def test_compact_rows_through_the_disk_tier_in_tf_function_and_v1_graphs(tmp_path, mode):
+    _run(
+        tmp_path,
+        mode,
+        HAVE_CXX,
+        _busy_ops(steps=20),
+        optimizer="rowwise_adagrad",
+        value_dtype="bfloat16",
+    )
+
+
+def _bf16_table(name, optimizer=None, value_dtype="bfloat16", **kwargs):
+    return npu_rec.create_table(
+        name,
+        DIM,
+        optimizer=optimizer or npu_rec.optimizers.RowWiseAdagrad(0.1),
+        access_threshold=0,
+        dynamic_expansion=True,
+        value_dtype=value_dtype,
+        **kwargs,
+    )
+
+
+def _train_some(table, steps=12, seed=3):
+    rng = np.random.default_rng(seed)
+    for i in range(steps):
+        ids = tf.constant(rng.choice(30, size=5, replace=False), tf.int64)
+        npu_rec.sparse_lookup(table, ids, timestamps=tf.fill([5], tf.constant(100 + i, tf.int64)))
+        table.apply_gradients(ids, tf.constant(rng.normal(size=(5, DIM)), tf.float32))
+
+
+def test_a_tiered_bfloat16_checkpoint_restores_into_an_in_memory_table_and_back(tmp_path):
+    tiered = _bf16_table("rt", memory_rows=4, ssd_path=str(tmp_path / "ssd"))
+    _train_some(tiered)
+    assert tiered.tier_stats()["cold_keys"] > 10
+    want = tiered.export()
+    assert want["values"].dtype == tf.bfloat16.as_numpy_dtype
+    assert want["slots"]["accumulator"].shape == (len(want["keys"]), 1)
+    tiered.save(str(tmp_path / "tiered.nrc"))
+    _registry.clear()
+    plain = _bf16_table("rt")
+    plain.restore(str(tmp_path / "tiered.nrc"))
+    got = plain.export()
+    for k in ("keys", "counts", "last_seen"):
+        np.testing.assert_array_equal(got[k], want[k])
+    assert_same_bits(got["values"], want["values"], "values")
+    assert_same_bits(got["slots"]["accumulator"], want["slots"]["accumulator"], "accumulator")
+    # And back: the in-memory table's checkpoint into a fresh tiered table.
+    plain.save(str(tmp_path / "plain.nrc"))
+    _registry.clear()
+    again = _bf16_table("rt", memory_rows=4, ssd_path=str(tmp_path / "ssd2"))
+    again.restore(str(tmp_path / "plain.nrc"))
+    assert again.tier_stats()["cold_keys"] == len(want["keys"]) - 4
+    back = again.export()
+    assert_same_bits(back["values"], want["values"], "values")
+    assert_same_bits(back["slots"]["accumulator"], want["slots"]["accumulator"], "accumulator")
+    # Inference reads cold rows from disk: the stored bits, widened to float32.
+    emb = npu_rec.sparse_lookup(again, tf.constant(want["keys"]), is_training=False)
+    np.testing.assert_array_equal(emb.numpy(), want["values"].astype(np.float32))
+
+
+def test_a_float32_checkpoint_restores_into_a_tiered_bfloat16_table_as_into_an_in_memory_one(
+    tmp_path,
+):
+    wide = _bf16_table("w", optimizer=npu_rec.optimizers.Adagrad(0.1), value_dtype="float32")
+    _train_some(wide)
+    wide.save(str(tmp_path / "wide.nrc"))
+    _registry.clear()
+    plain = _bf16_table("w", optimizer=npu_rec.optimizers.Adagrad(0.1))
+    plain.restore(str(tmp_path / "wide.nrc"))
+    _registry.clear()
+    tiered = _bf16_table(
+        "w", optimizer=npu_rec.optimizers.Adagrad(0.1), memory_rows=3, ssd_path=str(tmp_path)
+    )
+    tiered.restore(str(tmp_path / "wide.nrc"))
+    want, got = plain.export(), tiered.export()
+    np.testing.assert_array_equal(got["keys"], want["keys"])
+    assert_same_bits(got["values"], want["values"], "values")  # rounded to nearest, both
+    assert_same_bits(got["slots"]["accumulator"], want["slots"]["accumulator"], "accumulator")
+
+
 def test_stats_count_hits_promotions_and_bytes(tmp_path):
     stats = _run(tmp_path, "eager", HAVE_CXX, _busy_ops(steps=40))
     assert stats["compactions"] > 0
     assert 0 < stats["hits"] < stats["lookups"]
     assert stats["hit_rate"] == pytest.approx(stats["hits"] / stats["lookups"])
     assert stats["steps"] >= 20
-    record = _tier_store.record_dtype(DIM, np.float32, 1, np.float32).itemsize
+    record = _tier_store.record_dtype(DIM, np.float32, [DIM], np.float32).itemsize
     assert stats["bytes_read"] >= stats["promotions"] * record  # and inference reads
     assert stats["bytes_written"] >= stats["demotions"] * record
     assert stats["disk_bytes"] >= stats["cold_keys"] * record
@@ -273,21 +381,25 @@ def test_bad_tier_arguments_are_refused_naming_them(kwargs, match):
         npu_rec.create_table("bad", 4, **kwargs)
 
 
-@pytest.mark.parametrize(
-    "kwargs,match",
-    [
-        ({"value_dtype": "bfloat16"}, "value_dtype=bfloat16"),
-        (
-            {"optimizer": npu_rec.optimizers.RowWiseAdagrad(0.1)},
-            r"row-wise slots=\['accumulator'\]",
-        ),
-        ({"not_admitted": "hashed", "access_threshold": 2}, "not_admitted='hashed'"),
-    ],
-)
-def test_what_the_disk_tier_cannot_hold_yet_is_refused_naming_it(tmp_path, kwargs, match):
-    kwargs = {"optimizer": npu_rec.optimizers.Adagrad(0.1), **kwargs}
-    with pytest.raises(npu_rec.ConfigError, match=match):
-        npu_rec.create_table("c", DIM, memory_rows=4, ssd_path=str(tmp_path), **kwargs)
+def test_what_the_disk_tier_cannot_hold_yet_is_refused_naming_it(tmp_path):
+    with pytest.raises(npu_rec.ConfigError, match="not_admitted='hashed'"):
+        npu_rec.create_table(
+            "c",
+            DIM,
+            optimizer=npu_rec.optimizers.Adagrad(0.1),
+            not_admitted="hashed",
+            access_threshold=2,
+            memory_rows=4,
+            ssd_path=str(tmp_path),
+        )
+
+
+def test_the_disk_tier_records_take_each_slot_at_its_width_and_rows_in_their_dtype():
+    bf16 = tf.bfloat16.as_numpy_dtype
+    wide = _tier_store.record_dtype(16, np.float32, [16], np.float32).itemsize
+    compact = _tier_store.record_dtype(16, bf16, [1], np.float32).itemsize
+    assert wide == 5 * 8 + 16 * 4 + 16 * 4 + 8
+    assert compact == 5 * 8 + 16 * 2 + 4 + 4 + 8  # 4 bytes of padding to 8
 
 
 def test_ssd_path_that_is_a_file_is_refused(tmp_path):

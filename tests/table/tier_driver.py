@@ -4,7 +4,8 @@
 `tf.Graph` in v1-graph mode; the registry is cleared in between eagerly),
 so they draw the same first rows and can restore each other's checkpoints.
 Every operation runs on both; `assert_same` compares their whole exported
-state (keys, rows, slots, counts, last-seen).
+state (keys, rows, slots, counts, last-seen), rows and slots bit for bit in
+their stored dtypes.
 """
 
 from __future__ import annotations
@@ -18,7 +19,27 @@ import npu_rec
 from npu_rec._kernels import _build
 from npu_rec.checkpoint import TableCheckpointManager
 from npu_rec.table import _registry
-from tests.table.table_helpers import OPTIMIZERS
+from tests.table.table_helpers import OPTIMIZERS as _SHARED
+from tests.table.table_reference import RefOptimizer
+
+#: The shared optimizers and one keeping a slot per row (width 1).
+OPTIMIZERS = {
+    **_SHARED,
+    "rowwise_adagrad": (
+        lambda: npu_rec.optimizers.RowWiseAdagrad(0.1),
+        lambda: RefOptimizer(
+            "rowwise_adagrad", learning_rate=0.1, initial_accumulator_value=0.1, epsilon=1e-7
+        ),
+    ),
+}
+
+
+def assert_same_bits(got: np.ndarray, want: np.ndarray, what: str) -> None:
+    """Equal dtype, shape and bytes (a bfloat16 row that changed its last bit fails)."""
+    assert got.dtype == want.dtype and got.shape == want.shape, (what, got.dtype, want.dtype)
+    np.testing.assert_array_equal(
+        np.ascontiguousarray(got).view(np.uint8), np.ascontiguousarray(want).view(np.uint8), what
+    )
 
 
 class Driver:
@@ -131,11 +152,12 @@ class TablePair:
 
     def assert_same(self) -> None:
         want, got = self.mem.export(), self.tier.export()
-        for k in ("keys", "values", "counts", "last_seen"):
+        for k in ("keys", "counts", "last_seen"):
             np.testing.assert_array_equal(got[k], want[k], err_msg=k)
+        assert_same_bits(got["values"], want["values"], "values")
         assert sorted(got["slots"]) == sorted(want["slots"])
         for n in want["slots"]:
-            np.testing.assert_array_equal(got["slots"][n], want["slots"][n], err_msg=n)
+            assert_same_bits(got["slots"][n], want["slots"][n], n)
         assert self.tier.size() == self.mem.size() == len(want["keys"])
 
     def stats(self) -> dict:
