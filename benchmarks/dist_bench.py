@@ -267,7 +267,9 @@ def step_split(model, ds, steps: int) -> dict:
     options = tf.profiler.experimental.ProfilerOptions(host_tracer_level=2, python_tracer_level=0)
     tf.profiler.experimental.start(logdir, options=options)
     try:
-        model.fit(ds, epochs=1, steps_per_epoch=steps, verbose=0, callbacks=[_Mark()])
+        model.fit(
+            ds, epochs=1, steps_per_epoch=steps, verbose=0, shuffle=False, callbacks=[_Mark()]
+        )
     finally:
         tf.profiler.experimental.stop()
     space = xplane_pb2.XSpace()
