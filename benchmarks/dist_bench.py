@@ -27,9 +27,8 @@ a 10 Gb/s link, the collectives of one training step counted by kind from the st
 graph as TensorFlow executes it (run metadata of the first `fit`, see
 `step_collectives`), and each worker's thread count at the end (`Threads:` of
 /proc/self/status; it stays flat over a run, see `dist_threads.py`). Both runs then
-profile `--trace_steps` more steps and split a step's time into TensorFlow ops running
-and the rest (`step_split`: the two-worker rest minus the one-process rest is the time
-a worker communicates or waits). Prints a table and writes JSON.
+profile `--trace_steps` more steps and split a step's time into compute (TensorFlow ops),
+collectives and the rest (`step_split`, `split_trace`). Prints a table and writes JSON.
 
 Example (quick):
   python benchmarks/dist_bench.py --batch_size 1024 --steps 10 --rounds 2 --distinct_ids 1000000
@@ -42,6 +41,7 @@ import io
 import json
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -238,22 +238,17 @@ def _union_ns(intervals) -> int:
 
 
 def step_split(model, ds, steps: int) -> dict:
-    """Per step, milliseconds with at least one TensorFlow op running, and the rest.
+    """Per step, milliseconds of compute, of collectives and of the rest.
 
     Traces `steps` steps of `model.fit` with the TensorFlow profiler (host tracer
-    level 2: an event per op kernel run, on the thread that runs it). A step's window
-    runs from its `on_train_batch_begin` to its `on_train_batch_end`. `ops` is the part
-    of the windows during which at least one op of this process runs (the union of its
-    op events over all threads); `rest` is the remainder: Keras' per-step Python work,
-    and, on a worker, the collectives' transfers (gRPC threads, not ops) and the wait
-    for the slower worker. An asynchronous kernel (the collectives) counts only while
-    it starts its work, not while it waits. The one-process run's `rest` is the
-    per-step Python work alone, so the two-worker `rest` minus it is the time spent
-    communicating or waiting. The profiler slows the traced steps a little.
+    level 2: an event per op kernel run, on the thread that runs it; a collective's
+    event lasts from its start to its completion, on the collective executor's
+    thread, so it includes the transfers and the wait for the other workers). A step's
+    window runs from its `on_train_batch_begin` to its `on_train_batch_end`; see
+    `split_trace` for the parts.
     """
     import keras
     import tensorflow as tf
-    from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
     class _Mark(keras.callbacks.Callback):
         def on_train_batch_begin(self, batch, logs=None):
@@ -272,12 +267,31 @@ def step_split(model, ds, steps: int) -> dict:
         )
     finally:
         tf.profiler.experimental.stop()
+    try:
+        return split_trace(logdir)
+    finally:
+        shutil.rmtree(logdir, ignore_errors=True)
+
+
+def split_trace(logdir: str) -> dict:
+    """The step windows of a profile in `logdir` split into three parts, ms per step.
+
+    `compute`: at least one op other than a collective runs; `collectives`: only
+    collectives run (a collective overlapping compute counts as compute); `rest`:
+    no op runs (Keras' per-step Python work, the step function's dispatch). The
+    one-process run's `collectives` is zero and its `rest` is the per-step Python
+    work alone, so a worker's time communicating or waiting is its `collectives`
+    plus its `rest` minus the one process's `rest`. The profiler slows the traced
+    steps a little.
+    """
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2
+
     space = xplane_pb2.XSpace()
     with open(
         glob.glob(os.path.join(logdir, "plugins", "profile", "*", "*.xplane.pb"))[0], "rb"
     ) as f:
         space.ParseFromString(f.read())
-    windows, ops = [], []
+    windows, compute, collective = [], [], []
     for plane in space.planes:
         for line in plane.lines:
             for event in line.events:
@@ -286,17 +300,24 @@ def step_split(model, ds, steps: int) -> dict:
                 if name == "dist_bench_step":
                     windows.append((start, start + event.duration_ps))
                 elif _OP_EVENT.match(name):
-                    ops.append((start, start + event.duration_ps))
-    # Op events clipped to the step windows (the steps run one after the other).
-    clipped = [(max(s, ws), min(e, we)) for s, e in ops for ws, we in windows if s < we and e > ws]
+                    kind = collective if name.split(":")[1].startswith("Collective") else compute
+                    kind.append((start, start + event.duration_ps))
+
+    def clipped(events):  # the steps run one after the other
+        return [
+            (max(s, ws), min(e, we)) for s, e in events for ws, we in windows if s < we and e > ws
+        ]
+
     wall = _union_ns(windows)
-    busy = _union_ns(clipped)
+    busy = _union_ns(clipped(compute))
+    any_op = _union_ns(clipped(compute + collective))
     n = max(len(windows), 1)
     return {
         "steps": len(windows),
         "step_ms": wall / n / 1e9,
-        "ops_ms": busy / n / 1e9,
-        "rest_ms": (wall - busy) / n / 1e9,
+        "compute_ms": busy / n / 1e9,
+        "collectives_ms": (any_op - busy) / n / 1e9,
+        "rest_ms": (wall - any_op) / n / 1e9,
     }
 
 
@@ -469,15 +490,13 @@ def main(argv):
     )
     print(f"threads per worker at the end: {results['two_workers']['threads_at_end']}")
     if _TRACE_STEPS.value:
-        one_split = results["one_process"]["step_split"]
-        print(
-            f"traced step (ms): one process {one_split['step_ms']:.1f} = ops "
-            f"{one_split['ops_ms']:.1f} + rest {one_split['rest_ms']:.1f}; "
-            + "; ".join(
-                f"worker {r} {w['step_ms']:.1f} = ops {w['ops_ms']:.1f} + rest {w['rest_ms']:.1f}"
-                for r, w in enumerate(results["two_workers"]["step_split"])
+        splits = [results["one_process"]["step_split"], *results["two_workers"]["step_split"]]
+        print("traced step (ms): step = compute + collectives + rest")
+        for who, sp in zip(["one process", "worker 0", "worker 1"], splits, strict=False):
+            print(
+                f"  {who:<12}{sp['step_ms']:.1f} = {sp['compute_ms']:.1f} + "
+                f"{sp['collectives_ms']:.1f} + {sp['rest_ms']:.1f}"
             )
-        )
     print(
         "load average (1, 5, 15 min) at the end: " + ", ".join(f"{x:.2f}" for x in os.getloadavg())
     )
