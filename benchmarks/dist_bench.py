@@ -26,8 +26,9 @@ largest part's size bucket; the dense all-reduce), and the step time it would ne
 a 10 Gb/s link, the collectives of one training step counted by kind from the step's
 graph as TensorFlow executes it (run metadata of the first `fit`, see
 `step_collectives`), and each worker's thread count at the end (`Threads:` of
-/proc/self/status; it stays flat over a run, see `dist_threads.py`). Prints a table
-and writes JSON.
+/proc/self/status; it stays flat over a run, see `dist_threads.py`). Both runs then
+profile `--trace_steps` more steps and split a step's time into compute (TensorFlow ops),
+collectives and the rest (`step_split`, `split_trace`). Prints a table and writes JSON.
 
 Example (quick):
   python benchmarks/dist_bench.py --batch_size 1024 --steps 10 --rounds 2 --distinct_ids 1000000
@@ -35,9 +36,12 @@ Example (quick):
 
 from __future__ import annotations
 
+import glob
 import io
 import json
 import os
+import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -80,7 +84,16 @@ _PAIRS = flags.DEFINE_integer(
     "Back-to-back (one process, two workers) runs; the ratio is the median over the pairs.",
     lower_bound=1,
 )
+_TRACE_STEPS = flags.DEFINE_integer(
+    "trace_steps",
+    5,
+    "Steps traced with the TensorFlow profiler after the timed rounds, to split a step's "
+    "time into TensorFlow ops running and the rest (see `step_split`); 0: none.",
+    lower_bound=0,
+)
 _LINK = 10e9 / 8  # bytes/s of a 10 Gb/s link
+# A TensorFlow op's trace event is named "node:OpType" (host tracer level 2).
+_OP_EVENT = re.compile(r"^[^\s:]+:[A-Za-z0-9_]+$")
 _NUM_WORKERS = 2
 
 
@@ -211,6 +224,103 @@ def step_collectives(first_fit) -> dict:
     return best
 
 
+def _union_ns(intervals) -> int:
+    """Length of the union of [start, end) intervals."""
+    total, reach = 0, None
+    for start, end in sorted(intervals):
+        if reach is None or start > reach:
+            total += end - start
+            reach = end
+        elif end > reach:
+            total += end - reach
+            reach = end
+    return total
+
+
+def step_split(model, ds, steps: int) -> dict:
+    """Per step, milliseconds of compute, of collectives and of the rest.
+
+    Traces `steps` steps of `model.fit` with the TensorFlow profiler (host tracer
+    level 2: an event per op kernel run, on the thread that runs it; a collective's
+    event lasts from its start to its completion, on the collective executor's
+    thread, so it includes the transfers and the wait for the other workers). A step's
+    window runs from its `on_train_batch_begin` to its `on_train_batch_end`; see
+    `split_trace` for the parts.
+    """
+    import keras
+    import tensorflow as tf
+
+    class _Mark(keras.callbacks.Callback):
+        def on_train_batch_begin(self, batch, logs=None):
+            self.trace = tf.profiler.experimental.Trace("dist_bench_step")
+            self.trace.__enter__()
+
+        def on_train_batch_end(self, batch, logs=None):
+            self.trace.__exit__(None, None, None)
+
+    logdir = tempfile.mkdtemp(prefix="dist_bench_trace_")
+    options = tf.profiler.experimental.ProfilerOptions(host_tracer_level=2, python_tracer_level=0)
+    tf.profiler.experimental.start(logdir, options=options)
+    try:
+        model.fit(
+            ds, epochs=1, steps_per_epoch=steps, verbose=0, shuffle=False, callbacks=[_Mark()]
+        )
+    finally:
+        tf.profiler.experimental.stop()
+    try:
+        return split_trace(logdir)
+    finally:
+        shutil.rmtree(logdir, ignore_errors=True)
+
+
+def split_trace(logdir: str) -> dict:
+    """The step windows of a profile in `logdir` split into three parts, ms per step.
+
+    `compute`: at least one op other than a collective runs; `collectives`: only
+    collectives run (a collective overlapping compute counts as compute); `rest`:
+    no op runs (Keras' per-step Python work, the step function's dispatch). The
+    one-process run's `collectives` is zero and its `rest` is the per-step Python
+    work alone, so a worker's time communicating or waiting is its `collectives`
+    plus its `rest` minus the one process's `rest`. The profiler slows the traced
+    steps a little.
+    """
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2
+
+    space = xplane_pb2.XSpace()
+    with open(
+        glob.glob(os.path.join(logdir, "plugins", "profile", "*", "*.xplane.pb"))[0], "rb"
+    ) as f:
+        space.ParseFromString(f.read())
+    windows, compute, collective = [], [], []
+    for plane in space.planes:
+        for line in plane.lines:
+            for event in line.events:
+                name = plane.event_metadata[event.metadata_id].name
+                start = line.timestamp_ns * 1000 + event.offset_ps  # picoseconds
+                if name == "dist_bench_step":
+                    windows.append((start, start + event.duration_ps))
+                elif _OP_EVENT.match(name):
+                    kind = collective if name.split(":")[1].startswith("Collective") else compute
+                    kind.append((start, start + event.duration_ps))
+
+    def clipped(events):  # the steps run one after the other
+        return [
+            (max(s, ws), min(e, we)) for s, e in events for ws, we in windows if s < we and e > ws
+        ]
+
+    wall = _union_ns(windows)
+    busy = _union_ns(clipped(compute))
+    any_op = _union_ns(clipped(compute + collective))
+    n = max(len(windows), 1)
+    return {
+        "steps": len(windows),
+        "step_ms": wall / n / 1e9,
+        "compute_ms": busy / n / 1e9,
+        "collectives_ms": (any_op - busy) / n / 1e9,
+        "rest_ms": (wall - any_op) / n / 1e9,
+    }
+
+
 def _train(strategy):
     """Times the model under `strategy`: samples/s per round (global batch), and more."""
     import keras
@@ -225,14 +335,15 @@ def _train(strategy):
     for _ in range(kb._ROUNDS.value):
         rates.append(kb._BATCH.value * kb._STEPS.value / train(kb._STEPS.value))
     dense_params = sum(int(np.prod(v.shape)) for v in model.trainable_variables)
-    return rates, batches, dense_params, collectives
+    split = step_split(model, _dataset(batches), _TRACE_STEPS.value) if _TRACE_STEPS.value else {}
+    return rates, batches, dense_params, collectives, split
 
 
 def _run_role(out_path: str) -> None:
     import tensorflow as tf
 
     if _ROLE == "worker":
-        rates, batches, dense_params, collectives = _train(_STRATEGY)
+        rates, batches, dense_params, collectives, split = _train(_STRATEGY)
         rank = npu_rec.distribute.worker_rank(_STRATEGY)
         half = kb._BATCH.value // _NUM_WORKERS
         features = (
@@ -256,11 +367,12 @@ def _run_role(out_path: str) -> None:
             "bytes": {k: statistics.mean(p[k] for p in per_step) for k in per_step[0]},
             "collectives_per_step": collectives,
             "threads_at_end": threads(),
+            "step_split": split,
         }
         out_path = _rank_path(out_path, rank)
     else:
-        rates, _, _, _ = _train(tf.distribute.get_strategy())
-        result = {"rates": rates}
+        rates, _, _, _, split = _train(tf.distribute.get_strategy())
+        result = {"rates": rates, "step_split": split}
     with open(out_path, "w") as f:
         json.dump(result, f)
 
@@ -295,6 +407,7 @@ def _flag_args() -> list[str]:
             "distinct_ids",
             "one_table",
             "mlp_only",
+            "trace_steps",
         )
     ]
 
@@ -333,6 +446,7 @@ def _driver() -> dict:
     two_result = dict(workers[0])  # rates, bytes and collectives: the same on every worker
     two_result.pop("rank")
     two_result["threads_at_end"] = [w["threads_at_end"] for w in workers]
+    two_result["step_split"] = [w["step_split"] for w in workers]
     return {"one_process": one_result, "two_workers": two_result}
 
 
@@ -375,6 +489,14 @@ def main(argv):
         f"({', '.join(f'{n} {op}' for op, n in sorted(collectives.items())) or 'none'})"
     )
     print(f"threads per worker at the end: {results['two_workers']['threads_at_end']}")
+    if _TRACE_STEPS.value:
+        splits = [results["one_process"]["step_split"], *results["two_workers"]["step_split"]]
+        print("traced step (ms): step = compute + collectives + rest")
+        for who, sp in zip(["one process", "worker 0", "worker 1"], splits, strict=False):
+            print(
+                f"  {who:<12}{sp['step_ms']:.1f} = {sp['compute_ms']:.1f} + "
+                f"{sp['collectives_ms']:.1f} + {sp['rest_ms']:.1f}"
+            )
     print(
         "load average (1, 5, 15 min) at the end: " + ", ".join(f"{x:.2f}" for x in os.getloadavg())
     )
