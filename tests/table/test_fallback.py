@@ -307,7 +307,7 @@ def test_a_checkpoint_without_fallback_restores_into_a_hashed_table_from_its_ini
     hashed = _table("a", 3, threshold=3, buckets=8)
     initial = hashed.fallback.values.numpy().copy()
     _train(hashed)
-    with caplog.at_level(logging.INFO):
+    with caplog.at_level(logging.INFO, logger="absl"):  # npu_rec logs through absl's logger
         hashed.restore(str(tmp_path / "a.nrc"))
     assert "no fallback rows" in caplog.text and "initial rows" in caplog.text
     np.testing.assert_array_equal(hashed.fallback.values.numpy(), initial)
@@ -321,7 +321,7 @@ def test_a_checkpoint_with_fallback_restores_into_a_zeros_table_without_it(tmp_p
     hashed.save(str(tmp_path / "b.nrc"))
     npu_rec.table._registry.clear()
     zeros = npu_rec.create_table("b", 3, optimizer=npu_rec.optimizers.SGD(LR), access_threshold=3)
-    with caplog.at_level(logging.INFO):
+    with caplog.at_level(logging.INFO, logger="absl"):  # npu_rec logs through absl's logger
         zeros.restore(str(tmp_path / "b.nrc"))
     assert "not_admitted='zeros'" in caplog.text
     assert zeros.fallback is None
@@ -335,7 +335,7 @@ def test_other_bucket_count_restores_the_fallback_from_its_initial_rows(tmp_path
     npu_rec.table._registry.clear()
     table = _table("c", 3, threshold=3, buckets=5)
     initial = table.fallback.values.numpy().copy()
-    with caplog.at_level(logging.INFO):
+    with caplog.at_level(logging.INFO, logger="absl"):  # npu_rec logs through absl's logger
         table.restore(str(tmp_path / "c.nrc"))
     assert "shape (8, 3)" in caplog.text
     np.testing.assert_array_equal(table.fallback.values.numpy(), initial)
