@@ -57,9 +57,18 @@ def _index_variables(sess, table) -> tf.Operation:
 
 
 def _export_dir(base: str) -> str:
+    """`<base>/<timestamp>`, later than every export already there.
+
+    Exports made faster than one a second take the next free second after the
+    newest one, so the newest directory is always the newest export, even after
+    an exporter deleted older ones (a stamp reused below a kept export would be
+    the first one deleted).
+    """
     stamp = int(time.time())
-    while os.path.exists(os.path.join(base, str(stamp))):
-        stamp += 1
+    if os.path.isdir(base):
+        taken = [int(n) for n in os.listdir(base) if n.isdigit()]
+        if taken:
+            stamp = max(stamp, max(taken) + 1)
     return os.path.join(base, str(stamp))
 
 

@@ -7,6 +7,7 @@ differ (and Keras 3 layers stand for `tf.layers`, see docs/porting.md).
 """
 
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -120,6 +121,33 @@ def test_iris_classification_and_predict_signatures(tmp_path):
     predict = served.signatures["predict"](examples=examples)
     np.testing.assert_allclose(predict["probabilities"].numpy(), expected, atol=1e-5)
     np.testing.assert_array_equal(predict["class_ids"].numpy()[:, 0], np.argmax(expected, 1))
+
+
+def test_exports_faster_than_one_a_second_stay_in_order_when_old_ones_are_deleted(
+    tmp_path, monkeypatch
+):
+    """LatestExporter keeps the newest timestamps: a new export must always be the newest."""
+    columns = [tf.compat.v1.feature_column.numeric_column(k) for k in IRIS_FEATURES]
+    est = E.Estimator(
+        iris_model_fn,
+        model_dir=str(tmp_path / "model"),
+        params={"feature_columns": columns, "hidden_units": [4], "n_classes": 3},
+        config=E.RunConfig(log_step_count_steps=None, random_seed=0),
+    )
+    est.train(_iris_input_fn(), steps=2)
+    receiver = export.build_parsing_serving_input_receiver_fn(
+        tf.compat.v1.feature_column.make_parse_example_spec(columns)
+    )
+    monkeypatch.setattr("npu_rec.estimator._export.time.time", lambda: 1_700_000_000.5)
+    base = tmp_path / "export"
+    paths = []
+    for _ in range(4):  # all in the same second
+        paths.append(est.export_saved_model(str(base), receiver).decode())
+        kept = sorted(os.listdir(base), key=int)
+        assert os.path.basename(paths[-1]) == kept[-1]  # the newest directory is this export
+        for old in kept[:-2]:  # what LatestExporter(exports_to_keep=2) deletes
+            shutil.rmtree(base / old)
+    assert [int(os.path.basename(p)) for p in paths] == [1_700_000_000 + i for i in range(4)]
 
 
 def test_deepfm_with_parsing_receiver_and_default_predict_output(tmp_path):
