@@ -219,7 +219,15 @@ class HashedFallback:
     def fill(self, keys: tf.Tensor, rows: tf.Tensor, embeddings: tf.Tensor) -> tf.Tensor:
         """`embeddings` [u, dim] of unique `keys`, their fallback rows where `rows < 0`."""
         missing = (rows < 0)[:, None]
-        return tf.where(missing, tf.cast(self.rows_of(keys), embeddings.dtype), embeddings)
+        out = tf.where(missing, tf.cast(self.rows_of(keys), embeddings.dtype), embeddings)
+        # A lookup of a table sharded across workers marks its rows with the way their
+        # gradients go back to the owners (`distribute._step_exchange.registered`); the
+        # filled rows take that way too (an owner ignores the gradients of keys without
+        # a row: those train the fallback).
+        way_back = getattr(embeddings, "npu_rec_exchange", None)
+        if way_back is not None:
+            out.npu_rec_exchange = way_back
+        return out
 
     def bucket_sums(self, keys: tf.Tensor, rows: tf.Tensor, grads: tf.Tensor):
         """(unique buckets int64 [k], summed float32 gradients [k, dim]) of the keys without a row.
