@@ -20,13 +20,26 @@ with a fallback admits at its second sighting at the earliest, so its new rows
 always come from the stock admission path.
 
 One fallback belongs to the table a user created (a `ShardedTable` has one
-for all its shards; the bucket does not depend on the shard). Its state
-travels with the table's: `read_state` / `write_state` carry the entries
-`fallback/values`, `fallback/slot/<name>` (float32 [buckets, dim]) and
-`fallback/step` (int64), so table checkpoints (full and delta saves hold the
-whole fallback), `.keras` files and the exports see it. A state without them
-restores into a table with a fallback by resetting the fallback to its
-initial rows (logged); a table without a fallback ignores them (logged).
+for all its shards; the bucket does not depend on the shard). A table
+sharded across workers (`WorkerShardedTable`) gives every worker a copy, kept
+equal by `apply_all`: the bucket sums of all workers reach every worker in
+one gather, and every copy takes the step of one process on the global batch.
+
+The rows are stored in the table's `value_dtype`; an optimizer step writes
+compact rows rounded stochastically as the table's (`_rounding`), with the
+bucket as the key, the fallback's update count as the step and the seed of
+`<table>/fallback`. A slot the optimizer keeps per row is [buckets, 1].
+
+Its state travels with the table's: `read_state` / `write_state` carry the
+entries `fallback/values` ([buckets, dim], the storage dtype),
+`fallback/slot/<name>` (float32 [buckets, dim or 1]) and `fallback/step`
+(int64), so table checkpoints (full and delta saves hold the whole
+fallback), `.keras` files and the exports see it; every save checks that
+they are finite (`_check.verify_fallback`). A state without them restores
+into a table with a fallback by resetting the fallback to its initial rows
+(logged); a table without a fallback ignores them (logged). Rows saved in
+another dtype round to nearest; slots saved in the other layout convert as
+the table's (`_slot_layout`).
 """
 
 from __future__ import annotations
