@@ -155,3 +155,43 @@ def test_a_worker_sharded_hashed_table_restores_its_keys_and_the_whole_fallback(
     np.testing.assert_array_equal(got["values"], want["values"][mine])
     for field in ("fallback/values", "fallback/slot/accumulator", "fallback/step"):
         np.testing.assert_array_equal(got[field], want[field])
+
+
+class _TwoEqualWorkers:
+    """Stands in for a worker-sharded table whose 2 workers had the same batch."""
+
+    def __init__(self, table, flag):
+        self.fallback, self.flag = table.fallback, flag
+
+    def gather_fallback_gradients(self, parts):
+        return [(tf.concat([b, b], 0), tf.concat([g, g], 0)) for b, g in parts]
+
+    def update_condition(self):
+        return self.flag
+
+
+@pytest.mark.parametrize("flag", [None, True, False])
+def test_the_gathered_sums_of_every_worker_step_each_copy_once_unless_the_step_is_skipped(flag):
+    """`apply_all` sums every worker's bucket sums; a skipped step (loss scaling) leaves it."""
+    from npu_rec.table import _fallback
+    from npu_rec.table._fallback import bucket_of_numpy
+
+    table = npu_rec.create_table(
+        f"stub_{flag}",
+        2,
+        optimizer=npu_rec.optimizers.SGD(0.5),
+        access_threshold=3,
+        not_admitted="hashed",
+        fallback_buckets=4,
+    )
+    before = table.fallback.values.numpy().copy()
+    keys = tf.constant([10, 11, 12], tf.int64)
+    grads = tf.constant([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]])
+    stub = _TwoEqualWorkers(table, None if flag is None else tf.constant(flag))
+    _fallback.apply_all([(stub, keys, tf.constant([-1, 7, -1], tf.int64), grads)])
+    want = before.copy()
+    if flag is not False:
+        for key, g in ((10, [1.0, 2.0]), (12, [5.0, 6.0])):  # key 11 has a row
+            want[bucket_of_numpy([key], 4)[0]] -= 0.5 * 2 * np.array(g)
+    np.testing.assert_allclose(table.fallback.values.numpy(), want, rtol=1e-6)
+    assert int(table.fallback.step.numpy()) == (0 if flag is False else 1)
