@@ -33,7 +33,6 @@ from npu_rec.keras import RecModel, SparseEmbedding  # noqa: E402
 
 STEPS, BATCH = 30, 64
 RANK = npu_rec.distribute.worker_rank(STRATEGY) if MULTI else 0
-TABLES = ("user_fb", "item_fb", "plain")
 
 
 def data():
