@@ -156,4 +156,6 @@ def merge_states(states: list[dict]) -> dict:
     out["max_seen"] = np.max([s["max_seen"] for s in states])
     out["ts_feature"] = np.any([s["ts_feature"] for s in states])
     out["opt_step"] = np.max([s["opt_step"] for s in states])
+    # The trained fallback (not_admitted="hashed"): every worker saved an equal copy.
+    out.update({k: v for k, v in states[0].items() if k.startswith("fallback/")})
     return out

@@ -21,6 +21,15 @@ Inside a replica step (`model.fit` under `MultiWorkerMirroredStrategy`):
   Adam's step count is the one-process count).
 
 A row id handed out (in `LookupRecord.rows`) is `local_row * W + owner`.
+
+With `not_admitted="hashed"` every worker keeps a copy of the table's
+fallback (`npu_rec.table._fallback`, plain variables): a key without a row
+reads its fallback row on the worker that looked it up, and the owner admits
+it from its own copy. The copies stay equal: each worker sums the
+gradients of its keys without a row per bucket, one all-gather
+(`gather_fallback_gradients`, for every such table of the step) hands all of
+those sums to every worker, and each worker sums them per bucket and steps
+its copy, the step one process takes on the global batch.
 `export`, `save` and `size` describe this worker's keys; `restore` (and
 `TableCheckpointManager.restore`) keep the keys this worker owns, so a
 checkpoint of any number of workers, or of one process, restores here.
@@ -38,6 +47,7 @@ import tensorflow as tf
 
 from npu_rec.distribute import _step_exchange, _tf_private
 from npu_rec.distribute._exchange import Exchange
+from npu_rec.table import _fallback
 from npu_rec.table._base import SparseTable, rows_with_values
 from npu_rec.table._config import TableConfig
 from npu_rec.table._sharded import shard_of, shard_of_numpy
@@ -119,7 +129,11 @@ class WorkerShardedTable(SparseTable):
         return self.local.slot_names
 
     def variables(self) -> list[tf.Variable]:
-        return self.local.variables()
+        fallback = [] if self.fallback is None else self.fallback.variables()
+        return self.local.variables() + fallback
+
+    #: Plain variables in the strategy's scope (the table's fallback: a copy per worker).
+    local_variables = staticmethod(_tf_private.outside_strategy)
 
     def __repr__(self) -> str:
         return super().__repr__()[:-1] + f", num_workers={self.num_workers}, rank={self.rank})"
@@ -243,6 +257,41 @@ class WorkerShardedTable(SparseTable):
             )
         return tf.group([op for op in ops if op is not None])
 
+    @tf.autograph.experimental.do_not_convert
+    def gather_fallback_gradients(self, parts):
+        """Every worker's fallback bucket sums, per table: one all-gather for all of them.
+
+        Args:
+          parts: `(buckets int64 [k], summed gradients float32 [k, dim])` per table
+            of this strategy with a fallback (the same tables, in the same order,
+            on every worker).
+
+        Returns:
+          `(buckets, gradients)` per part: every worker's, in worker order.
+        """
+        width = max(int(g.shape[1]) for _, g in parts)
+        packed = []
+        for i, (buckets, grads) in enumerate(parts):
+            index = tf.fill(tf.stack([tf.shape(buckets)[0], 1]), float(i))
+            padded = tf.pad(grads, [[0, 0], [0, width - int(grads.shape[1])]])
+            # The bucket as two exact float32 numbers (24 bits each), not bit-cast: a
+            # bit pattern of a small integer is a denormal float, which arithmetic may flush.
+            high = tf.cast(tf.bitwise.right_shift(buckets, 24), tf.float32)[:, None]
+            low = tf.cast(tf.bitwise.bitwise_and(buckets, 0xFFFFFF), tf.float32)[:, None]
+            packed.append(tf.concat([high, low, index, padded], 1))
+        everyone = self._gather(tf.concat(packed, 0))
+        which = everyone[:, 2]
+        out = []
+        for i, (_, grads) in enumerate(parts):
+            got = tf.gather(everyone, tf.where(tf.equal(which, float(i)))[:, 0])
+            buckets = tf.cast(got[:, 0], tf.int64) * (1 << 24) + tf.cast(got[:, 1], tf.int64)
+            out.append((buckets, got[:, 3 : 3 + int(grads.shape[1])]))
+        return out
+
+    def update_condition(self):
+        """The bool scalar of `updates_only_when` around this update, or None."""
+        return getattr(_CONDITION, "flag", None)
+
     def _apply_mine(self, rows, grads, mine):
         """Sums the gradients of the `mine` rows (global ids) per row and applies them."""
         flag = getattr(_CONDITION, "flag", None)
@@ -269,10 +318,14 @@ class WorkerShardedTable(SparseTable):
     def read_state(
         self, min_period: int = 0, session=None, check: bool = True
     ) -> dict[str, np.ndarray]:
-        return self.local.read_state(min_period, session, check)
+        st = self.local.read_state(min_period, session, check)
+        return _fallback.read_into(self, st, session, check)
 
     def write_state(self, st: dict[str, np.ndarray], session=None) -> None:
         """Loads the keys of `st` that this worker owns (`st` may hold any worker's keys)."""
+        st = self.fit_restored_slots(st)  # before anything changes
+        _fallback.write_from(self, st, session)
+        st = {k: v for k, v in st.items() if not k.startswith(_fallback.PREFIX)}
         row_fields = [*_ROW_FIELDS, *[f"slot/{n}" for n in self.slot_names]]
         mine_rows = shard_of_numpy(st["keys"], self.num_workers) == self.rank
         mine_pend = shard_of_numpy(st["pending_keys"], self.num_workers) == self.rank

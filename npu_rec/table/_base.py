@@ -42,7 +42,7 @@ import tensorflow as tf
 
 from npu_rec import _log as logging
 from npu_rec._compat import quiet_retracing
-from npu_rec.table import _registry
+from npu_rec.table import _registry, _slot_layout
 from npu_rec.table._config import TableConfig
 from npu_rec.table._key_pipeline import flat_keys
 
@@ -143,6 +143,15 @@ class SparseTable(abc.ABC):
             # A tiered table (memory + disk); absent for an in-memory one.
             **({"memory_rows": self.config.memory_rows} if self.config.memory_rows else {}),
         }
+
+    def fit_restored_slots(self, st: dict) -> dict:
+        """`st` with its optimizer slots in this table's layout (`_slot_layout.fit_slots`).
+
+        Raises:
+          ValueError: a slot is missing or saved in a shape that cannot be converted.
+        """
+        storage = self.shards[0].storage
+        return _slot_layout.fit_slots(self.name, st, storage.slot_dims, self.dim, self.optimizer)
 
     def note_value_conversion(self, values) -> None:
         """Logs one line when restored rows `values` are not in this table's storage dtype."""

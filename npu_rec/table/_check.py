@@ -13,7 +13,9 @@ as the state it reads:
 * every indexed key is found again by a lookup at its own row (so no key is
   held twice: a lookup returns the first of two copies) and its row is
   live and maps back to it (`row_keys[row] == key`);
-* every live row's values and optimizer slots are finite.
+* every live row's values and optimizer slots are finite, and so is every
+  row and slot of the table's trained fallback (`not_admitted="hashed"`,
+  `verify_fallback`: all its rows are in use).
 
 Together these make the index a bijection between the live keys and live
 rows. A failure raises `TableInvariantError` naming the table and the broken
@@ -142,4 +144,30 @@ def verify(table_name: str, check: dict[str, Any], keys: np.ndarray) -> None:
             "saved (the previous checkpoint is kept): every live row's values and slots "
             "must be finite. Training diverged: lower the learning rate, clip gradients, "
             "or look for non-finite input values."
+        )
+
+
+def verify_fallback(table_name: str, arrays: dict[str, Any], prefix: str) -> None:
+    """Raises `TableInvariantError` unless the fallback's rows and slots are finite.
+
+    Args:
+      table_name: For the message.
+      arrays: The fallback's entries of a state (`<prefix>values`, `<prefix>slot/<name>`).
+      prefix: Of those entries.
+    """
+    where = []
+    for key, value in arrays.items():
+        if key == f"{prefix}step":
+            continue
+        bad = ~np.all(np.isfinite(np.asarray(value, np.float32)), axis=1)
+        if bad.any():
+            name = key[len(prefix) :]
+            where.append(f"{int(bad.sum())} rows of `{name}` (e.g. bucket {int(np.argmax(bad))})")
+    if where:
+        raise TableInvariantError(
+            f"Sparse table {table_name!r} holds NaN or Inf in its trained fallback "
+            f"(not_admitted='hashed'): {', '.join(where)}, so its state is not saved (the "
+            "previous checkpoint is kept): every fallback row's values and slots must be "
+            "finite. Training diverged: lower the learning rate, clip gradients, or look "
+            "for non-finite input values."
         )

@@ -86,8 +86,9 @@ def create_table(
         "zeros" (the zero vector, no update; mx_rec's behaviour) or "hashed"
         (row `hash(key) mod fallback_buckets` of a small dense table the table
         owns, trained by the table's optimizer; an admitted key's row starts
-        from its fallback row). "hashed" needs `access_threshold >= 2` and is
-        not available on tables sharded across workers.
+        from its fallback row). "hashed" needs `access_threshold >= 2`; on
+        tables sharded across workers every worker keeps a copy of the
+        fallback, trained on the global batch (docs/design.md).
       fallback_buckets: Rows of the fallback table (`not_admitted="hashed"`).
       dynamic_expansion: Grow on demand; None = `npu_rec.init`'s
         `use_dynamic_expansion` (False before init).
@@ -164,18 +165,8 @@ def create_table(
         ssd_path=ssd_path,
     )
     from npu_rec.distribute._ps import table_for_ps  # noqa: PLC0415
-    from npu_rec.distribute._strategy import (  # noqa: PLC0415
-        current_exchange,
-        table_for_strategy,
-    )
+    from npu_rec.distribute._strategy import table_for_strategy  # noqa: PLC0415
 
-    if config.not_admitted == "hashed" and current_exchange() is not None:
-        raise ConfigError(
-            "not_admitted='hashed' is not available for tables sharded across the workers "
-            "of a MultiWorkerMirroredStrategy (the fallback would need its own exchange); "
-            "use not_admitted='zeros' there. Received: not_admitted='hashed' for table "
-            f"{name!r}"
-        )
     backend = select_backend()  # stock ops or the compiled kernels, for the table's life
     if config.tiered:
         return _tiered_table(config, backend)

@@ -20,23 +20,39 @@ with a fallback admits at its second sighting at the earliest, so its new rows
 always come from the stock admission path.
 
 One fallback belongs to the table a user created (a `ShardedTable` has one
-for all its shards; the bucket does not depend on the shard). Its state
-travels with the table's: `read_state` / `write_state` carry the entries
-`fallback/values`, `fallback/slot/<name>` (float32 [buckets, dim]) and
-`fallback/step` (int64), so table checkpoints (full and delta saves hold the
-whole fallback), `.keras` files and the exports see it. A state without them
-restores into a table with a fallback by resetting the fallback to its
-initial rows (logged); a table without a fallback ignores them (logged).
+for all its shards; the bucket does not depend on the shard). A table
+sharded across workers (`WorkerShardedTable`) gives every worker a copy, kept
+equal by `apply_all`: the bucket sums of all workers reach every worker in
+one gather, and every copy takes the step of one process on the global batch.
+
+The rows are stored in the table's `value_dtype`; an optimizer step writes
+compact rows rounded stochastically as the table's (`_rounding`), with the
+bucket as the key, the fallback's update count as the step and the seed of
+`<table>/fallback`. A slot the optimizer keeps per row is [buckets, 1].
+
+Its state travels with the table's: `read_state` / `write_state` carry the
+entries `fallback/values` ([buckets, dim], the storage dtype),
+`fallback/slot/<name>` (float32 [buckets, dim or 1]) and `fallback/step`
+(int64), so table checkpoints (full and delta saves hold the whole
+fallback), `.keras` files and the exports see it; every save checks that
+they are finite (`_check.verify_fallback`). A state without them restores
+into a table with a fallback by resetting the fallback to its initial rows
+(logged); a table without a fallback ignores them (logged). Rows saved in
+another dtype round to nearest; slots saved in the other layout convert as
+the table's (`_slot_layout`).
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import numpy as np
 import tensorflow as tf
 
 from npu_rec import _log as logging
 from npu_rec._validation import ConfigError, check_int
-from npu_rec.table import _keyed_init, _row_init
+from npu_rec.table import _check, _keyed_init, _row_init, _slot_layout
+from npu_rec.table._rounding import RoundedRows, stochastic_round
 
 #: What a not-yet-admitted key reads: the zero vector, or its fallback row.
 NOT_ADMITTED = ("zeros", "hashed")
@@ -95,13 +111,37 @@ def bucket_of_numpy(keys, buckets: int) -> np.ndarray:
     return (z % np.uint64(buckets)).astype(np.int64)
 
 
+class _RoundedBuckets(RoundedRows):
+    """The fallback's compact rows as an optimizer step writes them (`RoundedRows`).
+
+    The rounding's key of fallback row `b` is `b` itself (the fallback's own
+    seed keeps it apart from the table's key `b`).
+    """
+
+    def __init__(self, variable: tf.Variable, seed: int, step: tf.Tensor):
+        self.storage = None
+        self.variable = variable
+        self.seed = seed
+        self.step = step
+        self.dtype = tf.float32
+        self.shape = variable.shape
+
+    def scatter_update(self, sparse_delta: tf.IndexedSlices) -> tf.Operation:
+        rows = sparse_delta.indices
+        stored = stochastic_round(
+            sparse_delta.values, rows, self.step, self.seed, self.variable.dtype
+        )
+        return self.variable.scatter_update(tf.IndexedSlices(stored, rows))
+
+
 class HashedFallback:
     """The fallback rows of one table, with their optimizer slots (see module docstring).
 
     Attributes:
       buckets: Rows of the fallback.
-      values: float32 [buckets, dim] variable.
-      slots: Slot name -> float32 [buckets, dim] variable (the table's optimizer's).
+      values: [buckets, dim] variable in the table's `value_dtype`.
+      slots: Slot name -> float32 [buckets, dim] variable (the table's optimizer's;
+        [buckets, 1] for a slot it keeps per row).
       step: int64 scalar variable, the fallback's optimizer updates so far.
     """
 
@@ -112,25 +152,31 @@ class HashedFallback:
         self.buckets = config.fallback_buckets
         self.initializer = config.initializer
         self.optimizer = config.optimizer
+        self.value_dtype = tf.as_dtype(config.value_dtype)
         self.seed = _keyed_init.name_seed(config.name + "/fallback")
         self.graph_mode = table._graph_mode
         self.slots: dict[str, tf.Variable] = {}
+        self.slot_dims: dict[str, int] = {}
         self._slot_init: dict[str, float] = {}
         self._graph_ops: dict = {}
+        #: Creates plain variables where the table needs them (a worker-sharded table:
+        #: not mirrored by the strategy; every worker keeps an equal copy).
+        self._creation = getattr(table, "local_variables", contextlib.nullcontext)
         # In a graph, beside the table's first shard (on the parameter-server route,
         # on that ps task: every trainer shares it).
         self.device = table.shards[0].storage.values.device if self.graph_mode else None
         with (
             tf.init_scope(),
+            self._creation(),
             tf.compat.v1.device(self.device),
             tf.name_scope(f"npu_rec_fallback_{config.name}"),
         ):
             self.values = tf.Variable(
-                self.initial_values, trainable=False, name="values", dtype=tf.float32
+                self.stored_initial_values, trainable=False, name="values", dtype=self.value_dtype
             )
             self.step = tf.Variable(tf.constant(0, tf.int64), trainable=False, name="step")
             if self.optimizer is not None:
-                self._make_slots(self.optimizer.slot_specs)
+                self._make_slots(self.optimizer)
             if self.graph_mode:
                 self._graph_ops = self._build_graph_ops()
 
@@ -142,11 +188,17 @@ class HashedFallback:
             return _keyed_init.keyed_uniform(keys, self.dim, self.seed)
         return _row_init.initial_rows(self.initializer, self.buckets, self.dim, self.buckets)
 
-    def _make_slots(self, slot_specs) -> None:
-        for name, initial in slot_specs:
+    def stored_initial_values(self) -> tf.Tensor:
+        """`initial_values` in the storage dtype (rounded to nearest, as a table's new rows)."""
+        return tf.cast(self.initial_values(), self.value_dtype)
+
+    def _make_slots(self, optimizer) -> None:
+        row_slots = getattr(optimizer, "row_slots", ())
+        for name, initial in optimizer.slot_specs:
             self._slot_init[name] = float(initial)
+            width = self.slot_dims[name] = 1 if name in row_slots else self.dim
             self.slots[name] = tf.Variable(
-                tf.fill([self.buckets, self.dim], tf.constant(initial, tf.float32)),
+                tf.fill([self.buckets, width], tf.constant(initial, tf.float32)),
                 trainable=False,
                 name=f"slot_{name}",
             )
@@ -156,10 +208,11 @@ class HashedFallback:
         self.optimizer = optimizer
         with (
             tf.init_scope(),
+            self._creation(),
             tf.compat.v1.device(self.device),
             tf.name_scope(f"npu_rec_fallback_{self.table_name}/"),
         ):
-            self._make_slots(optimizer.slot_specs)
+            self._make_slots(optimizer)
             if self.graph_mode:
                 self._graph_ops = self._build_graph_ops()
 
@@ -174,15 +227,23 @@ class HashedFallback:
 
     def rows_of(self, keys: tf.Tensor) -> tf.Tensor:
         """float32 [n, dim]: the fallback rows of int64 `keys` (their current values)."""
-        return tf.gather(self.values, bucket_of(keys, self.buckets))
+        return tf.cast(tf.gather(self.values, bucket_of(keys, self.buckets)), tf.float32)
 
     def fill(self, keys: tf.Tensor, rows: tf.Tensor, embeddings: tf.Tensor) -> tf.Tensor:
         """`embeddings` [u, dim] of unique `keys`, their fallback rows where `rows < 0`."""
         missing = (rows < 0)[:, None]
-        return tf.where(missing, tf.cast(self.rows_of(keys), embeddings.dtype), embeddings)
+        out = tf.where(missing, tf.cast(self.rows_of(keys), embeddings.dtype), embeddings)
+        # A lookup of a table sharded across workers marks its rows with the way their
+        # gradients go back to the owners (`distribute._step_exchange.registered`); the
+        # filled rows take that way too (an owner ignores the gradients of keys without
+        # a row: those train the fallback).
+        way_back = getattr(embeddings, "npu_rec_exchange", None)
+        if way_back is not None:
+            out.npu_rec_exchange = way_back
+        return out
 
-    def apply(self, keys: tf.Tensor, rows: tf.Tensor, grads: tf.Tensor) -> tf.Operation:
-        """One optimizer step of the fallback rows read by the keys without a row.
+    def bucket_sums(self, keys: tf.Tensor, rows: tf.Tensor, grads: tf.Tensor):
+        """(unique buckets int64 [k], summed float32 gradients [k, dim]) of the keys without a row.
 
         Args:
           keys: int64 [u] keys of a lookup (repeats allowed: several records).
@@ -190,15 +251,44 @@ class HashedFallback:
           grads: float32 [u, dim], d loss / d each key's embedding.
         """
         miss = tf.where(rows < 0)[:, 0]
-        buckets = bucket_of(tf.gather(keys, miss), self.buckets)
-        uniq, idx = tf.unique(buckets, out_idx=tf.int64)
-        summed = tf.math.unsorted_segment_sum(
-            tf.gather(tf.cast(grads, tf.float32), miss), idx, tf.size(uniq, out_type=tf.int64)
+        return sum_by_bucket(
+            bucket_of(tf.gather(keys, miss), self.buckets),
+            tf.gather(tf.cast(grads, tf.float32), miss),
         )
-        step = self.step.assign_add(1)
-        update = self.optimizer.apply_sparse(self.values, self.slots, uniq, summed, step)
-        with tf.control_dependencies([step]):
-            return tf.group(update)
+
+    def step_buckets(self, buckets: tf.Tensor, grads: tf.Tensor, condition=None) -> tf.Operation:
+        """One optimizer step of the fallback rows `buckets` (unique) with summed `grads`.
+
+        `condition` (a bool scalar, or None): step only if True.
+        """
+
+        def update():
+            step = self.step.assign_add(1)
+            values = self.values
+            current = None
+            if self.value_dtype != tf.float32:
+                # Compact rows: the optimizer reads float32 and its writes round stochastically.
+                values = _RoundedBuckets(self.values, self.seed, step)
+                current = tf.cast(tf.gather(self.values, buckets), tf.float32)
+            op = self.optimizer.apply_sparse(values, self.slots, buckets, grads, step, current)
+            with tf.control_dependencies([step]):
+                return tf.group(op)
+
+        if condition is None:
+            return update()
+
+        def guarded():
+            with tf.control_dependencies([update()]):
+                return tf.constant(True)
+
+        return tf.cond(condition, guarded, lambda: tf.constant(False))
+
+    def apply(self, keys: tf.Tensor, rows: tf.Tensor, grads: tf.Tensor) -> tf.Operation:
+        """One optimizer step of the fallback rows read by the keys without a row (one process).
+
+        Arguments as `bucket_sums`.
+        """
+        return self.step_buckets(*self.bucket_sums(keys, rows, grads))
 
     # ------------------------------------------------------- state transfer
     def _build_graph_ops(self) -> dict:
@@ -221,41 +311,46 @@ class HashedFallback:
         return self.slots[name[len("slot/") :]]
 
     def _reset_op(self) -> tf.Operation:
-        ops = [self.values.assign(self.initial_values(), read_value=False)]
+        ops = [self.values.assign(self.stored_initial_values(), read_value=False)]
         ops.append(self.step.assign(tf.constant(0, tf.int64), read_value=False))
         for name, var in self.slots.items():
             ops.append(var.assign(tf.fill(tf.shape(var), self._slot_init[name]), read_value=False))
         return tf.group(*ops)
 
-    def read(self, session=None) -> dict[str, np.ndarray]:
-        """The fallback's entries of the table state, as NumPy."""
-        if self.graph_mode:
-            return session.run(self._graph_ops["read"])
-        # Copies: a variable's NumPy view would follow its later in-place updates.
-        out = {f"{PREFIX}values": np.array(self.values.numpy()), f"{PREFIX}step": self.step.numpy()}
-        out.update({f"{PREFIX}slot/{n}": np.array(v.numpy()) for n, v in self.slots.items()})
-        return out
+    def read(self, session=None, check: bool = True) -> dict[str, np.ndarray]:
+        """The fallback's entries of the table state, as NumPy (rows in the storage dtype).
 
-    def _expected(self) -> dict[str, tuple]:
-        shape = (self.buckets, self.dim)
-        out = {f"{PREFIX}values": shape, f"{PREFIX}step": ()}
-        out.update({f"{PREFIX}slot/{n}": shape for n in self.slots})
+        Raises:
+          TableInvariantError: `check` and a fallback row or slot holds NaN or Inf.
+        """
+        if self.graph_mode:
+            out = session.run(self._graph_ops["read"])
+        else:
+            # Copies: a variable's NumPy view would follow its later in-place updates.
+            out = {f"{PREFIX}values": np.array(self.values.numpy())}
+            out[f"{PREFIX}step"] = self.step.numpy()
+            out.update({f"{PREFIX}slot/{n}": np.array(v.numpy()) for n, v in self.slots.items()})
+        if check:
+            _check.verify_fallback(self.table_name, out, PREFIX)
         return out
 
     def write(self, state: dict, session=None) -> None:
-        """Loads the fallback entries of `state`, or resets the fallback when they do not fit."""
-        expected = self._expected()
-        have = {k: np.asarray(state[k]) for k in expected if k in state}
-        if len(have) != len(expected) or any(
-            have[k].shape != shape for k, shape in expected.items()
-        ):
-            if not any(k.startswith(PREFIX) for k in state):
+        """Loads the fallback entries of `state`, or resets the fallback when they do not fit.
+
+        Rows saved in another dtype are converted (rounded to nearest); slots
+        saved in the other layout (per element / per row) are converted or
+        refused as the table's (`_slot_layout.fit_slots`).
+        """
+        key = f"{PREFIX}values"
+        saved = np.asarray(state[key]) if key in state else None
+        if saved is None or saved.shape != (self.buckets, self.dim) or f"{PREFIX}step" not in state:
+            if not any(str(k).startswith(PREFIX) for k in state):
                 why = "the state has no fallback rows (saved with not_admitted='zeros')"
             else:
-                got = np.asarray(state.get(f"{PREFIX}values", np.zeros([0, 0]))).shape
+                got = saved.shape if saved is not None else (0, 0)
                 why = (
                     f"its fallback rows have shape {tuple(got)}, the table's "
-                    f"{(self.buckets, self.dim)} (another fallback_buckets or optimizer)"
+                    f"{(self.buckets, self.dim)} (another fallback_buckets)"
                 )
             logging.info(
                 "npu_rec: table %r: %s; its fallback starts from its initial rows.",
@@ -267,15 +362,38 @@ class HashedFallback:
             else:
                 self._reset_op()
             return
+        state = _slot_layout.fit_slots(
+            self.table_name,
+            state,
+            self.slot_dims,
+            self.dim,
+            self.optimizer,
+            rows=self.buckets,
+            prefix=f"{PREFIX}slot/",
+            what="fallback rows",
+        )
         values = {
-            k: v.astype(np.int64 if k.endswith("step") else np.float32) for k, v in have.items()
+            key: saved.astype(self.value_dtype.as_numpy_dtype),  # rounded to nearest
+            f"{PREFIX}step": np.asarray(state[f"{PREFIX}step"], np.int64),
         }
+        values.update(
+            {
+                f"{PREFIX}slot/{n}": np.asarray(state[f"{PREFIX}slot/{n}"], np.float32)
+                for n in self.slots
+            }
+        )
         if self.graph_mode:
             feeds, op = self._graph_ops["load"]
             session.run(op, {feeds[k]: v for k, v in values.items()})
         else:
             for k, v in values.items():
                 self._var(k).assign(v)
+
+
+def sum_by_bucket(buckets: tf.Tensor, grads: tf.Tensor):
+    """(unique `buckets` int64 [k], `grads` [n, dim] summed per bucket [k, dim])."""
+    uniq, idx = tf.unique(buckets, out_idx=tf.int64)
+    return uniq, tf.math.unsorted_segment_sum(grads, idx, tf.size(uniq, out_type=tf.int64))
 
 
 def attach(table) -> HashedFallback | None:
@@ -293,10 +411,15 @@ def attach(table) -> HashedFallback | None:
     return fallback
 
 
-def read_into(table, state: dict, session=None) -> dict:
-    """`state` (a table's `read_state`) with the table's fallback entries added."""
+def read_into(table, state: dict, session=None, check: bool = True) -> dict:
+    """`state` (a table's `read_state`) with the table's fallback entries added.
+
+    Raises:
+      TableInvariantError: `check` and the fallback holds NaN or Inf.
+    """
     if table.fallback is not None:
-        state.update(table.fallback.read(table._session(session) if table._graph_mode else None))
+        sess = table._session(session) if table._graph_mode else None
+        state.update(table.fallback.read(sess, check))
     return state
 
 
@@ -316,3 +439,28 @@ def fill(table, keys, rows, embeddings):
     """`embeddings` with the fallback rows of keys without a row, when `table` has a fallback."""
     fallback = getattr(table, "fallback", None)
     return embeddings if fallback is None else fallback.fill(keys, rows, embeddings)
+
+
+def apply_all(items) -> tf.Operation:
+    """One step of each fallback in `items`: `(table, keys, rows, grads)`, one per table.
+
+    Arguments of each as `HashedFallback.bucket_sums`. The fallbacks of tables
+    sharded across workers are copies, one per worker, that must take the
+    same step: their bucket sums go to every worker in one gather for all of
+    them (`table.gather_fallback_gradients`), and each worker sums them per
+    bucket and steps its copy, so every copy equals the fallback one process
+    trains on the global batch.
+    """
+    ops, together = [], []
+    for table, keys, rows, grads in items:
+        buckets, sums = table.fallback.bucket_sums(keys, rows, grads)
+        if getattr(table, "gather_fallback_gradients", None) is None:
+            ops.append(table.fallback.step_buckets(buckets, sums))
+        else:
+            together.append((table, buckets, sums))
+    if together:
+        gathered = together[0][0].gather_fallback_gradients([t[1:] for t in together])
+        for (table, *_), (buckets, grads) in zip(together, gathered, strict=True):
+            buckets, grads = sum_by_bucket(buckets, grads)
+            ops.append(table.fallback.step_buckets(buckets, grads, table.update_condition()))
+    return tf.group(*ops)

@@ -187,9 +187,9 @@ def _apply_fallbacks(records, grads) -> tf.Operation:
         entry[1].append(rec.keys)
         entry[2].append(rec.rows)
         entry[3].append(densify(grad, tf.shape(rec.rows, out_type=tf.int64)[0]))
-    return tf.group(
-        *[
-            table.fallback.apply(tf.concat(keys, 0), tf.concat(rows, 0), tf.concat(gs, 0))
+    return _fallback.apply_all(
+        [
+            (table, tf.concat(keys, 0), tf.concat(rows, 0), tf.concat(gs, 0))
             for table, keys, rows, gs in by_table.values()
         ]
     )

@@ -207,9 +207,10 @@ class ShardedTable(SparseTable):
         st["opt_step"] = parts[0]["opt_step"]
         if check:  # a key in two shards (each shard checked itself)
             _table_check.verify_unique_keys(self.name, st["keys"])
-        return _fallback.read_into(self, st, session)
+        return _fallback.read_into(self, st, session, check)
 
     def write_state(self, st: dict[str, np.ndarray], session=None) -> None:
+        st = self.fit_restored_slots(st)  # before any shard changes
         self.note_value_conversion(st["values"])
         _fallback.write_from(self, st, session)
         st = {k: v for k, v in st.items() if not k.startswith(_fallback.PREFIX)}

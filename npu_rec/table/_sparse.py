@@ -274,9 +274,10 @@ class SingleShardTable(SparseTable):
         st["deleted_keys"] = np.sort(st["deleted_keys"])
         if check:
             _table_check.verify(self.name, chk, st["keys"])
-        return _fallback.read_into(self, st, session)
+        return _fallback.read_into(self, st, session, check)
 
     def write_state(self, st: dict[str, np.ndarray], session=None) -> None:
+        st = self.fit_restored_slots(st)  # before anything changes (a clear error, or converted)
         if self.registered:  # a sharded table's shards: it logs once for all
             self.note_value_conversion(st["values"])
         _fallback.write_from(self, st, session)

@@ -10,17 +10,19 @@ import npu_rec
 from npu_rec.keras import RecModel, SparseEmbedding, export_for_serving
 
 
-@pytest.fixture(scope="module")
-def trained():
+@pytest.fixture(scope="module", params=["float32", "bfloat16"])
+def trained(request):
+    """The fallback rows stored in float32, or compact (bfloat16, served as float32)."""
     keras.utils.set_random_seed(0)
     user = keras.Input(shape=(), dtype="int64", name="user")
     emb = SparseEmbedding(
-        "fb_user",
+        f"fb_user_{request.param}",
         4,
         optimizer=npu_rec.optimizers.Adagrad(0.1),
         access_threshold=3,
         not_admitted="hashed",
         fallback_buckets=16,
+        value_dtype=request.param,
     )
     out = keras.layers.Dense(1, activation="sigmoid")(emb(user))
     model = RecModel(user, out)
@@ -36,6 +38,7 @@ def test_the_fallback_is_trained_and_read_by_unknown_ids(trained):
     model, emb, probe = trained
     table = emb.table
     assert table.fallback is not None and int(table.fallback.step.numpy()) > 0
+    assert table.fallback.values.dtype == table.config.value_dtype  # stored as the rows are
     unknown = npu_rec.sparse_lookup(table, tf.constant(probe[-3:]), is_training=False).numpy()
     assert np.all(np.abs(unknown).sum(axis=1) > 0)  # not the zero vector
 

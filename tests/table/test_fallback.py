@@ -263,14 +263,6 @@ def test_bad_fallback_arguments_name_the_argument_the_rule_and_the_value(kwargs,
         npu_rec.create_table("bad", 4, **kwargs)
 
 
-def test_multi_worker_tables_refuse_the_fallback(monkeypatch):
-    from npu_rec.distribute import _strategy
-
-    monkeypatch.setattr(_strategy, "current_exchange", lambda: object())
-    with pytest.raises(npu_rec.ConfigError, match=r"not_admitted='hashed' is not available.*work"):
-        _table("mw", 2, threshold=2, buckets=4)
-
-
 # ------------------------------------------------------------- checkpoints
 def _train(table, steps=3, seed=0):
     rng = np.random.default_rng(seed)
