@@ -198,13 +198,35 @@ class Route:
         Returns [m, ...]: the items sent to this worker, by sender, each
         sender's in its order. Every worker must call it (a collective).
         """
-        buffer = tf.scatter_nd(
-            self._slot[:, None], tf.gather(values, self._order), self._buffer_shape(values)
-        )
+        buffer = _place(self._slot, tf.gather(values, self._order), self._buffer_shape(values))
         return tf.gather(self._exchange_buffer(buffer, next_site()), self._received)
 
     def reply(self, answers: tf.Tensor) -> tf.Tensor:
         """Answers ([m, ...], one per item `send` returned) back: one per item this worker sent."""
-        buffer = tf.scatter_nd(self._received[:, None], answers, self._buffer_shape(answers))
+        buffer = _place(self._received, answers, self._buffer_shape(answers))
         got = tf.gather(self._exchange_buffer(buffer, next_site()), self._slot)
         return tf.gather(got, tf.math.invert_permutation(self._order))
+
+
+#: Integer dtype of the same width as each float dtype an exchange carries.
+_SAME_WIDTH_INT = {
+    tf.float16: tf.int16,
+    tf.bfloat16: tf.int16,
+    tf.float32: tf.int32,
+    tf.float64: tf.int64,
+}
+
+
+def _place(slots: tf.Tensor, values: tf.Tensor, shape: tf.Tensor) -> tf.Tensor:
+    """A zero buffer of `shape` with `values[i]` at row `slots[i]` (distinct slots), bit-exact.
+
+    `scatter_nd` adds into zeros; on floats the CPU's flush-to-zero would turn
+    denormals into 0, and packed integers bit-cast to float32 (row ids) are
+    denormals. Floats are therefore placed through an integer view of the
+    same width.
+    """
+    view = _SAME_WIDTH_INT.get(values.dtype)
+    if view is None:
+        return tf.scatter_nd(slots[:, None], values, shape)
+    placed = tf.scatter_nd(slots[:, None], tf.bitcast(values, view), shape)
+    return tf.bitcast(placed, values.dtype)
