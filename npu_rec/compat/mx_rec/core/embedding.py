@@ -9,6 +9,7 @@ optimizer is bound later (`npu_rec.SparseTable.bind_optimizer`).
 
 from __future__ import annotations
 
+import re
 import weakref
 
 import tensorflow as tf
@@ -464,7 +465,7 @@ class _TableLookups:
                 self.variable = tf.zeros(
                     [0, self.core.dim],
                     rec.embeddings.dtype,
-                    name=f"{self.core.name}_sparse_variable",
+                    name="sparse_variable_" + re.sub(r"[^A-Za-z0-9_.]", "_", self.core.name),
                 )
             self._stand_ins.append(self.variable)
         self.records.append(rec)
