@@ -94,17 +94,33 @@ def _train(id_arrays, weight_arrays, make_optimizer, steps, *, feature_specs=Tru
     return rows, len(sparse_variables)
 
 
-def _sgd_reference(id_arrays, weight_arrays, lr, steps):
-    """NumPy: rows start at INIT; each step row_k -= lr * sum over k's positions of weight * (1 + row_k)."""
+def _reference(id_arrays, weight_arrays, rule, lr, steps):
+    """NumPy: rows start at INIT; the gradient of key k is the sum over its positions of
+    weight * (1 + row_k); then SGD, or lazy Adam (beta1 0.9, beta2 0.999, epsilon 1e-8)."""
     keys = sorted({int(k) for ids in id_arrays for k in np.ravel(ids)})
     rows = {k: np.full(DIM, INIT, np.float64) for k in keys}
-    for _ in range(steps):
+    m = {k: np.zeros(DIM) for k in keys}
+    v = {k: np.zeros(DIM) for k in keys}
+    for t in range(1, steps + 1):
         grad = {k: np.zeros(DIM) for k in keys}
         for ids, weights in zip(id_arrays, weight_arrays, strict=True):
             for k, wt in zip(np.ravel(ids), np.ravel(weights), strict=True):
                 grad[int(k)] += wt * (1.0 + rows[int(k)])
-        rows = {k: rows[k] - lr * grad[k] for k in keys}
+        for k in keys:
+            if rule == "sgd":
+                rows[k] = rows[k] - lr * grad[k]
+                continue
+            m[k] = 0.9 * m[k] + 0.1 * grad[k]
+            v[k] = 0.999 * v[k] + 0.001 * grad[k] ** 2
+            lr_t = lr * np.sqrt(1 - 0.999**t) / (1 - 0.9**t)
+            rows[k] = rows[k] - lr_t * m[k] / (np.sqrt(v[k]) + 1e-8)
     return rows
+
+
+_OPTIMIZERS = {
+    "sgd": lambda: gradient_descent.create_hash_optimizer(0.1),
+    "lazy_adam": lambda: lazy_adam.create_hash_optimizer(0.1),
+}
 
 
 def _ids_and_weights(n_lookups):
@@ -173,26 +189,23 @@ def test_the_hash_optimizer_refuses_a_tensor_that_is_no_sparse_variable():
             opt.apply_gradients([(tf.zeros([1, DIM]), tf.zeros([1, DIM]))])
 
 
-@settings(max_examples=4, deadline=None)
+@pytest.mark.parametrize("rule", sorted(_OPTIMIZERS))
+@settings(max_examples=3, deadline=None)
 @given(_ids_and_weights(2), st.sampled_from([True, False]))
-def test_two_lookups_train_the_table_as_numpy_says(lookups, feature_specs):
+def test_two_lookups_train_the_table_as_numpy_says(rule, lookups, feature_specs):
     id_arrays = [ids for ids, _ in lookups]
     weight_arrays = [wts for _, wts in lookups]
     rows, n_sparse = _train(
-        id_arrays,
-        weight_arrays,
-        lambda: gradient_descent.create_hash_optimizer(0.1),
-        steps=2,
-        feature_specs=feature_specs,
+        id_arrays, weight_arrays, _OPTIMIZERS[rule], steps=2, feature_specs=feature_specs
     )
     assert n_sparse == 1
-    expected = _sgd_reference(id_arrays, weight_arrays, 0.1, steps=2)
+    expected = _reference(id_arrays, weight_arrays, rule, 0.1, steps=2)
     assert sorted(rows) == sorted(expected)
     for key, row in expected.items():
-        np.testing.assert_allclose(rows[key], row, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(rows[key], row, rtol=1e-4, atol=1e-5)
 
 
-@settings(max_examples=3, deadline=None)
+@settings(max_examples=2, deadline=None)
 @given(_ids_and_weights(3))
 def test_several_lookups_train_with_lazy_adam_as_one_lookup_of_the_same_ids(lookups):
     """Three lookups of one table update it as one lookup of all their ids does."""
@@ -225,7 +238,7 @@ def test_the_first_local_embedding_and_address_cover_every_lookup(lookups):
         steps=2,
         by_addr=True,
     )
-    expected = _sgd_reference(id_arrays, weight_arrays, 0.1, steps=2)
+    expected = _reference(id_arrays, weight_arrays, "sgd", 0.1, steps=2)
     for key, row in expected.items():
         np.testing.assert_allclose(rows[key], row, rtol=1e-5, atol=1e-5)
 
