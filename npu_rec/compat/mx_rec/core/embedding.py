@@ -314,7 +314,10 @@ def sparse_lookup(
     The result has the ids' shape plus `[dim]`. A training lookup puts its
     unique-row tensor, rows and unique keys in the collections
     `ASCEND_SPARSE_LOOKUP_LOCAL_EMB`, `..._ID_OFFSET` and `..._UNIQUE_KEYS`;
-    per-example timestamps come from the `ASCEND_TIMESTAMP` collection.
+    from a table's second training lookup (with gradient) on, the table has
+    one entry there instead: its sparse variable (see `_TableLookups`) and its
+    lookups' rows and unique keys concatenated. Per-example timestamps come
+    from the `ASCEND_TIMESTAMP` collection.
     `is_grad=False` stops the gradient (the lookup still admits keys).
     `serving_default_value` ([dim]) replaces the zeros of keys without a row.
     `send_count`, `modify_graph` and the keywords `dim`, `multi_lookup`,
