@@ -9,11 +9,13 @@ optimizer is bound later (`npu_rec.SparseTable.bind_optimizer`).
 
 from __future__ import annotations
 
+import re
 import weakref
 
 import tensorflow as tf
 
 import npu_rec
+from npu_rec._compat import keep_out_of_meta_graphs
 from npu_rec.compat.mx_rec import _saver, _sessions
 from npu_rec.compat.mx_rec.constants import constants as _c
 from npu_rec.compat.mx_rec.core.asc.feature_spec import FeatureSpec
@@ -312,7 +314,10 @@ def sparse_lookup(
     The result has the ids' shape plus `[dim]`. A training lookup puts its
     unique-row tensor, rows and unique keys in the collections
     `ASCEND_SPARSE_LOOKUP_LOCAL_EMB`, `..._ID_OFFSET` and `..._UNIQUE_KEYS`;
-    per-example timestamps come from the `ASCEND_TIMESTAMP` collection.
+    from a table's second training lookup (with gradient) on, the table has
+    one entry there instead: its sparse variable (see `_TableLookups`) and its
+    lookups' rows and unique keys concatenated. Per-example timestamps come
+    from the `ASCEND_TIMESTAMP` collection.
     `is_grad=False` stops the gradient (the lookup still admits keys).
     `serving_default_value` ([dim]) replaces the zeros of keys without a row.
     `send_count`, `modify_graph` and the keywords `dim`, `multi_lookup`,
@@ -355,12 +360,15 @@ def sparse_lookup(
     )
     if graph is not None and is_train:
         records = graph.get_collection(npu_rec.LOOKUP_COLLECTION)[before:]
-        for rec in records:
-            graph.add_to_collection(_c.ASCEND_SPARSE_LOOKUP_LOCAL_EMB, rec.embeddings)
-            graph.add_to_collection(_c.ASCEND_SPARSE_LOOKUP_ID_OFFSET, rec.rows)
-            graph.add_to_collection(_c.ASCEND_SPARSE_LOOKUP_UNIQUE_KEYS, rec.keys)
-            if not is_grad:
-                graph.add_to_collection(_NO_GRAD, rec.embeddings)
+        if is_grad and len(records) == 1 and isinstance(emb, tf.Tensor):
+            emb = _TableLookups.of(graph, core).add(records[0], emb)
+        else:
+            for rec in records:
+                graph.add_to_collection(_c.ASCEND_SPARSE_LOOKUP_LOCAL_EMB, rec.embeddings)
+                graph.add_to_collection(_c.ASCEND_SPARSE_LOOKUP_ID_OFFSET, rec.rows)
+                graph.add_to_collection(_c.ASCEND_SPARSE_LOOKUP_UNIQUE_KEYS, rec.keys)
+                if not is_grad:
+                    graph.add_to_collection(_NO_GRAD, rec.embeddings)
     if not is_grad:
         emb = tf.stop_gradient(emb)
     if serving_default_value is not None and (not is_train or core.config.admission):
@@ -381,3 +389,142 @@ def _with_default(core, ids, emb, default):
     missing = tf.reshape(tf.gather(rows, idx) < 0, tf.shape(ids))[..., None]
     default = tf.cast(tf.reshape(default, [core.dim]), emb.dtype)
     return tf.where(missing, tf.broadcast_to(default, tf.shape(emb)), emb)
+
+
+_ROUTE_GRADIENT = "NpuRecCompatTableVariableRoute"
+#: Graph collection of the `_TableLookups` of a graph (Python objects).
+_TABLE_LOOKUPS = "npu_rec_compat_table_lookups"
+keep_out_of_meta_graphs(_TABLE_LOOKUPS)
+_STAND_IN_COLLECTIONS = (
+    (_c.ASCEND_SPARSE_LOOKUP_LOCAL_EMB, "embeddings"),
+    (_c.ASCEND_SPARSE_LOOKUP_ID_OFFSET, "rows"),
+    (_c.ASCEND_SPARSE_LOOKUP_UNIQUE_KEYS, "keys"),
+)
+
+
+class _TableLookups:
+    """The training lookups (with gradient) of one table in one graph, and its sparse variable.
+
+    mx_rec gives a program one sparse variable per table however often the
+    table is looked up, and the gradient of the loss with respect to it covers
+    every lookup. Here each lookup keeps its own unique-row tensor (npu_rec's
+    `LookupRecord`); a table looked up once is represented by that tensor, as
+    before. From the second lookup on, the table's sparse variable is
+    `variable`, a float [0, dim] stand-in that each lookup's output passes
+    through (an identity). The gradient of the loss with respect to it is a
+    `tf.IndexedSlices` over the concatenated unique rows of the lookups:
+    lookup i's gradient, its indices shifted by the unique rows of the
+    lookups before it (`dense_shape` [their total, dim]). The table's entries
+    of the `ASCEND_SPARSE_LOOKUP_*` collections become one per table too: the
+    variable, and the concatenated rows and unique keys. `split` turns a
+    gradient of the variable back into one per lookup, for
+    `npu_rec.apply_recorded_gradients`.
+    """
+
+    def __init__(self, graph, core):
+        self.graph = graph
+        self.core = core
+        self.records: list = []
+        self.variable = None
+        self._entries: dict = {}  # collection field -> the table's tensor in that collection
+        self._stand_ins: list = []  # every tensor standing for the whole table
+        self.routes: dict = {}  # name of a routing op -> (lookup index, the lookup's output)
+
+    @classmethod
+    def of(cls, graph, core) -> _TableLookups:
+        for table in cls.in_graph(graph):
+            if table.core is core:
+                return table
+        table = cls(graph, core)
+        graph.add_to_collection(_TABLE_LOOKUPS, table)
+        return table
+
+    @staticmethod
+    def in_graph(graph) -> list:
+        """The tables looked up for training in `graph`, in the order of their first lookup."""
+        return graph.get_collection(_TABLE_LOOKUPS)
+
+    @classmethod
+    def of_route(cls, op):
+        """(table, lookup index, lookup output) of a routing op."""
+        for table in cls.in_graph(op.graph):
+            if op.name in table.routes:
+                return (table, *table.routes[op.name])
+        raise KeyError(op.name)
+
+    @classmethod
+    def by_variable(cls, graph, tensor) -> _TableLookups | None:
+        """The table looked up several times whose stand-in (variable, rows, keys) is `tensor`."""
+        for table in cls.in_graph(graph):
+            if any(tensor is t for t in table._stand_ins):
+                return table
+        return None
+
+    def add(self, rec, emb):
+        """Adds a lookup (its record and output); returns the output routed through `variable`."""
+        graph = self.graph
+        if self.variable is None:
+            with tf.init_scope(), graph.name_scope(None):
+                self.variable = tf.zeros(
+                    [0, self.core.dim],
+                    rec.embeddings.dtype,
+                    name="sparse_variable_" + re.sub(r"[^A-Za-z0-9_.]", "_", self.core.name),
+                )
+            self._stand_ins.append(self.variable)
+        self.records.append(rec)
+        with graph.gradient_override_map({"IdentityN": _ROUTE_GRADIENT}):
+            routed = tf.identity_n([emb, self.variable], name="sparse_variable_route")[0]
+        self.routes[routed.op.name] = (len(self.records) - 1, emb)
+        for name, field in _STAND_IN_COLLECTIONS:
+            if len(self.records) == 1:
+                new = getattr(rec, field)
+                graph.add_to_collection(name, new)
+            else:
+                if field == "embeddings":
+                    new = self.variable
+                else:
+                    new = tf.concat([getattr(r, field) for r in self.records], 0)
+                    self._stand_ins.append(new)
+                entries = graph.get_collection_ref(name)
+                for i, t in enumerate(entries):
+                    if t is self._entries[field]:
+                        entries[i] = new
+                        break
+            self._entries[field] = new
+        return routed
+
+    @property
+    def sparse_variable(self):
+        """The tensor standing for this table in (gradient, variable) pairs."""
+        return self.records[0].embeddings if len(self.records) == 1 else self.variable
+
+    def sizes(self) -> list:
+        return [tf.size(r.rows, out_type=tf.int64) for r in self.records]
+
+    def split(self, grad) -> list:
+        """One dense gradient per lookup from a gradient of `variable` (IndexedSlices or dense)."""
+        from npu_rec.table._lookup import densify
+
+        sizes = self.sizes()
+        dense = densify(grad, tf.add_n(sizes))
+        return tf.split(dense, tf.stack(sizes), num=len(sizes), axis=0)
+
+
+@tf.RegisterGradient(_ROUTE_GRADIENT)
+def _route_gradient(op, grad, _):
+    """A routed lookup output's gradients: unchanged to the output, shifted slices to the variable."""
+    table, i, out = _TableLookups.of_route(op)
+    rec = table.records[i]
+    (unique,) = tf.gradients(out, [rec.embeddings], grad_ys=tf.convert_to_tensor(grad))
+    if unique is None:
+        return [grad, None]
+    sizes = table.sizes()
+    if not isinstance(unique, tf.IndexedSlices):
+        unique = tf.IndexedSlices(unique, tf.range(sizes[i]))
+    offset = tf.add_n(sizes[:i]) if i else tf.constant(0, tf.int64)
+    shifted = tf.IndexedSlices(
+        unique.values,
+        tf.cast(unique.indices, tf.int64) + offset,
+        tf.stack([tf.add_n(sizes), tf.cast(table.core.dim, tf.int64)]),
+    )
+    return [grad, shifted]

@@ -2,8 +2,10 @@
 
 A hash optimizer is a `tf.compat.v1.train.Optimizer` whose `apply_gradients`
 takes `(gradient, sparse variable)` pairs, the sparse variables being what
-`get_dense_and_sparse_variable` (unique-row tensors) or the
-`ASCEND_SPARSE_LOOKUP_*` collections (rows, unique keys) hold. It binds itself
+`get_dense_and_sparse_variable` (one per table: a lookup's unique-row tensor,
+or the stand-in of a table looked up several times, whose gradient covers all
+its lookups) or the `ASCEND_SPARSE_LOOKUP_*` collections (rows, unique keys)
+hold. It binds itself
 to each looked-up table (`npu_rec.SparseTable.bind_optimizer`) and applies
 its per-row rule with `npu_rec.apply_recorded_gradients`.
 
@@ -22,6 +24,7 @@ import tensorflow as tf
 
 import npu_rec
 from npu_rec import _compat
+from npu_rec.compat.mx_rec.core.embedding import _TableLookups
 from npu_rec.compat.mx_rec.util.initialize import ConfigInitializer
 from npu_rec.estimator._sparse_train import APPLIED_COLLECTION
 from npu_rec.optimizers import SparseOptimizer
@@ -88,6 +91,12 @@ class CustomizedOptimizer(tf.compat.v1.train.Optimizer):
         records, grads = [], []
         for grad, var in grads_and_vars:
             if grad is None:
+                continue
+            table = _TableLookups.by_variable(graph, var) if isinstance(var, tf.Tensor) else None
+            if table is not None:  # a table looked up several times: one gradient for all
+                table.core.bind_optimizer(self.sparse_optimizer)
+                records.extend(table.records)
+                grads.extend(table.split(grad))
                 continue
             rec = by_ref.get(var.ref()) if isinstance(var, tf.Tensor) else None
             if rec is None:
