@@ -56,6 +56,7 @@ PAUSE_LOG_SECONDS = 60.0  # a quiet stream is logged at most this often
 _METADATA_SECONDS = 30.0  # how long to wait for the topic's partitions
 BLOCK_MESSAGES = 65536  # messages parsed at once, at most
 BLOCK_BYTES = 16 << 20  # about this many bytes of messages parsed at once, at most
+WAIT_SLICE = 0.1  # seconds: the longest single wait for messages within max_wait_ms
 
 
 def _kafka():
@@ -289,6 +290,7 @@ class KafkaSource(MinibatchSource):
         self._rows: dict[int, int] = {}  # (only partitions inside a message)
         self._skip: dict[int, tuple] = {}  # partition -> (offset, rows) to pass when fetched
         self._message_bytes = 256.0  # the mean size of the messages of the last block
+        self._message_rows = 1.0  # the mean rows per message of the last block
         self._shard = None  # (number_of_workers, worker_rank) of the assignment
         self._assigned: list[int] = []
         self._consumer = None
@@ -331,7 +333,9 @@ class KafkaSource(MinibatchSource):
             left = deadline - time.monotonic()
             if left <= 0:
                 break
-            self._fetch(b - self._buffered, left)
+            # In slices: the client waits for as many messages as asked, and a stream's
+            # end (stop_at_end) or a pending commit is seen between slices.
+            self._fetch(b - self._buffered, min(left, WAIT_SLICE))
         if self._buffered >= b:
             return self._minibatch(self._take(b), False)
         if self._at_end():
@@ -559,7 +563,7 @@ class KafkaSource(MinibatchSource):
         # At most BLOCK_MESSAGES messages, or about BLOCK_BYTES (by the last block's sizes).
         most = int(min(BLOCK_MESSAGES, max(BLOCK_BYTES // max(self._message_bytes, 1.0), 1)))
         try:
-            n = min(max(want, 1000), most)
+            n = min(max(math.ceil(want / self._message_rows), 1), most)
             messages = consumer.consume(n, timeout)
             # More may already wait in the client's queue: take them without waiting, so
             # a busy topic is parsed in large blocks (a block's fixed costs amortised).
@@ -622,6 +626,8 @@ class KafkaSource(MinibatchSource):
             raise
         self._skip = {p: sk for p, sk in skip.items() if ends.get(p, 0) <= sk[0]}
         self._message_bytes = max(sum(map(len, filter(None, values))) / len(values), 1.0)
+        if len(units.parts):
+            self._message_rows = max(len(units.parts) / len(values), 1.0)
         self._blocks.append([cols, units, 0, ends])
         self._buffered += len(units.parts)
         if len(self._blocks) == 1:

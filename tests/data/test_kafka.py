@@ -5,6 +5,8 @@ import time
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 ck = pytest.importorskip("confluent_kafka")
 
@@ -313,3 +315,101 @@ def test_a_commit_while_another_thread_waits_on_a_quiet_stream_does_not_wait(bro
     got = admin.committed([ck.TopicPartition(topic, p) for p in range(4)], timeout=10)
     assert [tp.offset for tp in got] == [4, 4, 4, 4]
     admin.close()
+
+
+# ------------------------------------------------------------- several rows per message
+def messages_of(sizes, trailing=False):
+    """Messages of `sizes[m]` rows each (rows numbered in order), CSV lines joined by line
+    breaks (`trailing`: each message also ends with one)."""
+    out, i = [], 0
+    for k in sizes:
+        out.append("\n".join(line(i + j) for j in range(k)) + ("\n" if trailing else ""))
+        i += k
+    return out, i
+
+
+@settings(
+    max_examples=20,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    sizes=st.lists(st.integers(1, 6), min_size=2, max_size=12),
+    trailing=st.booleans(),
+    data=st.data(),
+)
+def test_every_row_of_multi_row_messages_once_across_random_restores(broker, sizes, trailing, data):
+    msgs, n = messages_of(sizes, trailing)
+    topic = topic_with(broker, msgs)
+    trained, state = [], None
+    # Each run restores the last save, trains some batches, saves, reads on and crashes
+    # (what it read after the save is lost). One consumer serves the runs: a restore seeks
+    # it to the saved position, as a restarted process's new consumer is (tested below).
+    src = source(broker, topic, stop_at_end=True, consumer_config={"fetch.wait.max.ms": 5})
+    for _ in range(4 * n):
+        if state is not None:
+            src.restore_from_checkpoint(json.loads(json.dumps(state)))
+        done = False
+        for _ in range(data.draw(st.integers(1, 3), label="batches before the save")):
+            mb = src.next_minibatch(data.draw(st.integers(1, 9), label="batch size"))
+            trained += mb[src.stream("rid")].data.astype(int).tolist()
+            done = mb[src.stream("rid")].sweep_end
+            if done:
+                break
+        if done:
+            break
+        state = src.get_checkpoint_state()
+        src.next_minibatch(data.draw(st.integers(1, 9), label="read past the save"))
+    src.close()
+    assert sorted(trained) == list(range(n))
+
+
+def test_a_position_inside_a_message_and_one_saved_in_the_old_format_restore(broker):
+    msgs, n = messages_of([3] * 6)
+    topic = topic_with(broker, msgs, partition_of=lambda i: 0)
+    src = source(broker, topic, group_id=f"g-{topic}")
+    assert read_rids(src, 4, 1) == [0, 1, 2, 3]
+    inside = src.get_checkpoint_state()
+    # Offset 1 (rows 3-5) is partly trained: the broker gets offset 1, a restore row 4.
+    assert inside["offsets"]["0"] == 1 and inside["rows"] == {"0": 1}
+    assert read_rids(src, 2, 1) == [4, 5]
+    boundary = src.get_checkpoint_state()
+    assert boundary["offsets"]["0"] == 2 and boundary["rows"] == {}
+    src.close()
+    again = source(broker, topic)
+    again.restore_from_checkpoint(inside)
+    assert read_rids(again, 5, 1) == [4, 5, 6, 7, 8]
+    again.close()
+    old = {k: v for k, v in boundary.items() if k != "rows"}  # saved before "rows" existed
+    again = source(broker, topic)
+    again.restore_from_checkpoint(old)
+    assert read_rids(again, 12, 1) == list(range(6, n))
+    again.close()
+
+
+def test_a_bad_row_inside_a_message_names_partition_offset_and_row(broker):
+    msgs = [f"{line(0)}\n{line(1)}", f"{line(2)}\n{line(3)}\n0,1,2\n{line(5)}", line(6)]
+    topic = topic_with(broker, msgs, partition_of=lambda i: 3)
+    with pytest.raises(
+        MalformedRecordError,
+        match=rf"topic '{topic}' partition 3, offset 1, row 2: wrong number of fields",
+    ):
+        with source(broker, topic) as strict:
+            strict.next_minibatch(4)
+    src = source(broker, topic, on_error="skip")
+    assert read_rids(src, 6, 1) == [0, 1, 2, 3, 5, 6]
+    (example,) = src.error_report()["examples"]
+    assert (example["offset"], example["row_in_record"]) == (1, 2)
+    assert example["file"] == f"topic '{topic}' partition 3"
+    src.close()
+    rows = [{"label": 1, "rid": 7}, {"label": 0, "rid": 8}]
+    lines = "\n".join(json.dumps(r) for r in rows)
+    topic = topic_with(broker, [lines + '\n{"label": 1, "rid": "x"}\n'], partition_of=lambda i: 0)
+    src = KafkaSource(
+        topic, bootstrap_servers=broker, format="json", on_error="skip", max_wait_ms=1500, **ROLES
+    )
+    assert src.next_minibatch(2)[src.stream("rid")].data.tolist() == [7.0, 8.0]
+    (example,) = src.error_report()["examples"]
+    assert (example["offset"], example["row_in_record"]) == (0, 2)
+    assert "wrong type in column 'rid'" in example["reason"]
+    src.close()
