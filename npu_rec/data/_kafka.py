@@ -37,7 +37,7 @@ import pyarrow as pa
 
 from npu_rec.data import _columns as C
 from npu_rec.data import _convert
-from npu_rec.data._csv import CsvSource
+from npu_rec.data._csv import CsvSource, _arrow_or_none
 from npu_rec.data._errors import ErrorLog
 from npu_rec.data._row_source import RowSource, check_label_domain
 from npu_rec.data._source import (
@@ -56,7 +56,8 @@ PAUSE_LOG_SECONDS = 60.0  # a quiet stream is logged at most this often
 _METADATA_SECONDS = 30.0  # how long to wait for the topic's partitions
 BLOCK_MESSAGES = 65536  # messages parsed at once, at most
 BLOCK_BYTES = 16 << 20  # about this many bytes of messages parsed at once, at most
-WAIT_SLICE = 0.1  # seconds: the longest single wait for messages within max_wait_ms
+CHUNK_BYTES = 4 << 20  # a block's CSV is parsed in chunks of about this size, one ahead
+WAIT_SLICE = 0.05  # seconds: the longest single wait for messages within max_wait_ms
 
 
 def _kafka():
@@ -188,6 +189,8 @@ class KafkaSource(MinibatchSource):
     _parse_csv = CsvSource._parse
     _bisect = CsvSource._bisect
     _diagnose = CsvSource._diagnose
+    _parser = CsvSource._parser  # the parsing thread: Arrow reads chunk k+1 while k converts
+    _release = CsvSource._release
     _check_values = RowSource._check_values
     _file_index = RowSource._file_index
     # `tf.train.Example` messages: the parsing and value-count rules of `TFRecordSource`.
@@ -282,6 +285,7 @@ class KafkaSource(MinibatchSource):
         self._types = {c: pa.float64() for c in self._numeric}
         self._types.update({c: pa.dictionary(pa.int32(), pa.string()) for c in self._roles[2]})
         self._types.update({c: pa.string() for c in self._roles[3]})
+        self._pool = None  # the parsing thread (started on first use, stopped by close())
         self._kinds = None  # tf_example: the feature kinds, read from the first message
         self._files = [topic]  # where the shared value checks name a record (see _MessageErrors)
         self._errors = _MessageErrors(ErrorLog(on_error), topic)
@@ -333,8 +337,8 @@ class KafkaSource(MinibatchSource):
             left = deadline - time.monotonic()
             if left <= 0:
                 break
-            # In slices: the client waits for as many messages as asked, and a stream's
-            # end (stop_at_end) or a pending commit is seen between slices.
+            # In slices: the client waits for as many messages as asked; a stream's end
+            # (stop_at_end) or a pending commit is seen between slices.
             self._fetch(b - self._buffered, min(left, WAIT_SLICE))
         if self._buffered >= b:
             return self._minibatch(self._take(b), False)
@@ -445,6 +449,7 @@ class KafkaSource(MinibatchSource):
         finally:
             if called:
                 self._call.release()
+        self._release()
         if consumer is not None:
             consumer.poll(0)  # serves pending commit callbacks
             consumer.close()  # waits for the commits in flight
@@ -564,7 +569,10 @@ class KafkaSource(MinibatchSource):
         most = int(min(BLOCK_MESSAGES, max(BLOCK_BYTES // max(self._message_bytes, 1.0), 1)))
         try:
             n = min(max(math.ceil(want / self._message_rows), 1), most)
-            messages = consumer.consume(n, timeout)
+            # What the client has already fetched first, without waiting: the client
+            # waits for all `n` messages (or the timeout), even when an end of partition
+            # (`stop_at_end`) comes before them.
+            messages = consumer.consume(n, 0) or consumer.consume(n, timeout)
             # More may already wait in the client's queue: take them without waiting, so
             # a busy topic is parsed in large blocks (a block's fixed costs amortised).
             while len(messages) >= n and len(messages) < most:
@@ -655,15 +663,37 @@ class KafkaSource(MinibatchSource):
         starts = np.concatenate([[0], ends[:-1] + 1])
         length = ends - starts
         blank = (length == 0) | ((length == 1) & (buf[np.maximum(ends - 1, 0)] == 13))
-        if not blank.any():
-            return self._parse_csv_block(data, np.arange(len(ends)))
-        idx = np.flatnonzero(~blank)
-        if not len(idx):
-            return C.empty_like(self._streams), idx
-        keep = np.ones(len(buf), bool)
-        keep[ends[blank]] = False
-        keep[starts[blank & (length == 1)]] = False
-        return self._parse_csv_block(buf[keep].tobytes(), idx)
+        idx = np.arange(len(ends))
+        if blank.any():
+            idx = idx[~blank]
+            if not len(idx):
+                return C.empty_like(self._streams), idx
+            keep = np.ones(len(buf), bool)
+            keep[ends[blank]] = False
+            keep[starts[blank & (length == 1)]] = False
+            buf = buf[keep]
+            data = buf.tobytes()
+            ends = np.flatnonzero(buf == 10)
+        # Chunks of whole lines, parsed by Arrow in the parsing thread one ahead of the
+        # conversion (hashing) of the one before, as `CsvSource` parses a file's blocks.
+        cuts = np.searchsorted(ends, np.arange(CHUNK_BYTES, len(data), CHUNK_BYTES))
+        bounds = [0, *np.unique(cuts[(cuts > 0) & (cuts < len(ends))]).tolist(), len(ends)]
+        options = self._options(self._names)
+        jobs = []
+        for a, z in zip(bounds[:-1], bounds[1:], strict=True):
+            lo, hi = (ends[a - 1] + 1 if a else 0), ends[z - 1] + 1
+            chunk = data[lo:hi]
+            jobs.append((chunk, idx[a:z], self._parser().submit(_arrow_or_none, options, chunk)))
+        parts, rows = [], []
+        try:
+            for chunk, chunk_idx, parsed in jobs:
+                cols, r = self._parse_csv_block(chunk, chunk_idx, parsed.result())
+                parts.append(cols)
+                rows.append(r)
+        finally:
+            for job in jobs:
+                job[-1].cancel()
+        return C.concat_columns(parts), np.concatenate(rows)
 
     @staticmethod
     def _lines_of(parts, offs, values, ends) -> tuple:
@@ -689,12 +719,9 @@ class KafkaSource(MinibatchSource):
         )
         return units, first
 
-    def _parse_csv_block(self, data: bytes, idx: np.ndarray):
-        """Parses the lines `data`, the block's rows `idx`; (columns, row indices)."""
-        try:
-            table = self._arrow(self._names, data)
-        except pa.ArrowInvalid:
-            table = None
+    def _parse_csv_block(self, data: bytes, idx: np.ndarray, table):
+        """Converts the lines `data` (the block's rows `idx`) that Arrow parsed (`table`,
+        None where Arrow rejected them); (columns, row indices)."""
         # Lines are numbered by their index among `idx`; the error log maps them back.
         units = self._errors.units
         self._errors.units = units[idx]

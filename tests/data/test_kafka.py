@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 ck = pytest.importorskip("confluent_kafka")
 
 from npu_rec.data import CsvSource, KafkaSource, MalformedRecordError, as_dataset  # noqa: E402
+from npu_rec.data import _kafka as kafka_module  # noqa: E402
 from tests.kafka_broker import mock_broker, produce, topic_with  # noqa: E402
 
 COLUMNS = ["label", "rid", "x", "c", "tags"]
@@ -338,7 +339,10 @@ def messages_of(sizes, trailing=False):
     trailing=st.booleans(),
     data=st.data(),
 )
-def test_every_row_of_multi_row_messages_once_across_random_restores(broker, sizes, trailing, data):
+def test_every_row_of_multi_row_messages_once_across_random_restores(
+    broker, monkeypatch, sizes, trailing, data
+):
+    monkeypatch.setattr(kafka_module, "CHUNK_BYTES", 100)  # a block parsed in several chunks
     msgs, n = messages_of(sizes, trailing)
     topic = topic_with(broker, msgs)
     trained, state = [], None
@@ -387,7 +391,8 @@ def test_a_position_inside_a_message_and_one_saved_in_the_old_format_restore(bro
     again.close()
 
 
-def test_a_bad_row_inside_a_message_names_partition_offset_and_row(broker):
+def test_a_bad_row_inside_a_message_names_partition_offset_and_row(broker, monkeypatch):
+    monkeypatch.setattr(kafka_module, "CHUNK_BYTES", 40)
     msgs = [f"{line(0)}\n{line(1)}", f"{line(2)}\n{line(3)}\n0,1,2\n{line(5)}", line(6)]
     topic = topic_with(broker, msgs, partition_of=lambda i: 3)
     with pytest.raises(
