@@ -531,7 +531,7 @@ class KafkaSource(MinibatchSource):
         return low
 
     def _seek_assigned(self) -> None:
-        """Assigns this source's partitions at their next unread offsets (explicitly)."""
+        """Assigns this source's partitions at their reading positions (explicitly)."""
         ck = _kafka()
         with self._lock:
             consumer = self._get_consumer()
