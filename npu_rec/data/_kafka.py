@@ -573,6 +573,9 @@ class KafkaSource(MinibatchSource):
             # waits for all `n` messages (or the timeout), even when an end of partition
             # (`stop_at_end`) comes before them.
             messages = consumer.consume(n, 0) or consumer.consume(n, timeout)
+            if messages:  # the block's byte bound, by the sizes of its first messages
+                size = max(len(m) for m in messages[:8])
+                most = max(min(most, BLOCK_BYTES // max(size, 1)), n)
             # More may already wait in the client's queue: take them without waiting, so
             # a busy topic is parsed in large blocks (a block's fixed costs amortised).
             while len(messages) >= n and len(messages) < most:
