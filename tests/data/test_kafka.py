@@ -402,7 +402,13 @@ def test_a_bad_row_inside_a_message_names_partition_offset_and_row(broker, monke
         with source(broker, topic) as strict:
             strict.next_minibatch(4)
     src = source(broker, topic, on_error="skip")
-    assert read_rids(src, 6, 1) == [0, 1, 2, 3, 5, 6]
+    assert read_rids(src, 4, 1) == [0, 1, 2, 3]
+    # Read (and counted) ahead of the position (offset 1, row 2): not in the saved state.
+    assert src.error_report()["count"] == 1
+    state = src.get_checkpoint_state()
+    assert state["rows"] == {"3": 2} and state["errors"]["count"] == 0
+    assert read_rids(src, 2, 1) == [5, 6]
+    assert src.get_checkpoint_state()["errors"]["count"] == 1
     (example,) = src.error_report()["examples"]
     assert (example["offset"], example["row_in_record"]) == (1, 2)
     assert example["file"] == f"topic '{topic}' partition 3"
