@@ -1,18 +1,22 @@
 """`KafkaSource`: click logs read from a Kafka topic, with offsets kept in the checkpoint.
 
-A message is one record: a delimited line in `columns` order (`format="csv"`,
-parsed by the same code as `CsvSource`), a JSON object (`format="json"`) or a
-serialized `tf.train.Example` (`format="tf_example"`, parsed by the same code as
-`TFRecordSource`).
+A message holds one or more rows: delimited lines in `columns` order, separated
+by line breaks (`format="csv"`, a block of messages parsed at once by the same
+code as `CsvSource`), a JSON object or several JSON lines (`format="json"`), or
+one serialized `tf.train.Example` (`format="tf_example"`, parsed by the same
+code as `TFRecordSource`).
 Values are converted and checked by the file sources' rules (hashing, fills,
-non-finite values, `label_domain`); a malformed message raises
-`MalformedRecordError` naming the topic, partition and offset, or is skipped
-and counted with `on_error="skip"`.
+non-finite values, `label_domain`); a malformed row raises
+`MalformedRecordError` naming the topic, partition and offset (and the row
+within a message of several rows), or is skipped and counted with
+`on_error="skip"`.
 
-Reading position: the next unread offset of each partition this source reads.
-It is the source's checkpoint state, so a trainer that saves it with each
-checkpoint and restores it resumes at the first message its restored model
-has not trained on: nothing lost, nothing repeated. Partitions are assigned
+Reading position, per partition this source reads: the offset of the first
+message not wholly handed to training and the rows of it already handed over
+(0 but where a minibatch ended inside a message). It is the source's checkpoint
+state, so a trainer that saves it with each checkpoint and restores it resumes
+at the first row its restored model has not trained on: nothing lost, nothing
+repeated. Partitions are assigned
 explicitly (no consumer-group rebalancing decides what a restarted trainer
 reads); the broker learns the offsets only through `checkpoint_committed`,
 which the front ends call once a checkpoint holding them is committed, so
@@ -33,7 +37,7 @@ import pyarrow as pa
 
 from npu_rec.data import _columns as C
 from npu_rec.data import _convert
-from npu_rec.data._csv import CsvSource
+from npu_rec.data._csv import CsvSource, _arrow_or_none
 from npu_rec.data._errors import ErrorLog
 from npu_rec.data._row_source import RowSource, check_label_domain
 from npu_rec.data._source import (
@@ -51,6 +55,9 @@ _logger = logging.getLogger("npu_rec.data")
 PAUSE_LOG_SECONDS = 60.0  # a quiet stream is logged at most this often
 _METADATA_SECONDS = 30.0  # how long to wait for the topic's partitions
 BLOCK_MESSAGES = 65536  # messages parsed at once, at most
+BLOCK_BYTES = 16 << 20  # about this many bytes of messages parsed at once, at most
+CHUNK_BYTES = 4 << 20  # a block's CSV is parsed in chunks of about this size, one ahead
+WAIT_SLICE = 0.05  # seconds: the longest single wait for messages within max_wait_ms
 
 
 def _kafka():
@@ -63,27 +70,54 @@ def _kafka():
     return confluent_kafka
 
 
+class _Units:
+    """The rows of a block of messages before parsing (per row: its message's partition
+    and offset, its index in the message, whether the message holds several rows and
+    whether it is the message's last row)."""
+
+    def __init__(self, parts, offsets, within, several, last):
+        self.parts, self.offsets, self.within = parts, offsets, within
+        self.several, self.last = several, last
+
+    @classmethod
+    def one_each(cls, parts, offsets):
+        n = len(parts)
+        return cls(parts, offsets, np.zeros(n, np.int64), np.zeros(n, bool), np.ones(n, bool))
+
+    def __getitem__(self, idx):
+        return _Units(*(a[idx] for a in vars(self).values()))
+
+
+_UNIT_TYPES = (np.int64, np.int64, np.int64, bool, bool)
+
+
 class _MessageErrors:
     """The error log as the shared parsing code sees it: a row is an index into the
-    current block of messages, recorded as its topic, partition and offset."""
+    current block's rows (`units`), recorded as its topic, partition, offset and, in a
+    message of several rows, its row within the message."""
 
     def __init__(self, log: ErrorLog, topic: str):
         self.log, self.topic = log, topic
-        self.parts = self.offsets = None  # the current block's messages
+        self.units = None  # the current block's rows
         self.pending = []
 
     def where(self, p: int) -> str:
         return f"topic {self.topic!r} partition {p}"
 
     def record(self, path, unit, row, reason) -> None:
-        # Kept until the block is parsed, then logged in offset order (`flush`), so the
-        # first malformed message raises whichever check found it.
-        self.pending.append((int(self.parts[row]), int(self.offsets[row]), reason))
+        # Kept until the block is parsed, then logged in position order (`flush`), so the
+        # first malformed row raises whichever check found it.
+        u = self.units
+        k = int(u.within[row]) if u.several[row] else -1
+        self.pending.append((int(u.parts[row]), int(u.offsets[row]), k, reason))
 
-    def flush(self) -> None:
-        pending, self.pending = sorted(self.pending, key=lambda e: e[:2]), []
-        for p, off, reason in pending:
-            self.log.record(self.where(p), "offset", off, reason)
+    def flush(self, skip: dict) -> None:
+        """Logs the block's malformed rows but those a restore passes (`skip`)."""
+        pending, self.pending = sorted(self.pending, key=lambda e: e[:3]), []
+        for p, off, k, reason in pending:
+            if p in skip and off == skip[p][0] and k < skip[p][1]:
+                continue  # handed to training (or passed) before the restored save
+            self.log.record(self.where(p), "offset", off, reason, None if k < 0 else k)
 
     def __getattr__(self, name):  # count, report, get_state, ...
         return getattr(self.log, name)
@@ -112,16 +146,17 @@ class KafkaSource(MinibatchSource):
     Args:
       topic: the topic.
       bootstrap_servers: "host:port[,host:port...]" of the cluster.
-      columns: the fields of a CSV message, in order (required for "csv";
+      columns: the fields of a CSV row, in order (required for "csv";
         JSON messages and Examples name their fields).
       label: the label column.
       dense: dense numeric columns.
       categorical: categorical columns (JSON: strings or integers, hashed as
         their text like CSV fields).
       multi_valued: multi-valued columns (`a|b` text; JSON also lists).
-      format: "csv" (one message = one delimited line), "json" (one object) or
-        "tf_example" (one serialized `tf.train.Example`; features as in
-        `TFRecordSource`, their kinds read from the first message).
+      format: "csv" (a message holds one or more delimited lines, separated by
+        line breaks), "json" (one object, or several JSON lines) or "tf_example"
+        (one serialized `tf.train.Example`; features as in `TFRecordSource`,
+        their kinds read from the first message).
       delimiter: the CSV field separator (one character).
       separator: the item separator of multi-valued text.
       partitions: the partitions to read (default all of the topic's).
@@ -154,6 +189,8 @@ class KafkaSource(MinibatchSource):
     _parse_csv = CsvSource._parse
     _bisect = CsvSource._bisect
     _diagnose = CsvSource._diagnose
+    _parser = CsvSource._parser  # the parsing thread: Arrow reads chunk k+1 while k converts
+    _release = CsvSource._release
     _check_values = RowSource._check_values
     _file_index = RowSource._file_index
     # `tf.train.Example` messages: the parsing and value-count rules of `TFRecordSource`.
@@ -248,10 +285,16 @@ class KafkaSource(MinibatchSource):
         self._types = {c: pa.float64() for c in self._numeric}
         self._types.update({c: pa.dictionary(pa.int32(), pa.string()) for c in self._roles[2]})
         self._types.update({c: pa.string() for c in self._roles[3]})
+        self._pool = None  # the parsing thread (started on first use, stopped by close())
         self._kinds = None  # tf_example: the feature kinds, read from the first message
         self._files = [topic]  # where the shared value checks name a record (see _MessageErrors)
         self._errors = _MessageErrors(ErrorLog(on_error), topic)
-        self._offsets: dict[int, int] = {}  # partition -> next unread offset (consumed)
+        # partition -> the first message not wholly consumed, and its rows consumed
+        self._offsets: dict[int, int] = {}
+        self._rows: dict[int, int] = {}  # (only partitions inside a message)
+        self._skip: dict[int, tuple] = {}  # partition -> (offset, rows) to pass when fetched
+        self._message_bytes = 256.0  # the mean size of the messages of the last block
+        self._message_rows = 1.0  # the mean rows per message of the last block
         self._shard = None  # (number_of_workers, worker_rank) of the assignment
         self._assigned: list[int] = []
         self._consumer = None
@@ -294,7 +337,9 @@ class KafkaSource(MinibatchSource):
             left = deadline - time.monotonic()
             if left <= 0:
                 break
-            self._fetch(b - self._buffered, left)
+            # In slices: the client waits for as many messages as asked; a stream's end
+            # (stop_at_end) or a pending commit is seen between slices.
+            self._fetch(b - self._buffered, min(left, WAIT_SLICE))
         if self._buffered >= b:
             return self._minibatch(self._take(b), False)
         if self._at_end():
@@ -319,6 +364,7 @@ class KafkaSource(MinibatchSource):
             "source": type(self).__name__,
             "topic": self.topic,
             "offsets": {str(p): int(off) for p, off in sorted(self._offsets.items())},
+            "rows": {str(p): int(k) for p, k in sorted(self._rows.items()) if k},
             "errors": self._errors.get_state(self._is_ahead),
         }
 
@@ -335,6 +381,8 @@ class KafkaSource(MinibatchSource):
                 f"{type(self).__name__} over topic {self.topic!r}"
             )
         self._offsets = {int(p): int(off) for p, off in state["offsets"].items()}
+        # A state saved before positions inside a message existed has no "rows".
+        self._rows = {int(p): int(k) for p, k in (state.get("rows") or {}).items() if int(k)}
         self._errors.set_state(state["errors"])
         self._reset_buffer()
         if self._shard is not None:
@@ -342,6 +390,10 @@ class KafkaSource(MinibatchSource):
 
     def checkpoint_committed(self, state: dict | None) -> None:
         """Stores the offsets of a committed checkpoint's `state` on the broker.
+
+        Per partition, the offset of the first message the checkpoint has not wholly
+        trained on (a message it trained partly on is read again from the broker's
+        offset, and its trained rows passed, only by a restore from the checkpoint).
 
         The front ends call it once the checkpoint that holds `state` is committed
         (never earlier), so the group's offsets on the broker trail the checkpoints
@@ -397,6 +449,7 @@ class KafkaSource(MinibatchSource):
         finally:
             if called:
                 self._call.release()
+        self._release()
         if consumer is not None:
             consumer.poll(0)  # serves pending commit callbacks
             consumer.close()  # waits for the commits in flight
@@ -478,13 +531,16 @@ class KafkaSource(MinibatchSource):
         return low
 
     def _seek_assigned(self) -> None:
-        """Assigns this source's partitions at their next unread offsets (explicitly)."""
+        """Assigns this source's partitions at their reading positions (explicitly)."""
         ck = _kafka()
         with self._lock:
             consumer = self._get_consumer()
             for p in self._assigned:
                 if p not in self._offsets:
                     self._offsets[p] = self._start_offset(consumer, p)
+            self._skip = {
+                p: (self._offsets[p], self._rows[p]) for p in self._assigned if self._rows.get(p)
+            }
             consumer.assign(
                 [ck.TopicPartition(self.topic, p, self._offsets[p]) for p in self._assigned]
             )
@@ -509,13 +565,21 @@ class KafkaSource(MinibatchSource):
         with self._lock:
             consumer = self._get_consumer()
             self._reading = True
+        # At most BLOCK_MESSAGES messages, or about BLOCK_BYTES (by the last block's sizes).
+        most = int(min(BLOCK_MESSAGES, max(BLOCK_BYTES // max(self._message_bytes, 1.0), 1)))
         try:
-            n = max(min(want, BLOCK_MESSAGES), 1000)
-            messages = consumer.consume(n, timeout)
+            n = min(max(math.ceil(want / self._message_rows), 1), most)
+            # What the client has already fetched first, without waiting: the client
+            # waits for all `n` messages (or the timeout), even when an end of partition
+            # (`stop_at_end`) comes before them.
+            messages = consumer.consume(n, 0) or consumer.consume(n, timeout)
+            if messages:  # the block's byte bound, by the sizes of its first messages
+                size = max(len(m) for m in messages[:8])
+                most = max(min(most, BLOCK_BYTES // max(size, 1)), n)
             # More may already wait in the client's queue: take them without waiting, so
             # a busy topic is parsed in large blocks (a block's fixed costs amortised).
-            while len(messages) >= n and len(messages) < BLOCK_MESSAGES:
-                more = consumer.consume(BLOCK_MESSAGES - len(messages), 0)
+            while len(messages) >= n and len(messages) < most:
+                more = consumer.consume(most - len(messages), 0)
                 if not more:
                     break
                 messages += more
@@ -525,21 +589,24 @@ class KafkaSource(MinibatchSource):
                 self._commit_pending()
         if not messages:
             return
-        parts, offs, values = [], [], []
-        for m in messages:
-            err = m.error()
-            if err is None:
-                parts.append(m.partition())
-                offs.append(m.offset())
-                values.append(m.value())
-            elif err.code() == ck.KafkaError._PARTITION_EOF:
-                self._eof[m.partition()] = m.offset()
-            elif err.fatal() or not err.retriable():
-                raise RuntimeError(f"KafkaSource: reading topic {self.topic!r} failed: {err}")
-            else:
-                _logger.warning("KafkaSource: topic %r: %s (retrying)", self.topic, err)
-        if values:
-            self._add_block(np.array(parts, np.int64), np.array(offs, np.int64), values)
+        # One pass per attribute (the client hands over one object per message).
+        errors = [m.error() for m in messages]
+        if any(e is not None for e in errors):  # (KafkaError's == fails on None)
+            good = []
+            for m, err in zip(messages, errors, strict=True):
+                if err is None:
+                    good.append(m)
+                elif err.code() == ck.KafkaError._PARTITION_EOF:
+                    self._eof[m.partition()] = m.offset()
+                elif err.fatal() or not err.retriable():
+                    raise RuntimeError(f"KafkaSource: reading topic {self.topic!r} failed: {err}")
+                else:
+                    _logger.warning("KafkaSource: topic %r: %s (retrying)", self.topic, err)
+            messages = good
+        if messages:
+            parts = np.array([m.partition() for m in messages], np.int64)
+            offs = np.array([m.offset() for m in messages], np.int64)
+            self._add_block(parts, offs, [m.value() for m in messages])
 
     # -- parsing ------------------------------------------------------------
 
@@ -547,60 +614,124 @@ class KafkaSource(MinibatchSource):
         # per partition: the offset after its last message
         ends = dict(zip(parts.tolist(), (offs + 1).tolist(), strict=True))
         self._fetched.update(ends)
-        self._errors.parts, self._errors.offsets = parts, offs
         if self._format == "csv":
-            cols, rows = self._parse_csv_messages(values)
+            cols, rows = self._parse_csv_messages(parts, offs, values)
         elif self._format == "json":
-            cols, rows = self._parse_json_messages(values)
+            cols, rows = self._parse_json_messages(parts, offs, values)
         else:
+            self._errors.units = _Units.one_each(parts, offs)
             cols, rows = self._parse_example_messages(values)
         cols, rows = self._check_values(None, cols, rows)
-        self._errors.parts = self._errors.offsets = None
+        units, self._errors.units = self._errors.units[rows], None
+        skip = self._skip
+        if skip:  # the rows of a partly trained message that a restored save handed over
+            keep = np.ones(len(rows), bool)
+            for p, (off, k) in skip.items():
+                keep &= ~((units.parts == p) & (units.offsets == off) & (units.within < k))
+            if not keep.all():
+                cols, units = C.take_rows(cols, keep), units[keep]
         try:
-            self._errors.flush()
+            self._errors.flush(skip)
         except Exception:
             self._shard = None  # the consumer read past this block: reassign on the next call
             raise
-        self._blocks.append([cols, parts[rows], offs[rows], 0, ends])
-        self._buffered += len(rows)
+        self._skip = {p: sk for p, sk in skip.items() if ends.get(p, 0) <= sk[0]}
+        self._message_bytes = max(sum(map(len, filter(None, values))) / len(values), 1.0)
+        if len(units.parts):
+            self._message_rows = max(len(units.parts) / len(values), 1.0)
+        self._blocks.append([cols, units, 0, ends])
+        self._buffered += len(units.parts)
         if len(self._blocks) == 1:
             self._pop_done()  # a first block of malformed messages only
 
-    def _parse_csv_messages(self, values):
-        try:  # the usual block: no null message, no line break inside one
-            data = b"\n".join(values) + b"\n"
-        except TypeError:  # a null message
-            data = None
-        if data is not None and data.count(b"\n") == len(values):
-            return self._parse_csv_block(data, np.arange(len(values)))
-        ok = np.ones(len(values), bool)
-        for j, v in enumerate(values):
-            if v is None or b"\n" in v:
-                reason = (
-                    "empty message (null value)"
-                    if v is None
-                    else "the message holds a line break: one message must be one CSV line"
-                )
-                self._errors.record(None, None, j, reason)
-                ok[j] = False
-        idx = np.flatnonzero(ok)
-        if not len(idx):
-            return C.empty_like(self._streams), idx
-        return self._parse_csv_block(b"\n".join(values[j] for j in idx) + b"\n", idx)
-
-    def _parse_csv_block(self, data: bytes, idx: np.ndarray):
-        """Parses the lines `data` of the block's messages `idx`; (columns, message indices)."""
+    def _parse_csv_messages(self, parts, offs, values):
+        """Parses the CSV lines of a block of messages in one go: (columns, row indices)."""
+        if None in values:  # a null message: malformed, parsed as a blank line
+            nulls = [j for j, v in enumerate(values) if v is None]
+            values = [b"" if v is None else v for v in values]
+        else:
+            nulls = []
+        data = b"\n".join(values) + b"\n"
+        buf = np.frombuffer(data, np.uint8)
+        ends = np.flatnonzero(buf == 10)  # each line's line break
+        if len(ends) == len(values):  # one line per message
+            units, first = _Units.one_each(parts, offs), np.arange(len(values))
+        else:
+            units, first = self._lines_of(parts, offs, values, ends)
+        self._errors.units = units
+        for j in nulls:
+            self._errors.record(None, None, int(first[j]), "empty message (null value)")
+        # Blank lines (a message's trailing line break, "\r" alone) are left out before
+        # parsing, so the block takes the parser's fast path.
+        starts = np.concatenate([[0], ends[:-1] + 1])
+        length = ends - starts
+        blank = (length == 0) | ((length == 1) & (buf[np.maximum(ends - 1, 0)] == 13))
+        idx = np.arange(len(ends))
+        if blank.any():
+            idx = idx[~blank]
+            if not len(idx):
+                return C.empty_like(self._streams), idx
+            keep = np.ones(len(buf), bool)
+            keep[ends[blank]] = False
+            keep[starts[blank & (length == 1)]] = False
+            buf = buf[keep]
+            data = buf.tobytes()
+            ends = np.flatnonzero(buf == 10)
+        # Chunks of whole lines, parsed by Arrow in the parsing thread one ahead of the
+        # conversion (hashing) of the one before, as `CsvSource` parses a file's blocks.
+        cuts = np.searchsorted(ends, np.arange(CHUNK_BYTES, len(data), CHUNK_BYTES))
+        bounds = [0, *np.unique(cuts[(cuts > 0) & (cuts < len(ends))]).tolist(), len(ends)]
+        options = self._options(self._names)
+        jobs = []
+        for a, z in zip(bounds[:-1], bounds[1:], strict=True):
+            lo, hi = (ends[a - 1] + 1 if a else 0), ends[z - 1] + 1
+            chunk = data[lo:hi]
+            jobs.append((chunk, idx[a:z], self._parser().submit(_arrow_or_none, options, chunk)))
+        parts, rows = [], []
         try:
-            table = self._arrow(self._names, data)
-        except pa.ArrowInvalid:
-            table = None
-        # Rows are numbered by their index among `idx`; the error log maps them back.
-        parts, offs = self._errors.parts, self._errors.offsets
-        self._errors.parts, self._errors.offsets = parts[idx], offs[idx]
+            for chunk, chunk_idx, parsed in jobs:
+                cols, r = self._parse_csv_block(chunk, chunk_idx, parsed.result())
+                parts.append(cols)
+                rows.append(r)
+        finally:
+            for job in jobs:
+                job[-1].cancel()
+        return C.concat_columns(parts), np.concatenate(rows)
+
+    @staticmethod
+    def _lines_of(parts, offs, values, ends) -> tuple:
+        """The lines of the messages `values` joined by line breaks (`ends`: the breaks),
+        and each message's first line."""
+        sizes = np.fromiter(map(len, values), np.int64, len(values))
+        after = np.cumsum(sizes + 1) - 1  # each message's closing line break
+        message = np.searchsorted(after, ends)  # each line's message
+        first = np.searchsorted(ends, after - sizes)  # each message's first line
+        within = np.arange(len(ends)) - first[message]
+        count = np.diff(np.append(first, len(ends)))
+        starts = np.concatenate([[0], ends[:-1] + 1])
+        # A message's trailing line break ends its last row (the empty line after it
+        # is no row of its own).
+        trailing = (ends == starts) & (within == count[message] - 1) & (within > 0)
+        rows = count - np.bincount(message[trailing], minlength=len(values))
+        units = _Units(
+            parts[message],
+            offs[message],
+            within,
+            rows[message] > 1,
+            within >= rows[message] - 1,
+        )
+        return units, first
+
+    def _parse_csv_block(self, data: bytes, idx: np.ndarray, table):
+        """Converts the lines `data` (the block's rows `idx`) that Arrow parsed (`table`,
+        None where Arrow rejected them); (columns, row indices)."""
+        # Lines are numbered by their index among `idx`; the error log maps them back.
+        units = self._errors.units
+        self._errors.units = units[idx]
         try:
             cols, rows = self._parse_csv(self.topic, self._names, data, 0, 0, False, table)
         finally:
-            self._errors.parts, self._errors.offsets = parts, offs
+            self._errors.units = units
         return cols, idx[rows]
 
     def _parse_example_messages(self, values):
@@ -616,8 +747,8 @@ class KafkaSource(MinibatchSource):
         if self._kinds is None:
             self._kinds = self._detect_kinds(raw[0])
         # Rows are numbered by their index among `idx`; the error log maps them back.
-        parts, offs = self._errors.parts, self._errors.offsets
-        self._errors.parts, self._errors.offsets = parts[idx], offs[idx]
+        units = self._errors.units
+        self._errors.units = units[idx]
         try:
             try:
                 _, _, lengths, parsed = self._converter()(tf.constant(raw))
@@ -636,30 +767,57 @@ class KafkaSource(MinibatchSource):
                     np.ones(n, bool),
                 )
         finally:
-            self._errors.parts, self._errors.offsets = parts, offs
+            self._errors.units = units
         return cols, idx[rows]
 
-    def _parse_json_messages(self, values):
+    def _parse_json_messages(self, parts, offs, values):
         label, dense, categorical, multi = self._roles
         data = {c: [] for c in self._wanted}
+        unit = ([], [], [], [], [])  # partition, offset, row within, several, last
         rows = []
         for j, v in enumerate(values):
-            reason = None
             try:
-                obj = json.loads(v) if v is not None else None
+                objs = [json.loads(v)] if v is not None else [None]
             except (ValueError, UnicodeDecodeError) as err:
-                reason = f"invalid JSON ({err})"
-            else:
-                if not isinstance(obj, dict):
-                    reason = f"a message must be a JSON object, found {type(obj).__name__}"
+                lines = v.split(b"\n") if b"\n" in v.strip() else None
+                if lines is None:  # one malformed object
+                    objs = [err]
+                else:  # JSON lines: a row per line (a trailing line break ends the last)
+                    if not lines[-1].strip():
+                        lines.pop()
+                    objs = []
+                    for ln in lines:
+                        try:
+                            objs.append(json.loads(ln) if ln.strip() else ...)
+                        except (ValueError, UnicodeDecodeError) as line_err:
+                            objs.append(line_err)
+            for k, obj in enumerate(objs):
+                k = k if len(objs) > 1 else -1  # (-1: the message is the row)
+                unit[0].append(parts[j])
+                unit[1].append(offs[j])
+                unit[2].append(max(k, 0))
+                unit[3].append(k >= 0)
+                unit[4].append(k == len(objs) - 1 or k < 0)
+                if obj is ...:  # a blank line
+                    continue
+                if isinstance(obj, Exception):
+                    reason = f"invalid JSON ({obj})"
+                elif not isinstance(obj, dict):
+                    what = "null" if obj is None else type(obj).__name__
+                    reason = f"a message must be a JSON object, found {what}"
+                    if obj is None and v is None:
+                        reason = "empty message (null value)"
                 else:
                     reason, row = self._json_row(obj)
-            if reason is not None:
-                self._errors.record(None, None, j, reason)
-                continue
-            rows.append(j)
-            for c in self._wanted:
-                data[c].append(row[c])
+                if reason is not None:
+                    self._errors.pending.append((int(parts[j]), int(offs[j]), k, reason))
+                    continue
+                rows.append(len(unit[0]) - 1)
+                for c in self._wanted:
+                    data[c].append(row[c])
+        self._errors.units = _Units(
+            *(np.asarray(a, t) for a, t in zip(unit, _UNIT_TYPES, strict=True))
+        )
         table = pa.table(
             {
                 **{c: pa.array(data[c], pa.float64()) for c in self._numeric},
@@ -709,7 +867,7 @@ class KafkaSource(MinibatchSource):
     # -- buffering ----------------------------------------------------------
 
     def _reset_buffer(self) -> None:
-        self._blocks = []  # [columns, partitions, offsets, consumed, {partition: end offset}]
+        self._blocks = []  # [columns, _Units, consumed, {partition: end offset}]
         self._buffered = 0
         self._eof: dict[int, int] = {}  # partition -> the end offset it last reported
         self._fetched: dict[int, int] = {}  # partition -> offset after the last message fetched
@@ -720,13 +878,19 @@ class KafkaSource(MinibatchSource):
         left = m
         while left > 0:
             block = self._blocks[0]
-            cols, bparts, boffs, off = block[:4]
-            k = min(len(bparts) - off, left)
+            cols, units, off = block[:3]
+            k = min(len(units.parts) - off, left)
             parts.append(C.slice_columns(cols, off, off + k))
-            for p in np.unique(bparts[off : off + k]).tolist():
-                taken = boffs[off : off + k][bparts[off : off + k] == p]
-                self._offsets[p] = int(taken[-1]) + 1
-            block[3] = off + k
+            taken = units.parts[off : off + k]
+            for p in np.unique(taken).tolist():
+                j = off + int(np.flatnonzero(taken == p)[-1])  # p's last row taken
+                if units.last[j]:
+                    self._offsets[p] = int(units.offsets[j]) + 1
+                    self._rows.pop(p, None)
+                else:  # inside a message: its rows up to j are consumed
+                    self._offsets[p] = int(units.offsets[j])
+                    self._rows[p] = int(units.within[j]) + 1
+            block[2] = off + k
             left -= k
             self._buffered -= k
             self._pop_done()
@@ -736,9 +900,11 @@ class KafkaSource(MinibatchSource):
 
     def _pop_done(self) -> None:
         """Drops the blocks read to their end: their skipped (malformed) messages are passed."""
-        while self._blocks and self._blocks[0][3] == len(self._blocks[0][1]):
-            for p, end in self._blocks.pop(0)[4].items():
-                self._offsets[p] = max(self._offsets.get(p, 0), end)
+        while self._blocks and self._blocks[0][2] == len(self._blocks[0][1].parts):
+            for p, end in self._blocks.pop(0)[3].items():
+                if end > self._offsets.get(p, 0):
+                    self._offsets[p] = end
+                    self._rows.pop(p, None)
 
     def _minibatch(self, cols: dict, sweep_end: bool) -> dict:
         n = len(cols[self.label_name])
@@ -747,6 +913,6 @@ class KafkaSource(MinibatchSource):
             for info in self._streams
         }
 
-    def _is_ahead(self, where: str, offset: int) -> bool:
+    def _is_ahead(self, where: str, offset: int, within: int = 0) -> bool:
         p = int(where.rsplit(" ", 1)[1])
-        return offset >= self._offsets.get(p, 0)
+        return (offset, within) >= (self._offsets.get(p, 0), self._rows.get(p, 0))

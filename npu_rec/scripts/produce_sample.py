@@ -1,7 +1,9 @@
 r"""Writes click-log rows into a Kafka topic, to try `--kafka` training locally.
 
-Each message is one comma-separated line: Criteo's label, I1-I13, C1-C26 (the
-format `online_train --kafka` reads by default). The rows are the shipped Criteo
+Each row is one comma-separated line: Criteo's label, I1-I13, C1-C26 (the
+format `online_train --kafka` reads by default); a message holds
+`--rows_per_message` consecutive rows joined by line breaks (one by default;
+several make the topic far cheaper to read). The rows are the shipped Criteo
 sample (`--rows=0`, repeated `--repeat` times) or `--rows` generated Criteo-like
 rows (`--seed`). Messages are spread over the topic's partitions in turn; a
 topic that does not exist is created by the cluster (where it creates topics on
@@ -10,6 +12,7 @@ first use) with its default partition count.
 Examples:
   python -m npu_rec.scripts.produce_sample --kafka=localhost:9092 --topic=clicks
   python -m npu_rec.scripts.produce_sample --kafka=localhost:9092 --topic=clicks --rows=100000
+  python -m npu_rec.scripts.produce_sample --kafka=localhost:9092 --topic=clicks --rows_per_message=64
   python -m npu_rec.scripts.online_train --kafka=localhost:9092 --topic=clicks --max_steps=50
 """
 
@@ -28,6 +31,12 @@ ROWS = flags.DEFINE_integer(
     "rows", 0, "Generated rows to write; 0 writes the shipped Criteo sample.", lower_bound=0
 )
 REPEAT = flags.DEFINE_integer("repeat", 1, "Times the sample is written.", lower_bound=1)
+ROWS_PER_MESSAGE = flags.DEFINE_integer(
+    "rows_per_message",
+    1,
+    "Rows per message (consecutive lines joined by line breaks; the last may hold fewer).",
+    lower_bound=1,
+)
 
 
 def sample_lines() -> list[bytes]:
@@ -53,8 +62,17 @@ def generated_lines(n: int, seed: int, start: int = 0) -> list[bytes]:
     ]
 
 
+def messages(lines, rows_per_message: int = 1) -> list[bytes]:
+    """`lines` (bytes) joined into messages of `rows_per_message` rows each, in order."""
+    if rows_per_message == 1:
+        return list(lines)
+    return [
+        b"\n".join(lines[i : i + rows_per_message]) for i in range(0, len(lines), rows_per_message)
+    ]
+
+
 def produce(bootstrap_servers: str, topic: str, lines, timeout: float = 60.0) -> int:
-    """Writes `lines` (bytes) to `topic`, one message each, over its partitions in turn."""
+    """Writes `lines` (bytes, one message each) to `topic`, over its partitions in turn."""
     import confluent_kafka
 
     producer = confluent_kafka.Producer(
@@ -86,9 +104,18 @@ def main(argv):
         raise app.UsageError("--kafka and --topic are required")
     rows, seed = ROWS.value, F.SEED.value
     lines = generated_lines(rows, seed) if rows else sample_lines() * REPEAT.value
-    n = produce(F.KAFKA.value, F.TOPIC.value, lines)
-    print(f"npu_rec: wrote {n} messages to topic {F.TOPIC.value!r} at {F.KAFKA.value}", flush=True)
+    n = produce(F.KAFKA.value, F.TOPIC.value, messages(lines, ROWS_PER_MESSAGE.value))
+    print(
+        f"npu_rec: wrote {len(lines)} rows in {n} messages to topic {F.TOPIC.value!r} at "
+        f"{F.KAFKA.value}",
+        flush=True,
+    )
 
 
 if __name__ == "__main__":
-    _cli.run(main, __doc__, own=("rows", "repeat"), groups=(("kafka", ("kafka", "topic", "seed")),))
+    _cli.run(
+        main,
+        __doc__,
+        own=("rows", "repeat", "rows_per_message"),
+        groups=(("kafka", ("kafka", "topic", "seed")),),
+    )

@@ -5,10 +5,13 @@ import time
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 ck = pytest.importorskip("confluent_kafka")
 
 from npu_rec.data import CsvSource, KafkaSource, MalformedRecordError, as_dataset  # noqa: E402
+from npu_rec.data import _kafka as kafka_module  # noqa: E402
 from tests.kafka_broker import mock_broker, produce, topic_with  # noqa: E402
 
 COLUMNS = ["label", "rid", "x", "c", "tags"]
@@ -117,14 +120,16 @@ def test_malformed_messages_name_topic_partition_and_offset(broker):
         with source(broker, topic) as strict:
             strict.next_minibatch(2)
     src = source(broker, topic, on_error="skip")
-    assert read_rids(src, 2, 1) == [100, 101]
+    # Offset 4 holds two rows: the second is read, the first is malformed.
+    assert read_rids(src, 3, 1) == [100, 5, 101]
     report = src.error_report()
     assert report["count"] == 5  # the empty message is a blank line: ignored, as in a file
     offsets = [e["offset"] for e in report["examples"]]
     assert offsets == [1, 2, 3, 4, 6]
     assert "wrong number of fields" in report["examples"][0]["reason"]
     assert "empty label" in report["examples"][2]["reason"]  # "nan" reads as empty, as in files
-    assert "line break" in report["examples"][3]["reason"]
+    assert report["examples"][3]["row_in_record"] == 0
+    assert "wrong number of fields" in report["examples"][3]["reason"]
     assert "non-finite value inf" in report["examples"][4]["reason"]
     assert src.get_checkpoint_state()["offsets"]["2"] == 8
     src.close()
@@ -311,3 +316,111 @@ def test_a_commit_while_another_thread_waits_on_a_quiet_stream_does_not_wait(bro
     got = admin.committed([ck.TopicPartition(topic, p) for p in range(4)], timeout=10)
     assert [tp.offset for tp in got] == [4, 4, 4, 4]
     admin.close()
+
+
+# ------------------------------------------------------------- several rows per message
+def messages_of(sizes, trailing=False):
+    """Messages of `sizes[m]` rows each (rows numbered in order), CSV lines joined by line
+    breaks (`trailing`: each message also ends with one)."""
+    out, i = [], 0
+    for k in sizes:
+        out.append("\n".join(line(i + j) for j in range(k)) + ("\n" if trailing else ""))
+        i += k
+    return out, i
+
+
+@settings(
+    max_examples=20,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    sizes=st.lists(st.integers(1, 6), min_size=2, max_size=12),
+    trailing=st.booleans(),
+    data=st.data(),
+)
+def test_every_row_of_multi_row_messages_once_across_random_restores(
+    broker, monkeypatch, sizes, trailing, data
+):
+    monkeypatch.setattr(kafka_module, "CHUNK_BYTES", 100)  # a block parsed in several chunks
+    msgs, n = messages_of(sizes, trailing)
+    topic = topic_with(broker, msgs)
+    trained, state = [], None
+    # Each run restores the last save, trains some batches, saves, reads on and crashes
+    # (what it read after the save is lost). One consumer serves the runs: a restore seeks
+    # it to the saved position, as a restarted process's new consumer is (tested below).
+    src = source(broker, topic, stop_at_end=True, consumer_config={"fetch.wait.max.ms": 5})
+    for _ in range(4 * n):
+        if state is not None:
+            src.restore_from_checkpoint(json.loads(json.dumps(state)))
+        done = False
+        for _ in range(data.draw(st.integers(1, 3), label="batches before the save")):
+            mb = src.next_minibatch(data.draw(st.integers(1, 9), label="batch size"))
+            trained += mb[src.stream("rid")].data.astype(int).tolist()
+            done = mb[src.stream("rid")].sweep_end
+            if done:
+                break
+        if done:
+            break
+        state = src.get_checkpoint_state()
+        src.next_minibatch(data.draw(st.integers(1, 9), label="read past the save"))
+    src.close()
+    assert sorted(trained) == list(range(n))
+
+
+def test_a_position_inside_a_message_and_one_saved_in_the_old_format_restore(broker):
+    msgs, n = messages_of([3] * 6)
+    topic = topic_with(broker, msgs, partition_of=lambda i: 0)
+    src = source(broker, topic, group_id=f"g-{topic}")
+    assert read_rids(src, 4, 1) == [0, 1, 2, 3]
+    inside = src.get_checkpoint_state()
+    # Offset 1 (rows 3-5) is partly trained: the broker gets offset 1, a restore row 4.
+    assert inside["offsets"]["0"] == 1 and inside["rows"] == {"0": 1}
+    assert read_rids(src, 2, 1) == [4, 5]
+    boundary = src.get_checkpoint_state()
+    assert boundary["offsets"]["0"] == 2 and boundary["rows"] == {}
+    src.close()
+    again = source(broker, topic)
+    again.restore_from_checkpoint(inside)
+    assert read_rids(again, 5, 1) == [4, 5, 6, 7, 8]
+    again.close()
+    old = {k: v for k, v in boundary.items() if k != "rows"}  # saved before "rows" existed
+    again = source(broker, topic)
+    again.restore_from_checkpoint(old)
+    assert read_rids(again, 12, 1) == list(range(6, n))
+    again.close()
+
+
+def test_a_bad_row_inside_a_message_names_partition_offset_and_row(broker, monkeypatch):
+    monkeypatch.setattr(kafka_module, "CHUNK_BYTES", 40)
+    msgs = [f"{line(0)}\n{line(1)}", f"{line(2)}\n{line(3)}\n0,1,2\n{line(5)}", line(6)]
+    topic = topic_with(broker, msgs, partition_of=lambda i: 3)
+    with pytest.raises(
+        MalformedRecordError,
+        match=rf"topic '{topic}' partition 3, offset 1, row 2: wrong number of fields",
+    ):
+        with source(broker, topic) as strict:
+            strict.next_minibatch(4)
+    src = source(broker, topic, on_error="skip")
+    assert read_rids(src, 4, 1) == [0, 1, 2, 3]
+    # Read (and counted) ahead of the position (offset 1, row 2): not in the saved state.
+    assert src.error_report()["count"] == 1
+    state = src.get_checkpoint_state()
+    assert state["rows"] == {"3": 2} and state["errors"]["count"] == 0
+    assert read_rids(src, 2, 1) == [5, 6]
+    assert src.get_checkpoint_state()["errors"]["count"] == 1
+    (example,) = src.error_report()["examples"]
+    assert (example["offset"], example["row_in_record"]) == (1, 2)
+    assert example["file"] == f"topic '{topic}' partition 3"
+    src.close()
+    rows = [{"label": 1, "rid": 7}, {"label": 0, "rid": 8}]
+    lines = "\n".join(json.dumps(r) for r in rows)
+    topic = topic_with(broker, [lines + '\n{"label": 1, "rid": "x"}\n'], partition_of=lambda i: 0)
+    src = KafkaSource(
+        topic, bootstrap_servers=broker, format="json", on_error="skip", max_wait_ms=1500, **ROLES
+    )
+    assert src.next_minibatch(2)[src.stream("rid")].data.tolist() == [7.0, 8.0]
+    (example,) = src.error_report()["examples"]
+    assert (example["offset"], example["row_in_record"]) == (0, 2)
+    assert "wrong type in column 'rid'" in example["reason"]
+    src.close()
