@@ -116,6 +116,7 @@ _LINK = 10e9 / 8  # bytes/s of a 10 Gb/s link
 # A TensorFlow op's trace event is named "node:OpType" (host tracer level 2).
 _OP_EVENT = re.compile(r"^[^\s:]+:[A-Za-z0-9_]+$")
 _NUM_WORKERS = 2
+_TOP_OPS = 15  # op types per traced run in the JSON (`split_trace`)
 
 
 def exchange_bytes(
@@ -297,7 +298,8 @@ def step_split(model, ds, steps: int) -> dict:
 def split_trace(logdir: str) -> dict:
     """The step windows of a profile in `logdir` split into three parts, ms per step.
 
-    `compute`: at least one op other than a collective runs; `collectives`: only
+    `compute`: at least one op other than a collective runs (`top_ops_ms`: the op
+    types that ran longest, their time summed over threads); `collectives`: only
     collectives run (a collective overlapping compute counts as compute); `rest`:
     no op runs (Keras' per-step Python work, the step function's dispatch). The
     one-process run's `collectives` is zero and its `rest` is the per-step Python
@@ -312,7 +314,7 @@ def split_trace(logdir: str) -> dict:
         glob.glob(os.path.join(logdir, "plugins", "profile", "*", "*.xplane.pb"))[0], "rb"
     ) as f:
         space.ParseFromString(f.read())
-    windows, compute, collective = [], [], []
+    windows, compute, collective, by_type = [], [], [], {}
     for plane in space.planes:
         for line in plane.lines:
             for event in line.events:
@@ -321,8 +323,10 @@ def split_trace(logdir: str) -> dict:
                 if name == "dist_bench_step":
                     windows.append((start, start + event.duration_ps))
                 elif _OP_EVENT.match(name):
-                    kind = collective if name.split(":")[1].startswith("Collective") else compute
+                    op_type = name.split(":")[1]
+                    kind = collective if op_type.startswith("Collective") else compute
                     kind.append((start, start + event.duration_ps))
+                    by_type.setdefault(op_type, []).append((start, start + event.duration_ps))
 
     def clipped(events):  # the steps run one after the other
         return [
@@ -339,6 +343,13 @@ def split_trace(logdir: str) -> dict:
         "compute_ms": busy / n / 1e9,
         "collectives_ms": (any_op - busy) / n / 1e9,
         "rest_ms": (wall - any_op) / n / 1e9,
+        # The op types that ran longest (summed over threads, ms per step).
+        "top_ops_ms": dict(
+            sorted(
+                ((t, sum(e - s for s, e in clipped(ev)) / n / 1e9) for t, ev in by_type.items()),
+                key=lambda item: -item[1],
+            )[:_TOP_OPS]
+        ),
     }
 
 
