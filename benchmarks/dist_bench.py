@@ -100,6 +100,12 @@ _TRACE_STEPS = flags.DEFINE_integer(
     "time into TensorFlow ops running and the rest (see `step_split`); 0: none.",
     lower_bound=0,
 )
+_KEEP_TRACES = flags.DEFINE_string(
+    "keep_traces",
+    None,
+    "Folder that keeps the profiles of `--trace_steps` (for TensorBoard's profile plugin); "
+    "default: they are deleted once split.",
+)
 _TORCHREC_PYTHON = flags.DEFINE_string(
     "torchrec_python",
     None,
@@ -116,7 +122,7 @@ _LINK = 10e9 / 8  # bytes/s of a 10 Gb/s link
 # A TensorFlow op's trace event is named "node:OpType" (host tracer level 2).
 _OP_EVENT = re.compile(r"^[^\s:]+:[A-Za-z0-9_]+$")
 _NUM_WORKERS = 2
-_TOP_OPS = 15  # op types per traced run in the JSON (`split_trace`)
+_TOP_OPS = 25  # op types and nodes per traced run in the JSON (`split_trace`)
 
 
 def exchange_bytes(
@@ -280,7 +286,7 @@ def step_split(model, ds, steps: int) -> dict:
         def on_train_batch_end(self, batch, logs=None):
             self.trace.__exit__(None, None, None)
 
-    logdir = tempfile.mkdtemp(prefix="dist_bench_trace_")
+    logdir = tempfile.mkdtemp(prefix="dist_bench_trace_", dir=_KEEP_TRACES.value)
     options = tf.profiler.experimental.ProfilerOptions(host_tracer_level=2, python_tracer_level=0)
     tf.profiler.experimental.start(logdir, options=options)
     try:
@@ -292,14 +298,15 @@ def step_split(model, ds, steps: int) -> dict:
     try:
         return split_trace(logdir)
     finally:
-        shutil.rmtree(logdir, ignore_errors=True)
+        if not _KEEP_TRACES.value:
+            shutil.rmtree(logdir, ignore_errors=True)
 
 
 def split_trace(logdir: str) -> dict:
     """The step windows of a profile in `logdir` split into three parts, ms per step.
 
-    `compute`: at least one op other than a collective runs (`top_ops_ms`: the op
-    types that ran longest, their time summed over threads); `collectives`: only
+    `compute`: at least one op other than a collective runs (`top_ops_ms`,
+    `top_nodes_ms`: the op types and nodes that ran longest, summed over threads); `collectives`: only
     collectives run (a collective overlapping compute counts as compute); `rest`:
     no op runs (Keras' per-step Python work, the step function's dispatch). The
     one-process run's `collectives` is zero and its `rest` is the per-step Python
@@ -314,7 +321,7 @@ def split_trace(logdir: str) -> dict:
         glob.glob(os.path.join(logdir, "plugins", "profile", "*", "*.xplane.pb"))[0], "rb"
     ) as f:
         space.ParseFromString(f.read())
-    windows, compute, collective, by_type = [], [], [], {}
+    windows, compute, collective, by_type, by_node = [], [], [], {}, {}
     for plane in space.planes:
         for line in plane.lines:
             for event in line.events:
@@ -327,6 +334,7 @@ def split_trace(logdir: str) -> dict:
                     kind = collective if op_type.startswith("Collective") else compute
                     kind.append((start, start + event.duration_ps))
                     by_type.setdefault(op_type, []).append((start, start + event.duration_ps))
+                    by_node.setdefault(name, []).append((start, start + event.duration_ps))
 
     def clipped(events):  # the steps run one after the other
         return [
@@ -344,13 +352,15 @@ def split_trace(logdir: str) -> dict:
         "collectives_ms": (any_op - busy) / n / 1e9,
         "rest_ms": (wall - any_op) / n / 1e9,
         # The op types that ran longest (summed over threads, ms per step).
-        "top_ops_ms": dict(
-            sorted(
-                ((t, sum(e - s for s, e in clipped(ev)) / n / 1e9) for t, ev in by_type.items()),
-                key=lambda item: -item[1],
-            )[:_TOP_OPS]
-        ),
+        "top_ops_ms": _longest(by_type, clipped, n),
+        "top_nodes_ms": _longest(by_node, clipped, n),
     }
+
+
+def _longest(events: dict, clipped, steps: int) -> dict:
+    """The `_TOP_OPS` keys of `events` whose events lasted longest: ms per step."""
+    total = {k: sum(e - s for s, e in clipped(ev)) / steps / 1e9 for k, ev in events.items()}
+    return dict(sorted(total.items(), key=lambda item: -item[1])[:_TOP_OPS])
 
 
 def _train(strategy):
@@ -441,7 +451,7 @@ def _flag_args() -> list[str]:
             "mlp_only",
             "trace_steps",
         )
-    ]
+    ] + ([f"--keep_traces={_KEEP_TRACES.value}"] if _KEEP_TRACES.value else [])
 
 
 def _free_port() -> int:
