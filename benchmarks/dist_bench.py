@@ -581,6 +581,9 @@ def _driver() -> dict:
     result = {"one_process": one_result, "two_workers": two_result}
     if _TORCHREC_SHARDING.value:  # in the same sitting, right after npu_rec's pair
         result["torchrec"] = _torchrec(tmp)
+    torchrec = result.get("torchrec", {})
+    if "failed" not in torchrec and not any(isinstance(v, dict) for v in torchrec.values()):
+        shutil.rmtree(tmp, ignore_errors=True)  # kept with the logs of a failed run
     return result
 
 
