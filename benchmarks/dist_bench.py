@@ -28,7 +28,16 @@ graph as TensorFlow executes it (run metadata of the first `fit`, see
 `step_collectives`), and each worker's thread count at the end (`Threads:` of
 /proc/self/status; it stays flat over a run, see `dist_threads.py`). Both runs then
 profile `--trace_steps` more steps and split a step's time into compute (TensorFlow ops),
-collectives and the rest (`step_split`, `split_trace`). Prints a table and writes JSON.
+collectives and the rest (`step_split`, `split_trace`).
+
+Right after each pair, in the same sitting, TorchRec's run on the same batches
+(`torchrec_dist_worker.py`, started with `--torchrec_python`): one process x 2 threads,
+then 2 ranks x 1 thread on gloo over 127.0.0.1, `DistributedModelParallel` over an
+`EmbeddingBagCollection` of the same 26 tables (rows: min(vocab, --hash_buckets), ids by
+modulo), FBGEMM's fused row-wise Adagrad, sharded per `--torchrec_sharding` (table-wise,
+row-wise), the same MLP under DistributedDataParallel. It needs torch, fbgemm-gpu-cpu
+and torchrec (the `bench` extra, docs/benchmarks.md); without them its rows say skipped.
+Prints a table and writes JSON.
 
 Example (quick):
   python benchmarks/dist_bench.py --batch_size 1024 --steps 10 --rounds 2 --distinct_ids 1000000
@@ -91,10 +100,29 @@ _TRACE_STEPS = flags.DEFINE_integer(
     "time into TensorFlow ops running and the rest (see `step_split`); 0: none.",
     lower_bound=0,
 )
+_KEEP_TRACES = flags.DEFINE_string(
+    "keep_traces",
+    None,
+    "Folder that keeps the profiles of `--trace_steps` (for TensorBoard's profile plugin); "
+    "default: they are deleted once split.",
+)
+_TORCHREC_PYTHON = flags.DEFINE_string(
+    "torchrec_python",
+    None,
+    "Python that runs TorchRec's run (one with the `bench` extra and torchrec installed, "
+    "docs/benchmarks.md); default: this one. Without torch, fbgemm-gpu or torchrec there "
+    "the TorchRec rows say skipped.",
+)
+_TORCHREC_SHARDING = flags.DEFINE_list(
+    "torchrec_sharding",
+    ["table_wise", "row_wise"],
+    "TorchRec's 2-rank runs, by the tables' sharding (table_wise, row_wise); empty: none.",
+)
 _LINK = 10e9 / 8  # bytes/s of a 10 Gb/s link
 # A TensorFlow op's trace event is named "node:OpType" (host tracer level 2).
 _OP_EVENT = re.compile(r"^[^\s:]+:[A-Za-z0-9_]+$")
 _NUM_WORKERS = 2
+_TOP_OPS = 25  # op types and nodes per traced run in the JSON (`split_trace`)
 
 
 def exchange_bytes(
@@ -258,7 +286,7 @@ def step_split(model, ds, steps: int) -> dict:
         def on_train_batch_end(self, batch, logs=None):
             self.trace.__exit__(None, None, None)
 
-    logdir = tempfile.mkdtemp(prefix="dist_bench_trace_")
+    logdir = tempfile.mkdtemp(prefix="dist_bench_trace_", dir=_KEEP_TRACES.value)
     options = tf.profiler.experimental.ProfilerOptions(host_tracer_level=2, python_tracer_level=0)
     tf.profiler.experimental.start(logdir, options=options)
     try:
@@ -270,13 +298,15 @@ def step_split(model, ds, steps: int) -> dict:
     try:
         return split_trace(logdir)
     finally:
-        shutil.rmtree(logdir, ignore_errors=True)
+        if not _KEEP_TRACES.value:
+            shutil.rmtree(logdir, ignore_errors=True)
 
 
 def split_trace(logdir: str) -> dict:
     """The step windows of a profile in `logdir` split into three parts, ms per step.
 
-    `compute`: at least one op other than a collective runs; `collectives`: only
+    `compute`: at least one op other than a collective runs (`top_ops_ms`,
+    `top_nodes_ms`: the op types and nodes that ran longest, summed over threads); `collectives`: only
     collectives run (a collective overlapping compute counts as compute); `rest`:
     no op runs (Keras' per-step Python work, the step function's dispatch). The
     one-process run's `collectives` is zero and its `rest` is the per-step Python
@@ -291,7 +321,7 @@ def split_trace(logdir: str) -> dict:
         glob.glob(os.path.join(logdir, "plugins", "profile", "*", "*.xplane.pb"))[0], "rb"
     ) as f:
         space.ParseFromString(f.read())
-    windows, compute, collective = [], [], []
+    windows, compute, collective, by_type, by_node = [], [], [], {}, {}
     for plane in space.planes:
         for line in plane.lines:
             for event in line.events:
@@ -300,8 +330,11 @@ def split_trace(logdir: str) -> dict:
                 if name == "dist_bench_step":
                     windows.append((start, start + event.duration_ps))
                 elif _OP_EVENT.match(name):
-                    kind = collective if name.split(":")[1].startswith("Collective") else compute
+                    op_type = name.split(":")[1]
+                    kind = collective if op_type.startswith("Collective") else compute
                     kind.append((start, start + event.duration_ps))
+                    by_type.setdefault(op_type, []).append((start, start + event.duration_ps))
+                    by_node.setdefault(name, []).append((start, start + event.duration_ps))
 
     def clipped(events):  # the steps run one after the other
         return [
@@ -318,7 +351,16 @@ def split_trace(logdir: str) -> dict:
         "compute_ms": busy / n / 1e9,
         "collectives_ms": (any_op - busy) / n / 1e9,
         "rest_ms": (wall - any_op) / n / 1e9,
+        # The op types that ran longest (summed over threads, ms per step).
+        "top_ops_ms": _longest(by_type, clipped, n),
+        "top_nodes_ms": _longest(by_node, clipped, n),
     }
+
+
+def _longest(events: dict, clipped, steps: int) -> dict:
+    """The `_TOP_OPS` keys of `events` whose events lasted longest: ms per step."""
+    total = {k: sum(e - s for s, e in clipped(ev)) / steps / 1e9 for k, ev in events.items()}
+    return dict(sorted(total.items(), key=lambda item: -item[1])[:_TOP_OPS])
 
 
 def _train(strategy):
@@ -409,7 +451,96 @@ def _flag_args() -> list[str]:
             "mlp_only",
             "trace_steps",
         )
-    ]
+    ] + ([f"--keep_traces={_KEEP_TRACES.value}"] if _KEEP_TRACES.value else [])
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _torchrec_run(tmp: str, batches: str, sizes: str, world: int, sharding: str) -> dict:
+    """TorchRec's run on `world` ranks (benchmarks/torchrec_dist_worker.py), gloo on
+    127.0.0.1; each rank has 1 thread, a world of 1 has 2 (the baseline). The ranks
+    stop by themselves (every collective has a timeout); past an hour they are killed."""
+    import signal
+
+    python = _TORCHREC_PYTHON.value or sys.executable
+    worker = os.path.join(os.path.dirname(os.path.abspath(__file__)), "torchrec_dist_worker.py")
+    out = os.path.join(tmp, f"torchrec-{world}-{sharding}.json")
+    port = _free_port()
+    procs = []
+    for rank in range(world):
+        env = {
+            **_child_env("torchrec", 2 if world == 1 else 1),
+            "RANK": str(rank),
+            "WORLD_SIZE": str(world),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "GLOO_SOCKET_IFNAME": "lo",
+            "TORCHREC_THREADS": str(2 if world == 1 else 1),
+            # OpenMP threads that sleep when idle: spinning ones slowed the 2-thread
+            # baseline 10-40x on a shared, loaded machine (no effect on 1 thread).
+            "OMP_WAIT_POLICY": "PASSIVE",
+        }
+        with open(os.path.join(tmp, f"torchrec-{world}-{sharding}-{rank}.log"), "wb") as log:
+            procs.append(
+                subprocess.Popen(
+                    [
+                        python,
+                        worker,
+                        f"--batches={batches}",
+                        f"--sizes={sizes}",
+                        f"--lr={kb.LR}",
+                        f"--sharding={sharding}",
+                        f"--warmup={kb._WARMUP.value}",
+                        f"--steps={kb._STEPS.value}",
+                        f"--rounds={kb._ROUNDS.value}",
+                        "--timeout=300",
+                        f"--out={out}",
+                    ],
+                    env=env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            )
+    codes = []
+    for proc in procs:
+        try:
+            codes.append(proc.wait(timeout=3600))
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            codes.append(proc.wait())
+    if not os.path.exists(out):
+        return {"failed": f"exit codes {codes}; output: {log.name} and the other ranks' logs"}
+    with open(out) as f:
+        return json.load(f)
+
+
+def _torchrec(tmp: str) -> dict:
+    """TorchRec's runs on the same batches: 1 process x 2 threads, then 2 ranks x 1 thread
+    per `--torchrec_sharding`; {"skipped": why} where torchrec is not importable."""
+    batches, vocab = kb.make_batches()
+    path = os.path.join(tmp, "batches.npz")
+    np.savez(
+        path,
+        dense=np.stack([b[0] for b in batches]),
+        cats=np.stack([b[1] for b in batches]),
+        label=np.stack([b[2] for b in batches]),
+    )
+    sizes = ",".join(str(n) for n in kb._table_rows(vocab))
+    one = _torchrec_run(tmp, path, sizes, 1, "table_wise")
+    if "rates" not in one:
+        return one
+    result = {"one_process": one["rates"], "torch": one["torch"]}
+    for sharding in _TORCHREC_SHARDING.value:
+        run = _torchrec_run(tmp, path, sizes, _NUM_WORKERS, sharding)
+        result[sharding] = run.get("rates", run)
+    return result
 
 
 def _driver() -> dict:
@@ -447,7 +578,36 @@ def _driver() -> dict:
     two_result.pop("rank")
     two_result["threads_at_end"] = [w["threads_at_end"] for w in workers]
     two_result["step_split"] = [w["step_split"] for w in workers]
-    return {"one_process": one_result, "two_workers": two_result}
+    result = {"one_process": one_result, "two_workers": two_result}
+    if _TORCHREC_SHARDING.value:  # in the same sitting, right after npu_rec's pair
+        result["torchrec"] = _torchrec(tmp)
+    torchrec = result.get("torchrec", {})
+    if "failed" not in torchrec and not any(isinstance(v, dict) for v in torchrec.values()):
+        shutil.rmtree(tmp, ignore_errors=True)  # kept with the logs of a failed run
+    return result
+
+
+def torchrec_ratios(pairs: list[dict]) -> dict:
+    """TorchRec's figures over the pairs: per sharding (2-rank samples/s, ratio to its one
+    process, the per-pair ratios), each a median over the pairs; or why there are none."""
+    runs = [p["torchrec"] for p in pairs if "torchrec" in p]
+    if not runs:
+        return {}
+    for run in runs:
+        if "one_process" not in run:
+            return run  # skipped or failed
+    ones = [statistics.median(r["one_process"]) for r in runs]
+    ratios, failed = {}, {}
+    for sharding in _TORCHREC_SHARDING.value:
+        if not all(isinstance(r.get(sharding), list) for r in runs):
+            failed[sharding] = next(
+                r.get(sharding) for r in runs if not isinstance(r.get(sharding), list)
+            )
+            continue
+        twos = [statistics.median(r[sharding]) for r in runs]
+        each = [t / o for t, o in zip(twos, ones, strict=True)]
+        ratios[sharding] = (statistics.median(twos), statistics.median(each), each)
+    return {"one_process": statistics.median(ones), "ratios": ratios, "failed_runs": failed}
 
 
 def main(argv):
@@ -483,6 +643,19 @@ def main(argv):
         f"dense {nbytes['dense'] / 1e6:.2f} MB; at 10 Gb/s: "
         f"{nbytes['total'] / _LINK * 1e3:.1f} ms"
     )
+    torchrec = torchrec_ratios(pairs)
+    for sharding, (rate, ratio_tr, each) in torchrec.get("ratios", {}).items():
+        print(
+            f"{'TorchRec, 2 ranks, ' + sharding.replace('_', '-'):<28}{rate:>12.0f}   "
+            f"({ratio_tr:.2f}x of its 1 process x 2 threads, "
+            f"{torchrec['one_process']:.0f}: median of {', '.join(f'{r:.2f}' for r in each)})"
+        )
+    for sharding, why in torchrec.get("failed_runs", {}).items():
+        print(f"TorchRec, 2 ranks, {sharding}: failed: {why}")
+    if "skipped" in torchrec or "failed" in torchrec:
+        print(
+            f"TorchRec: {'skipped' if 'skipped' in torchrec else 'failed'}: {torchrec.get('skipped') or torchrec.get('failed')}"
+        )
     collectives = results["two_workers"]["collectives_per_step"]
     print(
         f"collectives per training step (executed graph): {sum(collectives.values())} "
@@ -511,6 +684,7 @@ def main(argv):
             "distinct_ids": kb._IDS.value,
             "samples_per_sec": {"one_process": one, "two_workers": two},
             "ratio": ratio,
+            "torchrec_ratio": {k: v[1] for k, v in torchrec.get("ratios", {}).items()},
         }
     )
     with open(_OUT.value, "w") as f:

@@ -149,7 +149,9 @@ class Lookups:
                 parts.append(tf.zeros(tf.stack([tf.shape(entry.keys)[0], self.width])))
             else:
                 g = tf.cast(g, tf.float32)
-                parts.append(tf.pad(g, [[0, 0], [0, self.width - entry.table.dim]]))
+                if entry.table.dim != self.width:
+                    g = tf.pad(g, [[0, 0], [0, self.width - entry.table.dim]])
+                parts.append(g)
         got = self._route.send(tf.concat(parts, 0))
         tables: dict[int, tuple[object, int]] = {}  # id(table) -> (table, its bin)
         bin_of = [-1] * len(self.entries)
