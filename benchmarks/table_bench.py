@@ -156,9 +156,9 @@ def bench_table(
         int(np.prod(tf.raw_ops.VariableShape(input=v.handle).numpy())) * v.dtype.size
         for v in table.variables()
     )
-    # The index's bucket array (16 B per bucket), as the kernel has grown it (the
+    # The index's bucket array (12 B per bucket), as the kernel has grown it (the
     # export hands out its arrays without a copy; only the length is read).
-    index_bytes = 16 * int(table.key_index.map.export()[0].shape[0])
+    index_bytes = table.key_index.bucket_bytes * int(table.key_index.map.export()[0].shape[0])
     rss_per_key = rss_per_key_bytes / live
     stats = table.memory_stats()
 
