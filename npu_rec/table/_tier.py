@@ -63,8 +63,8 @@ from npu_rec.table._base import NO_NOW
 from npu_rec.table._fused import KernelBackend
 from npu_rec.table._key_index import KeyIndex
 from npu_rec.table._state import ShardState
-from npu_rec.table._storage import decode_seen, encode_seen, saturated
 from npu_rec.table._stock import StockBackend
+from npu_rec.table._storage import decode_seen, encode_seen, saturated
 
 
 @dataclasses.dataclass(eq=False)
