@@ -130,7 +130,8 @@ inline absl::Status CheckRows(const Tensor& var, const char* what, const int64_t
 
 // Per-row metadata (npu_rec/table/_storage.py): `counts` and `saved_counts`
 // int32, saturating at kCountMax; `last_seen` int32 seconds relative to
-// kSeenBase (absolute times clamped to [0, kSeenMax]), kFreeRow on freed rows.
+// kSeenBase (absolute times clamped to [0, kSeenMax]), INT32_MAX (FREE_ROW)
+// on rows freed by eviction.
 constexpr int64_t kCountMax = 2147483647;
 constexpr int64_t kSeenBase = int64_t{1} << 31;
 constexpr int64_t kSeenMax = (int64_t{1} << 32) - 2;

@@ -188,6 +188,10 @@ struct AdmitVars {
 absl::Status Admit(OpKernelContext* ctx, const TableAttrs& attrs,
                    const Unique& u, const std::vector<int64_t>& miss, Var* values, Var* counts,
                    Var* seen, const AdmitVars& more, int64_t* rows) {
+  // Checked before anything changes.
+  TF_RETURN_IF_ERROR(CheckMeta(*counts->tensor(), "counts"));
+  TF_RETURN_IF_ERROR(CheckMeta(*more.saved->tensor(), "saved_counts"));
+  TF_RETURN_IF_ERROR(CheckMeta(*seen->tensor(), "last_seen"));
   // The free list is not per row: it holds the freed rows only (RowStorage.release grows it).
   std::vector<Var*> per_row = {values, counts, more.saved, seen, more.row_keys};
   for (Var* s : more.slots) per_row.push_back(s);
@@ -238,9 +242,6 @@ absl::Status Admit(OpKernelContext* ctx, const TableAttrs& attrs,
   RowsView w(values->tensor());
   std::vector<float> init(dim);
   int64_t* kk = more.row_keys->tensor()->flat<int64_t>().data();
-  TF_RETURN_IF_ERROR(CheckMeta(*counts->tensor(), "counts"));
-  TF_RETURN_IF_ERROR(CheckMeta(*more.saved->tensor(), "saved_counts"));
-  TF_RETURN_IF_ERROR(CheckMeta(*seen->tensor(), "last_seen"));
   int32_t* cnt = counts->tensor()->flat<int32_t>().data();
   int32_t* sav = more.saved->tensor()->flat<int32_t>().data();
   int32_t* last = seen->tensor()->flat<int32_t>().data();

@@ -283,8 +283,8 @@ class RowStorage:
         num_free = self.num_free.read_value()
         have = tf.raw_ops.VariableShape(input=self.free.handle, out_type=tf.int64)[0]
 
-        def grow():  # by doubling: amortised O(1) per freed row
-            size = tf.maximum(num_free + n, 2 * have)
+        def grow():  # by doubling (at most to the capacity): amortised O(1) per freed row
+            size = tf.maximum(num_free + n, tf.minimum(2 * have, self.capacity()))
             fill = tf.zeros(tf.reshape(size - have, [1]), tf.int32)
             grown = self.free.assign(tf.concat([self.free.read_value(), fill], 0), read_value=False)
             with tf.control_dependencies([grown]):
