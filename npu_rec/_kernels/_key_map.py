@@ -1,7 +1,8 @@
 """`KeyMap`: TF's `DenseHashTable` API over npu_rec's own map kernel (`NpuRecKeyMap`).
 
 `NpuRecKeyMap` (`key_map.cc`) is an int64 -> int64 open-addressing map with
-one array of 16-byte {key, value} buckets, behind TensorFlow's lookup
+one array of 12-byte {int64 key, int32 value} buckets (values are rows; a value
+outside int32 is refused), behind TensorFlow's lookup
 interface: the stock lookup ops (find, insert, remove, size, export, import)
 work on it unchanged, so this class only replaces `_create_resource` and
 keeps `DenseHashTable`'s methods and checkpoint saveable (the same `-keys` /
@@ -77,6 +78,9 @@ class KeyMap(tf.lookup.experimental.DenseHashTable):
     Raises:
       ValueError: a dtype other than int64.
     """
+
+    #: Bytes of one bucket ({int64 key, int32 value}).
+    BUCKET_BYTES = 12
 
     def __init__(
         self,

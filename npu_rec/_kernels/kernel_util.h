@@ -128,6 +128,33 @@ inline absl::Status CheckRows(const Tensor& var, const char* what, const int64_t
   return absl::OkStatus();
 }
 
+// Per-row metadata (npu_rec/table/_storage.py): `counts` and `saved_counts`
+// int32, saturating at kCountMax; `last_seen` int32 seconds relative to
+// kSeenBase (absolute times clamped to [0, kSeenMax]), INT32_MAX (FREE_ROW)
+// on rows freed by eviction.
+constexpr int64_t kCountMax = 2147483647;
+constexpr int64_t kSeenBase = int64_t{1} << 31;
+constexpr int64_t kSeenMax = (int64_t{1} << 32) - 2;
+
+inline int32_t SaturatedCount(int32_t count, int64_t add) {
+  const int64_t sum = static_cast<int64_t>(count) + add;
+  return static_cast<int32_t>(sum > kCountMax ? kCountMax : sum);
+}
+
+inline int32_t EncodeSeen(int64_t t) {
+  return static_cast<int32_t>(std::min(std::max<int64_t>(t, 0), kSeenMax) - kSeenBase);
+}
+
+// An error naming `what` unless `var` holds int32 metadata.
+inline absl::Status CheckMeta(const Tensor& var, const char* what) {
+  if (var.dtype() != ::tensorflow::DT_INT32) {
+    return absl::InvalidArgumentError(std::string("npu_rec kernel: variable `") + what +
+                                      "` must be int32 (the per-row metadata layout), got " +
+                                      ::tensorflow::DataTypeString(var.dtype()));
+  }
+  return absl::OkStatus();
+}
+
 // SplitMix64's output function (npu_rec/table/_keyed_init.py, _rounding.py).
 inline uint64_t SplitMix64(uint64_t z) {
   z += 0x9E3779B97F4A7C15ULL;

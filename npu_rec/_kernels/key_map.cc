@@ -141,7 +141,8 @@ int64_t NpuRecKeyMap::FindLocked(int64_t key, int64_t missing) const {
   return missing;
 }
 
-void NpuRecKeyMap::InsertLocked(int64_t key, int64_t value) {
+void NpuRecKeyMap::InsertLocked(int64_t key, int64_t wide) {
+  const int32_t value = static_cast<int32_t>(wide);  // CheckValues passed
   const uint64_t mask = static_cast<uint64_t>(num_buckets_) - 1;
   uint64_t i = static_cast<uint64_t>(key) & mask;
   int64_t tomb = -1;
@@ -162,6 +163,17 @@ void NpuRecKeyMap::InsertLocked(int64_t key, int64_t value) {
   }
   buckets_[i] = {key, value};
   ++live_;
+}
+
+absl::Status NpuRecKeyMap::CheckValues(const int64_t* values, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    if (values[i] < INT32_MIN || values[i] > INT32_MAX) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "NpuRecKeyMap: value ", values[i], " is outside int32 (the map holds row numbers, ",
+          "below 2**31 per shard)"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status NpuRecKeyMap::CheckKeys(const int64_t* keys, int64_t n) const {
@@ -196,6 +208,7 @@ absl::Status NpuRecKeyMap::Prepare(int64_t extra) {
 
 absl::Status NpuRecKeyMap::InsertBatch(const int64_t* keys, const int64_t* values, int64_t n) {
   TF_RETURN_IF_ERROR(CheckKeys(keys, n));
+  TF_RETURN_IF_ERROR(CheckValues(values, n));
   mutex_lock lock(mu_);
   TF_RETURN_IF_ERROR(Reserve(n));
   const uint64_t mask = static_cast<uint64_t>(num_buckets_) - 1;
@@ -303,7 +316,11 @@ absl::Status NpuRecKeyMap::ImportValues(OpKernelContext* ctx, const Tensor& keys
   const int64_t* k = keys.flat<int64_t>().data();
   const int64_t* v = values.flat<int64_t>().data();
   int64_t held = 0;
-  for (int64_t i = 0; i < n; ++i) held += k[i] != empty_key_ && k[i] != deleted_key_;
+  for (int64_t i = 0; i < n; ++i) {
+    const bool live = k[i] != empty_key_ && k[i] != deleted_key_;
+    held += live;
+    if (live) TF_RETURN_IF_ERROR(CheckValues(v + i, 1));
+  }
   int64_t buckets = 8;
   while (buckets < n) buckets *= 2;
   mutex_lock lock(mu_);

@@ -1,13 +1,14 @@
 // NpuRecKeyMap: the key index of npu_rec's tables on the kernel path (see
 // docs/design.md, "The key index" and "Compiled kernels").
 //
-// An int64 -> int64 open-addressing hash map behind TensorFlow's
+// An int64 -> int64 (values in int32 range) open-addressing hash map behind TensorFlow's
 // LookupInterface, so the stock lookup ops (LookupTableFindV2, InsertV2,
 // RemoveV2, SizeV2, ExportV2, ImportV2) and DenseHashTable's checkpoint format
 // work on it unchanged, while npu_rec's kernels probe it directly.
 //
-// Layout: one power-of-two array of 16-byte {key, value} buckets (a probe reads
-// one cache line), linear probing from `key & mask` (keys arrive mixed by
+// Layout: one power-of-two array of 12-byte {int64 key, int32 value} buckets
+// (values are rows: a shard's rows stay below 2**31; an insert of a value
+// outside int32 is refused), linear probing from `key & mask` (keys arrive mixed by
 // KeyIndex, so the low bits are well spread), two reserved key values marking
 // empty and deleted buckets (refused as keys). The array doubles when the live
 // keys would pass `max_load_factor`; an insert reuses the first tombstone of
@@ -35,10 +36,13 @@ namespace npu_rec {
 
 class NpuRecKeyMap : public ::tensorflow::lookup::LookupInterface {
  public:
-  struct alignas(16) Bucket {
+#pragma pack(push, 4)
+  struct Bucket {
     int64_t key;
-    int64_t value;
+    int32_t value;
   };
+#pragma pack(pop)
+  static_assert(sizeof(Bucket) == 12, "12-byte buckets");
 
   // The creator of LookupTableOp: attributes and the empty/deleted keys of
   // `kernel`'s node; errors go to ctx->SetStatus.
@@ -75,6 +79,8 @@ class NpuRecKeyMap : public ::tensorflow::lookup::LookupInterface {
   absl::Status InsertBatch(const int64_t* keys, const int64_t* values, int64_t n);
   // The first reserved key among keys[0, n), as an error naming it, or OK.
   absl::Status CheckKeys(const int64_t* keys, int64_t n) const;
+  // The first value among values[0, n) outside int32, as an error naming it, or OK.
+  static absl::Status CheckValues(const int64_t* values, int64_t n);
 
  private:
   ~NpuRecKeyMap() override = default;

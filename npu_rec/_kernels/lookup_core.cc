@@ -188,7 +188,12 @@ struct AdmitVars {
 absl::Status Admit(OpKernelContext* ctx, const TableAttrs& attrs,
                    const Unique& u, const std::vector<int64_t>& miss, Var* values, Var* counts,
                    Var* seen, const AdmitVars& more, int64_t* rows) {
-  std::vector<Var*> per_row = {values, counts, more.saved, seen, more.row_keys, more.free_rows};
+  // Checked before anything changes.
+  TF_RETURN_IF_ERROR(CheckMeta(*counts->tensor(), "counts"));
+  TF_RETURN_IF_ERROR(CheckMeta(*more.saved->tensor(), "saved_counts"));
+  TF_RETURN_IF_ERROR(CheckMeta(*seen->tensor(), "last_seen"));
+  // The free list is not per row: it holds the freed rows only (RowStorage.release grows it).
+  std::vector<Var*> per_row = {values, counts, more.saved, seen, more.row_keys};
   for (Var* s : more.slots) per_row.push_back(s);
   for (Var* v : {more.next_row, more.num_free, more.reserved}) {
     TF_RETURN_IF_ERROR(PrepareWrite(ctx, v));
@@ -223,6 +228,9 @@ absl::Status Admit(OpKernelContext* ctx, const TableAttrs& attrs,
     }
   }
   for (Var* v : per_row) TF_RETURN_IF_ERROR(PrepareWrite(ctx, v));
+  if (take > 0 && more.free_rows->tensor()->NumElements() < num_free) {
+    return absl::InternalError("npu_rec kernel: the free list is shorter than `num_free`");
+  }
   const int32_t* free_list = more.free_rows->tensor()->flat<int32_t>().data();
   std::vector<int64_t> new_rows(n);
   for (int64_t j = 0; j < take; ++j) new_rows[j] = free_list[num_free - take + j];
@@ -234,16 +242,18 @@ absl::Status Admit(OpKernelContext* ctx, const TableAttrs& attrs,
   RowsView w(values->tensor());
   std::vector<float> init(dim);
   int64_t* kk = more.row_keys->tensor()->flat<int64_t>().data();
-  int64_t* cnt = counts->tensor()->flat<int64_t>().data();
-  int64_t* sav = more.saved->tensor()->flat<int64_t>().data();
-  int64_t* last = seen->tensor()->flat<int64_t>().data();
+  int32_t* cnt = counts->tensor()->flat<int32_t>().data();
+  int32_t* sav = more.saved->tensor()->flat<int32_t>().data();
+  int32_t* last = seen->tensor()->flat<int32_t>().data();
+  const int32_t never = EncodeSeen(0);
   for (int64_t j = 0; j < n; ++j) {
     const int64_t r = new_rows[j];
     const int64_t key = u.keys[miss[j]];
     KeyedUniform(key, static_cast<uint64_t>(attrs.seed), dim, init.data());
     w.WriteNearest(r * dim, dim, init.data());
     kk[r] = key;
-    cnt[r] = sav[r] = last[r] = 0;
+    cnt[r] = sav[r] = 0;
+    last[r] = never;
     for (size_t k = 0; k < more.slots.size(); ++k) {
       // A slot holds `dim` values per row, or one (kept per row, e.g. RowWiseAdagrad's).
       const int64_t width = more.slots[k]->tensor()->dim_size(1);
@@ -350,9 +360,11 @@ absl::Status LookupRows(OpKernelContext* ctx, const TableAttrs& attrs, const Uni
   TF_RETURN_IF_ERROR(PrepareWrite(ctx, seen.get()));
   TF_RETURN_IF_ERROR(CheckRows(*counts->tensor(), "counts", rows, n, 0));
   TF_RETURN_IF_ERROR(CheckRows(*seen->tensor(), "last_seen", rows, n, 0));
+  TF_RETURN_IF_ERROR(CheckMeta(*counts->tensor(), "counts"));
+  TF_RETURN_IF_ERROR(CheckMeta(*seen->tensor(), "last_seen"));
   const RowsView src(values->tensor());
-  int64_t* cnt = counts->tensor()->flat<int64_t>().data();
-  int64_t* last = seen->tensor()->flat<int64_t>().data();
+  int32_t* cnt = counts->tensor()->flat<int32_t>().data();
+  int32_t* last = seen->tensor()->flat<int32_t>().data();
   const int64_t dim = attrs.dim;
   const int64_t* add = u.sightings.data();
   const int64_t* when = u.newest.empty() ? nullptr : u.newest.data();
@@ -371,8 +383,8 @@ absl::Status LookupRows(OpKernelContext* ctx, const TableAttrs& attrs, const Uni
         continue;
       }
       src.Read(r * dim, dim, emb + i * dim);
-      cnt[r] += add[i];
-      const int64_t t = when ? when[i] : batch;
+      cnt[r] = SaturatedCount(cnt[r], add[i]);
+      const int32_t t = EncodeSeen(when ? when[i] : batch);
       if (t > last[r]) last[r] = t;
     }
   });

@@ -7,8 +7,9 @@
 // inter-op threads.
 //
 //   NpuRecGatherTouch  rows [u] -> their values [u, dim] (zeros for rows < 0);
-//                      with touch=true also counts[row] += add and
-//                      last_seen[row] = max(last_seen[row], time).
+//                      with touch=true also counts[row] += add (saturating)
+//                      and last_seen[row] = max(last_seen[row], time) (int32
+//                      metadata, see kernel_util.h).
 //   NpuRecSparseApply  per-id gradients [n, dim] with their unique-row index
 //                      [n] -> summed per unique row, then one row-wise
 //                      optimizer step (SGD, Adagrad, RowWiseAdagrad, lazy
@@ -194,15 +195,17 @@ class GatherTouchOp : public OpKernel {
     OP_REQUIRES_OK(ctx, CheckRows(*values->tensor(), "values", rows, u, dim_));
     const RowsView src(values->tensor());
     const int64_t dim = dim_;
-    int64_t* cnt = nullptr;
-    int64_t* last = nullptr;
+    int32_t* cnt = nullptr;
+    int32_t* last = nullptr;
     if (touch_) {
       OP_REQUIRES_OK(ctx, PrepareWrite(ctx, counts.get()));
       OP_REQUIRES_OK(ctx, PrepareWrite(ctx, seen.get()));
       OP_REQUIRES_OK(ctx, CheckRows(*counts->tensor(), "counts", rows, u, 0));
       OP_REQUIRES_OK(ctx, CheckRows(*seen->tensor(), "last_seen", rows, u, 0));
-      cnt = counts->tensor()->flat<int64_t>().data();
-      last = seen->tensor()->flat<int64_t>().data();
+      OP_REQUIRES_OK(ctx, CheckMeta(*counts->tensor(), "counts"));
+      OP_REQUIRES_OK(ctx, CheckMeta(*seen->tensor(), "last_seen"));
+      cnt = counts->tensor()->flat<int32_t>().data();
+      last = seen->tensor()->flat<int32_t>().data();
     }
     const int64_t* add = touch_ ? add_t.flat<int64_t>().data() : nullptr;
     const int64_t* times = touch_ ? times_t.flat<int64_t>().data() : nullptr;
@@ -220,8 +223,8 @@ class GatherTouchOp : public OpKernel {
         }
         src.Read(r * dim, dim, dst + i * dim);
         if (cnt == nullptr) continue;
-        cnt[r] += add[i];
-        const int64_t t = one_time ? times[0] : times[i];
+        cnt[r] = SaturatedCount(cnt[r], add[i]);
+        const int32_t t = EncodeSeen(one_time ? times[0] : times[i]);
         if (t > last[r]) last[r] = t;
       }
     });

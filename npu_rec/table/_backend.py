@@ -145,7 +145,8 @@ class TableBackend(abc.ABC):
     def memory_stats(self, shard) -> dict[str, tf.Tensor]:
         """int64 scalars: `live_keys` and the bytes of `rows`, `slots`, `metadata`, `index`.
 
-        `index` counts the buckets the key index holds at least (16 B each:
+        `index` counts the buckets the key index holds at least (12 B each in
+        the kernels' map, 16 in `DenseHashTable`:
         the initial array, or the smallest one holding the live keys below the
         map's load limit); the counters of not-yet-admitted keys are not counted.
         """

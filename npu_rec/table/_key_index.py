@@ -3,10 +3,10 @@
 It wraps an open-addressing map with `DenseHashTable`'s API, the class the
 table's backend gives it: TF's own (`MutableDenseHashTable`, a flat bucket
 array probed in place) on the stock path, and the kernels' `NpuRecKeyMap`
-(`npu_rec/_kernels/_key_map.py`: one array of 16-byte {key, row} buckets,
+(`npu_rec/_kernels/_key_map.py`: one array of 12-byte {key, row} buckets,
 probed by the kernels directly) on the kernel path; both take TF's lookup ops
 and write the same checkpoint tensors. Rather than `MutableHashTable` (a node-based
-`std::unordered_map`): inserts are about 4x faster and the map costs 16 B per
+`std::unordered_map`): inserts are about 4x faster and the map costs 12-16 B per
 bucket instead of ~40-130 B per key (see docs/design.md "The key index"). Two
 things make it safe for raw ids:
 
@@ -90,7 +90,7 @@ class KeyIndex:
     """Raw int64 key -> int64 row (-1 when absent).
 
     Args:
-      capacity: The table's capacity: the bucket array (16 B per bucket) is
+      capacity: The table's capacity: the bucket array (`bucket_bytes` each) is
         allocated for `min(capacity, START_KEYS)` keys and grows with the keys.
       name: Kernel resource name.
       map_class: The hash map: `tf.lookup.experimental.DenseHashTable` or a class
@@ -104,6 +104,9 @@ class KeyIndex:
         map_class=tf.lookup.experimental.DenseHashTable,
     ):
         self.initial_buckets = buckets_for(min(capacity, START_KEYS))
+        #: Bytes of one bucket: 16 in `DenseHashTable` (key and value arrays), 12 in
+        #: the kernels' map ({int64 key, int32 row}).
+        self.bucket_bytes = getattr(map_class, "BUCKET_BYTES", 16)
         self.map = map_class(
             tf.int64,
             tf.int64,

@@ -29,7 +29,7 @@ from npu_rec.table import _lock
 from npu_rec.table._admission import PendingCounts
 from npu_rec.table._config import TableConfig
 from npu_rec.table._key_index import KeyIndex
-from npu_rec.table._storage import RowStorage
+from npu_rec.table._storage import RowStorage, decode_seen
 
 
 @dataclasses.dataclass(eq=False)
@@ -98,6 +98,7 @@ class ShardState:
         s = self.rows
         return [
             *s.per_row_variables(),
+            s.free,
             s.next_row,
             s.num_free,
             self.max_seen,
@@ -139,8 +140,8 @@ class ShardState:
         out = {
             "keys": tf.gather(s.row_keys, rows),
             "values": tf.gather(s.values, rows),
-            "counts": tf.gather(s.counts, rows),
-            "last_seen": tf.gather(s.last_seen, rows),
+            "counts": tf.cast(tf.gather(s.counts, rows), tf.int64),
+            "last_seen": decode_seen(tf.gather(s.last_seen, rows)),
             "pending_keys": pkeys,
             "pending_counts": pstate[:, 0],
             "pending_last_seen": pstate[:, 1],

@@ -24,10 +24,13 @@ from npu_rec.table._config import TableConfig
 from npu_rec.table._key_index import MAX_LOAD, buckets_for
 from npu_rec.table._rounding import RoundedRows
 from npu_rec.table._state import ShardState
+from npu_rec.table._storage import encode_seen, saturated
 
-_INDEX_BUCKET_BYTES = 16
-#: Per-row metadata: counts, saved counts, last-seen, key (int64 each), free list (int32).
-_METADATA_ROW_BYTES = 4 * 8 + 4
+#: Bytes of a key index bucket after a restore (the kernels' map; `DenseHashTable`: 16).
+_INDEX_BUCKET_BYTES = 12
+#: Per-row metadata: key (int64), counts, saved counts, last-seen (int32 each); the
+#: free list is empty after a restore.
+_METADATA_ROW_BYTES = 8 + 3 * 4
 
 
 def restored_memory(keys: int, dim: int, value_bytes: int, slot_widths) -> dict[str, int]:
@@ -145,15 +148,16 @@ class StockBackend(TableBackend):
         if from_feature:
             effects.append(st.ts_feature.assign(True, read_value=False))
         with tf.control_dependencies([new_rows]):
-            old_counts = tf.gather(s.counts, live_rows)
+            old_counts = tf.cast(tf.gather(s.counts, live_rows), tf.int64)
             old_seen = tf.gather(s.last_seen, live_rows)
-        # Unique rows: the count grows by the sightings, last-seen takes the max. (Gather
-        # and assign: TF's CPU scatter-add/max kernels are ~4x slower than assign.)
+        # Unique rows: the count grows by the sightings (saturating), last-seen takes the
+        # max (stored relative: `encode_seen`). (Gather and assign: TF's CPU
+        # scatter-add/max kernels are ~4x slower than assign.)
         effects.append(
             tf.group(
-                s.counts.scatter_update(tf.IndexedSlices(old_counts + add, live_rows)),
+                s.counts.scatter_update(tf.IndexedSlices(saturated(old_counts + add), live_rows)),
                 s.last_seen.scatter_update(
-                    tf.IndexedSlices(tf.maximum(old_seen, live_times), live_rows)
+                    tf.IndexedSlices(tf.maximum(old_seen, encode_seen(live_times)), live_rows)
                 ),
             )
         )
@@ -325,12 +329,12 @@ class StockBackend(TableBackend):
             tf.constant(st.index.initial_buckets, tf.int64),
             tf.cast(tf.pow(tf.constant(2.0, tf.float64), need), tf.int64),
         )
-        meta = [s.counts, s.saved_counts, s.last_seen, s.row_keys, s.free]
+        meta = s.metadata_variables()
         zero = tf.constant(0, tf.int64)
         return {
             "live_keys": live,
             "rows": nbytes(s.values),
             "slots": tf.add_n([zero, *[nbytes(v) for v in s.slots.values()]]),
             "metadata": tf.add_n([nbytes(v) for v in meta]),
-            "index": buckets * _INDEX_BUCKET_BYTES,
+            "index": buckets * st.index.bucket_bytes,
         }

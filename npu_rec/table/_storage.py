@@ -8,13 +8,20 @@ per-row variables have shape `[None, ...]` and grow by doubling (one copy per
 doubling, so amortised O(1) per admitted key), also inside `tf.function` and
 v1 graphs; without it, running out of rows raises an error naming the table.
 
-Per-row metadata, one int64 [capacity] column each: `counts` the sighting
-count (0 marks a free row; a live row has count >= 1), `saved_counts` the
-count at the last checkpoint save (sightings since then = counts -
-saved_counts), `last_seen` the last-seen time in seconds (`FREE_ROW` for a row
-freed by eviction). A lookup reads and rewrites only `counts` and `last_seen`
-of its unique rows (gather + scatter-assign, the fastest CPU scatter); the
-eviction scan reads only `last_seen` (8 bytes per row).
+Per-row metadata, 20 bytes a row: `row_keys` int64, and three int32
+[capacity] columns: `counts` the sighting count (0 marks a free row; a live
+row has count >= 1; saturates at `COUNT_MAX`), `saved_counts` the count at the
+last checkpoint save (sightings since then = counts - saved_counts; a row whose
+count has saturated counts as sighted), `last_seen` the last-seen time, stored
+as seconds relative to `SEEN_BASE` (absolute times clamped to [0, `SEEN_MAX`],
+1970 to 2106; `FREE_ROW` for a row freed by eviction). Everything outside the
+storage (lookups' sightings and times, exports, checkpoints, the tier store)
+sees int64 counts and absolute times: `encode_seen` / `decode_seen` and
+`saturated` convert at the boundary. A lookup reads and rewrites only `counts`
+and `last_seen` of its unique rows (gather + scatter-assign, the fastest CPU
+scatter); the eviction scan reads only `last_seen` (4 bytes per row). The
+free list (int32 row numbers) is not per row: it holds the rows freed so far
+(empty until an eviction frees one) and grows by doubling in `release`.
 
 Rows are stored in the table's `value_dtype` (float32, bfloat16 or float16;
 see `npu_rec.table._rounding`); slots are float32, `[capacity, dim]` each, or
@@ -29,8 +36,29 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
-#: `last_seen` of a row freed by eviction (never idle; overwritten on reuse).
-FREE_ROW = np.iinfo(np.int64).max
+#: Largest stored sighting count (int32; counts saturate there).
+COUNT_MAX = int(np.iinfo(np.int32).max)
+#: Stored `last_seen` = absolute seconds - SEEN_BASE (int32).
+SEEN_BASE = 2**31
+#: Largest absolute time stored (2106-02-07); later times are stored as this.
+SEEN_MAX = 2**32 - 2
+#: Stored `last_seen` of a row freed by eviction (never idle; overwritten on reuse).
+FREE_ROW = int(np.iinfo(np.int32).max)
+
+
+def encode_seen(times: tf.Tensor) -> tf.Tensor:
+    """int32: absolute int64 seconds as stored in `last_seen` (clamped to [0, SEEN_MAX])."""
+    return tf.cast(tf.clip_by_value(times, 0, SEEN_MAX) - SEEN_BASE, tf.int32)
+
+
+def decode_seen(stored: tf.Tensor) -> tf.Tensor:
+    """int64: absolute seconds of stored `last_seen` values."""
+    return tf.cast(stored, tf.int64) + SEEN_BASE
+
+
+def saturated(counts: tf.Tensor) -> tf.Tensor:
+    """int32: int64 sighting counts as stored (saturating at COUNT_MAX)."""
+    return tf.cast(tf.clip_by_value(counts, 0, COUNT_MAX), tf.int32)
 
 
 class RowStorage:
@@ -76,12 +104,12 @@ class RowStorage:
             n: var(f"slot_{n}", tf.zeros([capacity, w]), [lead, w])
             for n, w in self.slot_dims.items()
         }
-        self.counts = var("counts", tf.zeros([capacity], tf.int64), [lead])
-        self.saved_counts = var("saved_counts", tf.zeros([capacity], tf.int64), [lead])
-        self.last_seen = var("last_seen", tf.zeros([capacity], tf.int64), [lead])
+        self.counts = var("counts", tf.zeros([capacity], tf.int32), [lead])
+        self.saved_counts = var("saved_counts", tf.zeros([capacity], tf.int32), [lead])
+        self.last_seen = var("last_seen", tf.zeros([capacity], tf.int32), [lead])
         self.row_keys = var("row_keys", tf.zeros([capacity], tf.int64), [lead])
-        # int32: a shard's rows stay below 2**31 (4 B per row instead of 8).
-        self.free = var("free_rows", tf.zeros([capacity], tf.int32), [lead])
+        # int32: a shard's rows stay below 2**31. Empty until rows are freed.
+        self.free = var("free_rows", tf.zeros([0], tf.int32), [None])
         self.next_row = var("next_row", tf.constant(0, tf.int64), [])
         self.num_free = var("num_free", tf.constant(0, tf.int64), [])
 
@@ -133,7 +161,7 @@ class RowStorage:
         return tf.cast(tf.gather(self.values, rows), tf.float32)
 
     def per_row_variables(self) -> list[tf.Variable]:
-        """Every variable whose first dimension is the capacity."""
+        """Every variable whose first dimension is the capacity (not the free list)."""
         return [
             self.values,
             *self.slots.values(),
@@ -141,8 +169,11 @@ class RowStorage:
             self.saved_counts,
             self.last_seen,
             self.row_keys,
-            self.free,
         ]
+
+    def metadata_variables(self) -> list[tf.Variable]:
+        """The per-row metadata and the free list."""
+        return [self.counts, self.saved_counts, self.last_seen, self.row_keys, self.free]
 
     def capacity(self) -> tf.Tensor:
         """int64 scalar: rows currently allocated.
@@ -228,14 +259,16 @@ class RowStorage:
     def init_rows(self, rows: tf.Tensor, keys: tf.Tensor, values: tf.Tensor) -> tf.Operation:
         """Writes fresh `values` [n, dim], initial slots, `keys` and zero metadata into `rows`."""
         n = tf.size(rows)
-        zeros = tf.zeros(tf.reshape(n, [1]), tf.int64)
+        zeros = tf.zeros(tf.reshape(n, [1]), tf.int32)
+        never = tf.fill(tf.reshape(n, [1]), encode_seen(tf.constant(0, tf.int64)))
         ops = [
             self.values.scatter_update(tf.IndexedSlices(self.stored(values), rows)),
             self.row_keys.scatter_update(tf.IndexedSlices(keys, rows)),
             *[
                 v.scatter_update(tf.IndexedSlices(zeros, rows))
-                for v in (self.counts, self.saved_counts, self.last_seen)
+                for v in (self.counts, self.saved_counts)
             ],
+            self.last_seen.scatter_update(tf.IndexedSlices(never, rows)),
         ]
         for name, var in self.slots.items():
             fill = tf.fill(
@@ -248,13 +281,24 @@ class RowStorage:
         """Frees `rows` (int64 [n], live, unique): clear metadata, push on the free list."""
         n = tf.size(rows, out_type=tf.int64)
         num_free = self.num_free.read_value()
-        push = self.free.scatter_update(
-            tf.IndexedSlices(tf.cast(rows, tf.int32), tf.range(num_free, num_free + n))
-        )
-        zeros = tf.zeros(tf.reshape(n, [1]), tf.int64)
+        have = tf.raw_ops.VariableShape(input=self.free.handle, out_type=tf.int64)[0]
+
+        def grow():  # by doubling (at most to the capacity): amortised O(1) per freed row
+            size = tf.maximum(num_free + n, tf.minimum(2 * have, self.capacity()))
+            fill = tf.zeros(tf.reshape(size - have, [1]), tf.int32)
+            grown = self.free.assign(tf.concat([self.free.read_value(), fill], 0), read_value=False)
+            with tf.control_dependencies([grown]):
+                return tf.constant(True)
+
+        grown = tf.cond(num_free + n > have, grow, lambda: tf.constant(False))
+        with tf.control_dependencies([grown]):
+            push = self.free.scatter_update(
+                tf.IndexedSlices(tf.cast(rows, tf.int32), tf.range(num_free, num_free + n))
+            )
+        zeros = tf.zeros(tf.reshape(n, [1]), tf.int32)
         wipe = self.counts.scatter_update(tf.IndexedSlices(zeros, rows))
         mark = self.last_seen.scatter_update(
-            tf.IndexedSlices(tf.fill(tf.reshape(n, [1]), tf.constant(FREE_ROW, tf.int64)), rows)
+            tf.IndexedSlices(tf.fill(tf.reshape(n, [1]), tf.constant(FREE_ROW, tf.int32)), rows)
         )
         resets = [
             self.slots[name].scatter_update(
@@ -270,14 +314,16 @@ class RowStorage:
     def live_rows(self, min_period: tf.Tensor | int = 0) -> tf.Tensor:
         """int64 [k]: live rows with at least `min_period` sightings this period."""
         counts = self.counts.read_value()
-        live = (counts > 0) & (counts - self.saved_counts.read_value() >= min_period)
-        return tf.where(live)[:, 0]
+        period = tf.cast(counts, tf.int64) - tf.cast(self.saved_counts.read_value(), tf.int64)
+        # A saturated count no longer grows: such a row counts as sighted.
+        recent = (period >= tf.cast(min_period, tf.int64)) | tf.equal(counts, COUNT_MAX)
+        return tf.where((counts > 0) & recent)[:, 0]
 
     def idle_rows(self, now: tf.Tensor, threshold: int) -> tf.Tensor:
         """int64 [k]: live rows last seen more than `threshold` seconds before `now`."""
         # Rows at or past `next_row` were never handed out; freed rows hold FREE_ROW.
         seen = self.last_seen.read_value()[: self.next_row.read_value()]
-        idle = tf.not_equal(seen, FREE_ROW) & (now - seen > threshold)
+        idle = tf.not_equal(seen, FREE_ROW) & (now - decode_seen(seen) > threshold)
         return tf.where(idle)[:, 0]
 
     def reset_period(self) -> tf.Operation:
@@ -290,7 +336,8 @@ class RowStorage:
         Args:
           keys: int64 [n]; values: [n, dim] (float32 or the storage dtype; rounded
             to nearest); each of `slots`: float32 [n, width];
-          counts, last_seen: int64 [n].
+          counts, last_seen: int64 [n] (stored saturated / relative: `saturated`,
+            `encode_seen`).
         """
         n = tf.size(keys, out_type=tf.int64)
         if self.dynamic:
@@ -315,11 +362,11 @@ class RowStorage:
 
         ops = [
             self.values.assign(pad(self.stored(values)), read_value=False),
-            self.counts.assign(pad(counts), read_value=False),
-            self.saved_counts.assign(pad(counts), read_value=False),
-            self.last_seen.assign(pad(last_seen), read_value=False),
+            self.counts.assign(pad(saturated(counts)), read_value=False),
+            self.saved_counts.assign(pad(saturated(counts)), read_value=False),
+            self.last_seen.assign(pad(encode_seen(last_seen)), read_value=False),
             self.row_keys.assign(pad(keys), read_value=False),
-            self.free.assign(tf.zeros(tf.reshape(cap, [1]), tf.int32), read_value=False),
+            self.free.assign(tf.zeros([0], tf.int32), read_value=False),
             self.next_row.assign(n, read_value=False),
             self.num_free.assign(tf.constant(0, tf.int64), read_value=False),
         ]

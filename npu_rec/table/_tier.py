@@ -7,7 +7,8 @@ The in-memory tier is the usual shard state (`RowStorage`, key index,
 pending counters); the disk tier is a `SegmentStore` (`_tier_store`: records
 of key, row, slots, count, last-seen and checksum in append-only segment
 files) and a second key index, `cold_index`, mapping each cold key to its
-record's location (16 B per bucket, the map's load factor on top).
+record's location (a `DenseHashTable` on both paths, as locations outgrow
+int32: 16 B per bucket, the map's load factor on top).
 
 Every training lookup first runs `prepare` on the batch's unique keys (in the
 shard's lock, before the in-memory lookup, which then runs unchanged):
@@ -63,6 +64,7 @@ from npu_rec.table._fused import KernelBackend
 from npu_rec.table._key_index import KeyIndex
 from npu_rec.table._state import ShardState
 from npu_rec.table._stock import StockBackend
+from npu_rec.table._storage import decode_seen, encode_seen, saturated
 
 
 @dataclasses.dataclass(eq=False)
@@ -107,7 +109,10 @@ class TierMixin:
         hot = dataclasses.replace(config, capacity=config.memory_rows, dynamic_expansion=True)
         st = TierState.create(hot, self.map_class(), graph_mode)
         st.memory_rows = config.memory_rows
-        st.cold_index = KeyIndex(config.capacity, name="cold_index", map_class=self.map_class())
+        # Stock map: record locations grow past int32 (the kernels' map holds int32 rows).
+        st.cold_index = KeyIndex(
+            config.capacity, name="cold_index", map_class=tf.lookup.experimental.DenseHashTable
+        )
         st.protected = tf.Variable(
             tf.zeros([0], tf.int64), trainable=False, name="protected", shape=tf.TensorShape([None])
         )
@@ -203,7 +208,7 @@ class TierMixin:
         n = s.next_row.read_value()
         upto = tf.range(n)
         counts = tf.gather(s.counts, upto)
-        seen = tf.gather(s.last_seen, upto)
+        seen = decode_seen(tf.gather(s.last_seen, upto))
         prot_rows = tf.reshape(st.index.lookup(protected), [-1])
         prot_rows = tf.boolean_mask(prot_rows, prot_rows >= 0)
         held = tf.scatter_nd(
@@ -227,9 +232,10 @@ class TierMixin:
         vkeys = tf.gather(s.row_keys, victims)
         values = tf.gather(s.values, victims)
         slots = self._gather_slots(shard, victims)
-        vcounts = tf.gather(s.counts, victims)
-        vsaved = tf.gather(s.saved_counts, victims)
-        vseen = tf.gather(s.last_seen, victims)
+        # The records keep int64 counts and absolute times.
+        vcounts = tf.cast(tf.gather(s.counts, victims), tf.int64)
+        vsaved = tf.cast(tf.gather(s.saved_counts, victims), tf.int64)
+        vseen = decode_seen(tf.gather(s.last_seen, victims))
 
         def write(keys, values, slots, counts, saved, seen):
             recs = store.make_records(keys, values, slots, counts, saved, seen)
@@ -300,9 +306,15 @@ class TierMixin:
                         tf.IndexedSlices(tf.reshape(values, [-1, shard.dim]), rows)
                     ),
                     s.row_keys.scatter_update(tf.IndexedSlices(pkeys, rows)),
-                    s.counts.scatter_update(tf.IndexedSlices(tf.reshape(counts, [-1]), rows)),
-                    s.saved_counts.scatter_update(tf.IndexedSlices(tf.reshape(saved, [-1]), rows)),
-                    s.last_seen.scatter_update(tf.IndexedSlices(tf.reshape(seen, [-1]), rows)),
+                    s.counts.scatter_update(
+                        tf.IndexedSlices(saturated(tf.reshape(counts, [-1])), rows)
+                    ),
+                    s.saved_counts.scatter_update(
+                        tf.IndexedSlices(saturated(tf.reshape(saved, [-1])), rows)
+                    ),
+                    s.last_seen.scatter_update(
+                        tf.IndexedSlices(encode_seen(tf.reshape(seen, [-1])), rows)
+                    ),
                     st.index.insert(pkeys, rows),
                     st.cold_index.remove(pkeys),
                 ]

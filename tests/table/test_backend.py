@@ -112,8 +112,11 @@ def test_memory_stats_count_the_bytes_the_table_holds():
         "live_keys": 100,
         "rows": rows * 8 * 4,
         "slots": 2 * rows * 8 * 4,  # Adam: m and v
-        "metadata": rows * (4 * 8 + 4),  # counts, saved counts, last seen, keys; free list
-        "index": 128 * 16,  # 100 keys below 80% load: 128 buckets
+        # keys int64; counts, saved counts, last seen int32; no free list until rows are freed
+        "metadata": rows * (8 + 3 * 4),
+        # 100 keys below 80% load: 128 buckets, 12 B in the kernels' map, 16 B in DenseHashTable
+        "index": 128 * table.key_index.bucket_bytes,
     }
+    assert table.key_index.bucket_bytes == (12 if table.backend.name == "kernels" else 16)
     assert int(table.size()) == stats["live_keys"]
     assert np.isfinite(list(stats.values())).all()

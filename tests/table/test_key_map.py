@@ -166,6 +166,15 @@ def test_key_index_uses_the_kernels_map_only_on_the_kernel_path():
     assert not isinstance(KeyIndex(100, name="c").map, KeyMap)  # the default map class
 
 
+def test_values_outside_int32_are_refused_and_the_map_is_unchanged():
+    """The map holds row numbers in 12-byte buckets: a value must fit int32."""
+    table = _map()
+    table.insert(_i64([1, 2]), _i64([2**31 - 1, -(2**31)]))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="value 2147483648 is outside int32"):
+        table.insert(_i64([3, 4]), _i64([5, 2**31]))
+    np.testing.assert_array_equal(table.lookup(_i64([1, 2, 3, 4])), [2**31 - 1, -(2**31), -1, -1])
+
+
 def test_concurrent_lookups_inserts_removes_exports_of_one_map():
     """One graph runs all four ops in parallel, from several threads, many times."""
     graph = tf.Graph()
@@ -175,7 +184,7 @@ def test_concurrent_lookups_inserts_removes_exports_of_one_map():
         init = table.insert(_i64(stable), _i64(stable + 1))
         band = tf.compat.v1.placeholder(tf.int64, [])
         churn = tf.range(band * 500, band * 500 + 500, dtype=tf.int64) + (1 << 40)
-        inserted = table.insert(churn, churn)
+        inserted = table.insert(churn, churn - (1 << 40))  # values are rows: int32
         with tf.control_dependencies([inserted]):
             found_churn = table.lookup(churn)
         with tf.control_dependencies([found_churn]):
@@ -194,7 +203,7 @@ def test_concurrent_lookups_inserts_removes_exports_of_one_map():
                         [found_churn, found, keys, values, removed], {band: t * 1000 + i}
                     )
                     np.testing.assert_array_equal(got, stable + 1)
-                    first = (t * 1000 + i) * 500 + (1 << 40)
+                    first = (t * 1000 + i) * 500
                     np.testing.assert_array_equal(got_churn, np.arange(500) + first)
                     held = dict(zip(k.reshape(-1).tolist(), v.reshape(-1).tolist(), strict=True))
                     assert all(held.get(s) == s + 1 for s in stable[::97].tolist())
