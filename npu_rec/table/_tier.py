@@ -267,7 +267,6 @@ class TierMixin:
 
     def _promote(self, shard, pkeys, plocs, n_keys, n_hot) -> tf.Operation:
         st = shard.state
-        s = st.rows
         store = st.store
         row_dtype, slot_dtype = self._read_outputs(shard)
 

@@ -343,7 +343,7 @@ class SegmentStore:
         segs = locs // self.per_segment
         touched = np.unique(segs)
         paths = []
-        for i, seg in enumerate(touched):
+        for seg in touched:
             info = self._segments.get(int(seg))
             if info is None:
                 raise SegmentCorruptedError(
