@@ -57,6 +57,7 @@ import numpy as np
 import tensorflow as tf
 
 from npu_rec._kernels import _build
+from npu_rec._kernels._key_map import KeyMap
 from npu_rec._validation import ConfigError
 from npu_rec.table import _tier_store
 from npu_rec.table._base import NO_NOW
@@ -545,10 +546,10 @@ class TieredKernelBackend(TierMixin, KernelBackend):
     `npu_rec/_kernels/tier_io.cc` (victim selection, packing records with
     their checksums, verifying and unpacking the records read) and keeps the
     store's bookkeeping, the `pwrite` and the gather from the segment maps in
-    three `numpy_function` calls per step (the NumPy path: five): read the
+    two `numpy_function` calls per step (the NumPy path: four): read the
     batch's cold records (before anything changes, so a corrupted record
-    fails the step with the table untouched); write the victims' records;
-    mark the promoted records dead and compact.
+    fails the step with the table untouched); then append the victims'
+    records, mark the promoted ones dead and compact.
     """
 
     name = "kernels+tier"
@@ -603,7 +604,7 @@ class TieredKernelBackend(TierMixin, KernelBackend):
         )
         excess = tf.maximum(s.live_count() + n_miss - st.memory_rows, 0)
 
-        def demote():
+        def pack():
             held = tf.reshape(st.index.lookup(protected), [-1])
             victims = lib.npu_rec_tier_victims(
                 counts=s.counts.handle,
@@ -625,35 +626,39 @@ class TieredKernelBackend(TierMixin, KernelBackend):
                 dim=shard.dim,
                 slot_widths=list(store.slot_widths),
             )
+            return victims, recs
 
-            def write(recs):
-                store.stats["demotions"] += len(recs)
-                return store.append(recs)
-
-            locs = tf.numpy_function(write, [recs], tf.int64, stateful=True)
-            k = tf.size(victims, out_type=tf.int64)
-            return self._moved_out(shard, recs[:, 0], tf.reshape(locs, [-1]), victims, k)
+        def nothing():
+            return tf.zeros([0], tf.int64), tf.zeros([0, store.words], tf.int64)
 
         with tf.control_dependencies([values]):  # verified before anything changes
-            demoted = tf.cond(excess > 0, demote, lambda: tf.constant(0, tf.int64))
-        with tf.control_dependencies([demoted]):
-            promoted = self._moved_in(shard, pkeys, values, slots, counts, saved, seen)
+            victims, recs = tf.cond(excess > 0, pack, nothing)
 
-        def kill_and_compact(locs):
-            store.kill(locs)
-            store.stats["promotions"] += len(locs)
+        def write(recs, plocs):
+            # The victims' records appended, the promoted ones marked dead (their
+            # rows are read into `values`), then a sparse sealed segment compacted.
+            locs = store.append(recs)
+            store.stats["demotions"] += len(recs)
+            store.kill(plocs)
+            store.stats["promotions"] += len(plocs)
             seg = store.compaction_candidate()
             if seg < 0:
-                return np.zeros(0, np.int64), np.zeros(0, np.int64)
-            return store.relocate(seg)
+                return locs, np.zeros(0, np.int64), np.zeros(0, np.int64)
+            return (locs, *store.relocate(seg))
 
+        locs, ckeys, clocs = tf.numpy_function(
+            write, [recs, plocs], [tf.int64, tf.int64, tf.int64], stateful=True
+        )
+        demoted = self._moved_out(
+            shard, recs[:, 0], tf.reshape(locs, [-1]), victims, tf.size(victims, out_type=tf.int64)
+        )
+        with tf.control_dependencies([demoted]):
+            promoted = self._moved_in(shard, pkeys, values, slots, counts, saved, seen)
+        # After the victims' keys entered `cold_index`: a compaction may have moved them.
         with tf.control_dependencies([promoted]):
-            ckeys, clocs = tf.numpy_function(
-                kill_and_compact, [plocs], [tf.int64, tf.int64], stateful=True
-            )
-        compacted = self._relocated(shard, ckeys, clocs)
+            compacted = self._relocated(shard, ckeys, clocs)
         with tf.control_dependencies([compacted]):
-            return tf.group(st.index.maybe_rebuild(), st.cold_index.maybe_rebuild())
+            return tf.group(*[_rebuilt(i) for i in (st.index, st.cold_index)])
 
     def fused_lookup(self, shard, ids, id_counts, times, from_feature: bool, batch_time):
         uniq = tf.unique(tf.reshape(ids, [-1]))[0] if id_counts is None else ids
@@ -661,6 +666,13 @@ class TieredKernelBackend(TierMixin, KernelBackend):
         with tf.control_dependencies([prep]):
             ids = tf.identity(ids)
             return super().fused_lookup(shard, ids, id_counts, times, from_feature, batch_time)
+
+
+def _rebuilt(index: KeyIndex) -> tf.Tensor:
+    """`index.maybe_rebuild()`, but nothing for npu_rec's own map (it drops its tombstones)."""
+    if isinstance(index.map, KeyMap):
+        return tf.constant(False)
+    return index.maybe_rebuild()
 
 
 _TIERED = {StockBackend: TieredStockBackend(), KernelBackend: TieredKernelBackend()}
