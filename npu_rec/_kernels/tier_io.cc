@@ -9,7 +9,8 @@
 //   NpuRecTierVictims  the table's rows -> the `k` rows to demote: live rows
 //                      (count > 0) not held by this step, the lowest score
 //                      `last_seen + 1 - 1 / (1 + count)` first (ties: the lower
-//                      row), one O(n) selection; returned in row order.
+//                      row), one O(n) scan keeping the rows under a bound
+//                      taken from a sample, then nth_element; in row order.
 //   NpuRecTierPack     rows of the table -> their disk records [k, words]:
 //                      key, count, saved count, last-seen, period, the row's
 //                      and the slots' bits as stored, zero padding, checksum
@@ -25,7 +26,9 @@
 // variables as int64 or int32 and always written to records as int64.
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <utility>
 #include <vector>
@@ -176,12 +179,37 @@ class TierVictimsOp : public OpKernel {
         if (h[i] >= 0 && h[i] < n) held[h[i]] = 1;
       }
       const IntColumn cnt(&c_t), last(&s_t);
-      cand.reserve(n);
-      for (int64_t r = 0; r < n; ++r) {
-        const int64_t c = cnt[r];
-        if (c <= 0 || held[r]) continue;
-        cand.emplace_back(static_cast<double>(last[r]) + 1.0 - 1.0 / (1.0 + static_cast<double>(c)),
-                          r);
+      auto eligible = [&](int64_t r) { return cnt[r] > 0 && !held[r]; };
+      auto score = [&](int64_t r) {
+        return static_cast<double>(last[r]) + 1.0 - 1.0 / (1.0 + static_cast<double>(cnt[r]));
+      };
+      // When the victims are a small part of the rows, a strided sample's
+      // quantile bounds their scores from above, so the scan keeps only the
+      // rows at or below it (a few times k, not n); if fewer than k pass, the
+      // scan is repeated without the bound. The selection stays exact.
+      double bound = std::numeric_limits<double>::infinity();
+      constexpr int64_t kSample = 4096;
+      if (n > 4 * kSample && k_wanted < n / 4) {
+        const int64_t stride = n / kSample;
+        std::vector<double> sample;
+        for (int64_t r = 0; r < n; r += stride) {
+          if (eligible(r)) sample.push_back(score(r));
+        }
+        const int64_t j = (k_wanted * 3 / 2) / stride + 16;
+        if (j < static_cast<int64_t>(sample.size())) {
+          std::nth_element(sample.begin(), sample.begin() + j, sample.end());
+          bound = sample[j];
+        }
+      }
+      for (int pass = 0; pass < 2; ++pass) {
+        cand.clear();
+        for (int64_t r = 0; r < n; ++r) {
+          if (!eligible(r)) continue;
+          const double sc = score(r);
+          if (sc <= bound) cand.emplace_back(sc, r);
+        }
+        if (static_cast<int64_t>(cand.size()) >= k_wanted || std::isinf(bound)) break;
+        bound = std::numeric_limits<double>::infinity();
       }
     }
     const int64_t k = std::max<int64_t>(0, std::min<int64_t>(k_wanted, cand.size()));

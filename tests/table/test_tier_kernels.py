@@ -253,3 +253,29 @@ def test_a_corrupted_segment_fails_a_kernel_path_lookup_naming_it_and_changes_no
     with pytest.raises(_tier_store.SegmentCorruptedError, match=os.path.basename(victim)):
         table.export()
     _registry.clear()
+
+
+@pytest.mark.parametrize("case", ["spread", "ties", "sampled_rows_lowest"])
+@pytest.mark.parametrize("k", [1, 700, 10000, 30000])
+def test_victims_of_a_large_table_are_the_lowest_scores(lib, case, k):
+    """Past 16k rows the kernel bounds the scores it keeps by a sample: still exact."""
+    n = 60000
+    rng = np.random.default_rng(k)
+    counts = rng.integers(0, 5, n)
+    seen = rng.integers(0, 10**6, n) if case != "ties" else rng.integers(0, 3, n)
+    if case == "sampled_rows_lowest":  # the sample reads the lowest (k = 10000: too few)
+        seen[:: n // 4096] = 0
+        counts[:: n // 4096] = 1
+    held = rng.choice(n, size=500, replace=False)
+    victims = lib.npu_rec_tier_victims(
+        counts=tf.Variable(counts).handle,
+        last_seen=tf.Variable(seen).handle,
+        held_rows=tf.constant(held, tf.int64),
+        num_rows=tf.constant(n, tf.int64),
+        k=tf.constant(k, tf.int64),
+    ).numpy()
+    eligible = (counts > 0) & ~np.isin(np.arange(n), held)
+    score = np.where(eligible, seen + 1.0 - 1.0 / (1.0 + counts), np.inf)
+    take = min(k, int(eligible.sum()))
+    assert len(victims) == take and len(np.unique(victims)) == take and eligible[victims].all()
+    np.testing.assert_array_equal(np.sort(score[victims]), np.sort(score)[:take])
