@@ -57,6 +57,8 @@ import dataclasses
 import numpy as np
 import tensorflow as tf
 
+from npu_rec._kernels import _build
+from npu_rec._kernels._key_map import KeyMap
 from npu_rec._validation import ConfigError
 from npu_rec.table import _tier_store
 from npu_rec.table._base import NO_NOW
@@ -246,11 +248,15 @@ class TierMixin:
         locs = tf.numpy_function(
             write, [vkeys, values, slots, vcounts, vsaved, vseen], tf.int64, stateful=True
         )
-        locs = tf.reshape(locs, [-1])
+        return self._moved_out(shard, vkeys, tf.reshape(locs, [-1]), victims, k)
+
+    def _moved_out(self, shard, vkeys, locs, victims, k) -> tf.Tensor:
+        """Demoted rows leave memory: their keys to `cold_index` at `locs`, rows released."""
+        st = shard.state
         with tf.control_dependencies([locs]):
             moved = tf.group(st.cold_index.insert(vkeys, locs), st.index.remove(vkeys))
         with tf.control_dependencies([moved]):
-            released = s.release(victims)
+            released = st.rows.release(victims)
         with tf.control_dependencies([released]):
             return tf.identity(k)
 
@@ -268,7 +274,6 @@ class TierMixin:
 
     def _promote(self, shard, pkeys, plocs, n_keys, n_hot) -> tf.Operation:
         st = shard.state
-        s = st.rows
         store = st.store
         row_dtype, slot_dtype = self._read_outputs(shard)
 
@@ -296,10 +301,21 @@ class TierMixin:
             [row_dtype, slot_dtype, tf.int64, tf.int64, tf.int64],
             stateful=True,
         )
+        return self._moved_in(shard, pkeys, values, slots, counts, saved, seen)
+
+    def _moved_in(self, shard, pkeys, values, slots, counts, saved, seen) -> tf.Tensor:
+        """Promoted rows enter memory: rows allocated, written as read, keys indexed.
+
+        `counts`, `saved`, `seen`: int64 as records hold them, converted here (the one
+        place) to the table's columns (saturated counts, encoded last-seen).
+        """
+        st = shard.state
+        s = st.rows
         m = tf.size(pkeys, out_type=tf.int64)
 
         def write():
             rows, alloc = s.allocate(m)
+
             with tf.control_dependencies([rows]):
                 ops = [
                     s.values.scatter_update(
@@ -340,6 +356,11 @@ class TierMixin:
             return store.relocate(seg)
 
         keys, locs = tf.numpy_function(relocate, [], [tf.int64, tf.int64], stateful=True)
+        return self._relocated(shard, keys, locs)
+
+    def _relocated(self, shard, keys, locs) -> tf.Tensor:
+        """`cold_index` follows the records a compaction moved to `locs`."""
+        st = shard.state
         keys, locs = tf.reshape(keys, [-1]), tf.reshape(locs, [-1])
         # The map's insert keeps an existing key's value: remove first.
         removed = st.cold_index.remove(keys)
@@ -528,9 +549,125 @@ class TieredStockBackend(TierMixin, StockBackend):
 
 
 class TieredKernelBackend(TierMixin, KernelBackend):
-    """The kernel backend with a disk tier (the fused lookup runs after `prepare`)."""
+    """The kernel backend with a disk tier (the fused lookup runs after `prepare`).
+
+    Its `prepare` does the tier's work per row in the kernels of
+    `npu_rec/_kernels/tier_io.cc` (victim selection, packing records with
+    their checksums, verifying and unpacking the records read) and keeps the
+    store's bookkeeping, the `pwrite` and the gather from the segment maps in
+    two `numpy_function` calls per step (the NumPy path: four): read the
+    batch's cold records (before anything changes, so a corrupted record
+    fails the step with the table untouched); then append the victims'
+    records, mark the promoted ones dead and compact.
+    """
 
     name = "kernels+tier"
+
+    def prepare(self, shard, keys, count: bool = True) -> tf.Operation:
+        self._check_slots(shard)
+        st = shard.state
+        s = st.rows
+        store = st.store
+        lib = _build.library()
+        keys = tf.reshape(tf.cast(keys, tf.int64), [-1])
+        protected = self._protect(shard, keys)
+        with tf.control_dependencies([protected]):
+            rows0 = tf.reshape(st.index.lookup(keys), [-1])
+        miss = tf.boolean_mask(keys, rows0 < 0)
+        locs = tf.reshape(st.cold_index.lookup(miss), [-1])
+        found = locs >= 0
+        pkeys = tf.boolean_mask(miss, found)
+        plocs = tf.boolean_mask(locs, found)
+        n_miss = tf.size(miss, out_type=tf.int64)
+        n_keys = tf.size(keys, out_type=tf.int64)
+        row_dtype, slot_dtype = self._read_outputs(shard)
+
+        def read(locs, n_keys, n_hot):
+            if n_keys >= 0:
+                store.stats["steps"] += 1
+                store.stats["lookups"] += int(n_keys)
+                store.stats["hits"] += int(n_hot)
+            words, which, paths = store.read_words(locs)
+            names = np.array([p.encode() for p in paths], dtype=object)
+            return words, which, names, np.int64(store.period)
+
+        words, which, paths, period = tf.numpy_function(
+            read,
+            [plocs, n_keys if count else tf.constant(-1, tf.int64), n_keys - n_miss],
+            [tf.int64, tf.int64, tf.string, tf.int64],
+            stateful=True,
+        )
+        period = tf.reshape(period, [])
+        weights = tf.constant(store.weights)
+        values, slots, counts, saved, seen = lib.npu_rec_tier_unpack(
+            records=tf.reshape(words, [-1, store.words]),
+            weights=weights,
+            segment_of=tf.reshape(which, [-1]),
+            paths=tf.reshape(paths, [-1]),
+            period=period,
+            T=row_dtype,
+            S=slot_dtype,
+            dim=shard.dim,
+            slot_width=sum(store.slot_widths),
+            table=store.name,
+        )
+        excess = tf.maximum(s.live_count() + n_miss - st.memory_rows, 0)
+
+        def pack():
+            held = tf.reshape(st.index.lookup(protected), [-1])
+            victims = lib.npu_rec_tier_victims(
+                counts=s.counts.handle,
+                last_seen=s.last_seen.handle,
+                held_rows=held,
+                num_rows=s.next_row.read_value(),
+                k=excess,
+            )
+            recs = lib.npu_rec_tier_pack(
+                row_keys=s.row_keys.handle,
+                values=s.values.handle,
+                counts=s.counts.handle,
+                saved_counts=s.saved_counts.handle,
+                last_seen=s.last_seen.handle,
+                slots=[v.handle for v in s.slots.values()],
+                rows=victims,
+                period=period,
+                weights=weights,
+                dim=shard.dim,
+                slot_widths=list(store.slot_widths),
+            )
+            return victims, recs
+
+        def nothing():
+            return tf.zeros([0], tf.int64), tf.zeros([0, store.words], tf.int64)
+
+        with tf.control_dependencies([values]):  # verified before anything changes
+            victims, recs = tf.cond(excess > 0, pack, nothing)
+
+        def write(recs, plocs):
+            # The victims' records appended, the promoted ones marked dead (their
+            # rows are read into `values`), then a sparse sealed segment compacted.
+            locs = store.append(recs)
+            store.stats["demotions"] += len(recs)
+            store.kill(plocs)
+            store.stats["promotions"] += len(plocs)
+            seg = store.compaction_candidate()
+            if seg < 0:
+                return locs, np.zeros(0, np.int64), np.zeros(0, np.int64)
+            return (locs, *store.relocate(seg))
+
+        locs, ckeys, clocs = tf.numpy_function(
+            write, [recs, plocs], [tf.int64, tf.int64, tf.int64], stateful=True
+        )
+        demoted = self._moved_out(
+            shard, recs[:, 0], tf.reshape(locs, [-1]), victims, tf.size(victims, out_type=tf.int64)
+        )
+        with tf.control_dependencies([demoted]):
+            promoted = self._moved_in(shard, pkeys, values, slots, counts, saved, seen)
+        # After the victims' keys entered `cold_index`: a compaction may have moved them.
+        with tf.control_dependencies([promoted]):
+            compacted = self._relocated(shard, ckeys, clocs)
+        with tf.control_dependencies([compacted]):
+            return tf.group(*[_rebuilt(i) for i in (st.index, st.cold_index)])
 
     def fused_lookup(self, shard, ids, id_counts, times, from_feature: bool, batch_time):
         uniq = tf.unique(tf.reshape(ids, [-1]))[0] if id_counts is None else ids
@@ -538,6 +675,13 @@ class TieredKernelBackend(TierMixin, KernelBackend):
         with tf.control_dependencies([prep]):
             ids = tf.identity(ids)
             return super().fused_lookup(shard, ids, id_counts, times, from_feature, batch_time)
+
+
+def _rebuilt(index: KeyIndex) -> tf.Tensor:
+    """`index.maybe_rebuild()`, but nothing for npu_rec's own map (it drops its tombstones)."""
+    if isinstance(index.map, KeyMap):
+        return tf.constant(False)
+    return index.maybe_rebuild()
 
 
 _TIERED = {StockBackend: TieredStockBackend(), KernelBackend: TieredKernelBackend()}

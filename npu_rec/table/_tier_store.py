@@ -276,7 +276,12 @@ class SegmentStore:
         ]
 
     def append(self, recs: np.ndarray) -> np.ndarray:
-        """Writes `recs` at the end of the open segment(s); returns their int64 locations."""
+        """Writes `recs` at the end of the open segment(s); returns their int64 locations.
+
+        `recs`: a record array, or the records as rows of 8-byte words ([n,
+        words] uint64 or int64, as the kernels pack them).
+        """
+        recs = np.ascontiguousarray(recs)
         locs = np.empty(len(recs), np.int64)
         done = 0
         while done < len(recs):
@@ -285,11 +290,11 @@ class SegmentStore:
             info = self._segments[self._active]
             start = info["used"]
             take = min(len(recs) - done, self.per_segment - start)
-            chunk = recs[done : done + take]
-            data = chunk.tobytes()
+            # The records' bytes as they are (no copy): `recs` is C-contiguous.
+            data = recs[done : done + take].view(np.uint8).reshape(-1)
             written = os.pwrite(info["fd"], data, start * self.dtype.itemsize)
-            if written != len(data):
-                raise OSError(f"short write to {info['path']!r}: {written} of {len(data)} bytes")
+            if written != data.nbytes:
+                raise OSError(f"short write to {info['path']!r}: {written} of {data.nbytes} bytes")
             info["live"][start : start + take] = True
             info["used"] = start + take
             locs[done : done + take] = self._active * self.per_segment + np.arange(
@@ -325,6 +330,40 @@ class SegmentStore:
                 self._verify(out[at], info["path"])
         self.stats["bytes_read"] += len(locs) * self.dtype.itemsize
         return out
+
+    def read_words(self, locs: np.ndarray):
+        """The records at `locs` as int64 words, unverified, for the kernels to check.
+
+        Returns:
+          (words int64 [n, words], segment int64 [n] (an index into paths),
+          paths: the segment files read, in that order).
+        """
+        locs = np.asarray(locs, np.int64)
+        words = np.empty((len(locs), self.words), np.uint64)
+        segs = locs // self.per_segment
+        touched = np.unique(segs)
+        paths = []
+        for seg in touched:
+            info = self._segments.get(int(seg))
+            if info is None:
+                raise SegmentCorruptedError(
+                    f"Tiered table {self.name!r}: segment file {self.path(int(seg))!r} is "
+                    "missing but holds live records."
+                )
+            paths.append(info["path"])
+            if len(touched) == 1:
+                words[:] = info["words"][locs - seg * self.per_segment]
+            else:
+                at = np.nonzero(segs == seg)[0]
+                words[at] = info["words"][locs[at] - seg * self.per_segment]
+        self.stats["bytes_read"] += len(locs) * self.dtype.itemsize
+        which = np.searchsorted(touched, segs).astype(np.int64)
+        return words.view(np.int64), which, paths
+
+    @property
+    def weights(self) -> np.ndarray:
+        """The checksum's weights (uint64 bits as int64), one per word but the last."""
+        return self._w.view(np.int64)
 
     def _verify(self, recs: np.ndarray, path: str) -> None:
         bad = self._checksum(recs) != recs["check"]

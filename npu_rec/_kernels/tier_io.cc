@@ -1,0 +1,402 @@
+// The per-step work of a tiered table's disk tier on the kernel path (see
+// docs/design.md, "Tiered tables (memory + disk)", and npu_rec/table/_tier.py).
+//
+// The segment files and their bookkeeping stay with the Python
+// `SegmentStore` (npu_rec/table/_tier_store.py: which segment is open, the
+// live bits, one `pwrite` per demotion, a gather from the segments' maps per
+// promotion); these kernels take the work per row out of Python:
+//
+//   NpuRecTierVictims  the table's rows -> the `k` rows to demote: live rows
+//                      (count > 0) not held by this step, the lowest score
+//                      `last_seen + 1 - 1 / (1 + count)` first (ties: the lower
+//                      row), one O(n) scan keeping the rows under a bound
+//                      taken from a sample, then nth_element; in row order.
+//   NpuRecTierPack     rows of the table -> their disk records [k, words]:
+//                      key, count, saved count, last-seen, period, the row's
+//                      and the slots' bits as stored, zero padding, checksum
+//                      (the layout of `_tier_store.record_dtype`).
+//   NpuRecTierUnpack   records read back -> their rows, slots (bits as
+//                      stored), counts, saved counts (as of `period`) and
+//                      last-seen times; a record failing its checksum fails
+//                      the op (DataLoss) naming its segment file.
+//
+// The checksum is `_tier_store.SegmentStore._checksum`: the 64-bit wrapping
+// sum of word[i] * weight[i] over all words but the last, s ^= s >> 29, plus
+// 0x9E3779B97F4A7C15. Counts and last-seen times are read from the table's
+// variables as int64 or int32 (the table's layout: int32 last-seen relative
+// to kSeenBase) and always written to records as int64 absolute values.
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "tensorflow/core/framework/op.h"
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/resource_mgr.h"
+#include "tensorflow/core/framework/resource_var.h"
+#include "tensorflow/core/framework/shape_inference.h"
+#include "tensorflow/core/framework/tensor.h"
+#include "kernel_util.h"
+
+namespace npu_rec {
+namespace {
+
+using ::tensorflow::DEVICE_CPU;
+using ::tensorflow::OpKernel;
+using ::tensorflow::OpKernelConstruction;
+using ::tensorflow::OpKernelContext;
+using ::tensorflow::Tensor;
+using ::tensorflow::TensorShape;
+using ::tensorflow::tstring;
+using ::tensorflow::shape_inference::InferenceContext;
+
+constexpr int64_t kHeaderWords = 5;  // key, count, saved, last_seen, period
+constexpr uint64_t kCheckOffset = 0x9E3779B97F4A7C15ULL;
+
+REGISTER_OP("NpuRecTierVictims")
+    .Input("counts: resource")
+    .Input("last_seen: resource")
+    .Input("held_rows: int64")
+    .Input("num_rows: int64")
+    .Input("k: int64")
+    .Output("victims: int64")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) {
+      c->set_output(0, c->Vector(InferenceContext::kUnknownDim));
+      return absl::OkStatus();
+    });
+
+REGISTER_OP("NpuRecTierPack")
+    .Input("row_keys: resource")
+    .Input("values: resource")
+    .Input("counts: resource")
+    .Input("saved_counts: resource")
+    .Input("last_seen: resource")
+    .Input("slots: num_slots * resource")
+    .Input("rows: int64")
+    .Input("period: int64")
+    .Input("weights: int64")
+    .Output("records: int64")
+    .Attr("num_slots: int >= 0")
+    .Attr("dim: int >= 1")
+    .Attr("slot_widths: list(int) >= 0")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) {
+      c->set_output(0, c->Matrix(c->Dim(c->input(c->num_inputs() - 3), 0),
+                                 InferenceContext::kUnknownDim));
+      return absl::OkStatus();
+    });
+
+REGISTER_OP("NpuRecTierUnpack")
+    .Input("records: int64")
+    .Input("weights: int64")
+    .Input("segment_of: int64")
+    .Input("paths: string")
+    .Input("period: int64")
+    .Output("values: T")
+    .Output("slots: S")
+    .Output("counts: int64")
+    .Output("saved_counts: int64")
+    .Output("last_seen: int64")
+    .Attr("T: {float, bfloat16, half}")
+    .Attr("S: {float, bfloat16, half}")
+    .Attr("dim: int >= 1")
+    .Attr("slot_width: int >= 0")
+    .Attr("table: string")
+    .SetShapeFn([](InferenceContext* c) {
+      int64_t dim, width;
+      TF_RETURN_IF_ERROR(c->GetAttr("dim", &dim));
+      TF_RETURN_IF_ERROR(c->GetAttr("slot_width", &width));
+      auto n = c->Dim(c->input(0), 0);
+      c->set_output(0, c->Matrix(n, dim));
+      c->set_output(1, c->Matrix(n, width));
+      for (int i = 2; i < 5; ++i) c->set_output(i, c->Vector(n));
+      return absl::OkStatus();
+    });
+
+// Element i of an int64 or int32 vector variable, as int64. An int32 column
+// stores its values less `narrow_offset` (`last_seen`: kSeenBase, so the
+// records get absolute times; counts: 0).
+class IntColumn {
+ public:
+  explicit IntColumn(const Tensor* t, int64_t narrow_offset = 0)
+      : wide_(t->dtype() == ::tensorflow::DT_INT64), offset_(narrow_offset), data_(t->data()) {}
+  static bool Supported(::tensorflow::DataType d) {
+    return d == ::tensorflow::DT_INT64 || d == ::tensorflow::DT_INT32;
+  }
+  int64_t operator[](int64_t i) const {
+    return wide_ ? static_cast<const int64_t*>(data_)[i]
+                 : static_cast<const int32_t*>(data_)[i] + offset_;
+  }
+
+ private:
+  bool wide_;
+  int64_t offset_;
+  const void* data_;
+};
+
+absl::Status CheckColumn(const Tensor& t, const char* what) {
+  if (!IntColumn::Supported(t.dtype()) || t.dims() != 1) {
+    return absl::InvalidArgumentError(std::string("npu_rec kernel: variable `") + what +
+                                      "` must be an int64 or int32 vector; got " +
+                                      ::tensorflow::DataTypeString(t.dtype()) + " " +
+                                      t.shape().DebugString());
+  }
+  return absl::OkStatus();
+}
+
+// The record checksum of words[0, n) (the record's words but the last).
+inline uint64_t Checksum(const uint64_t* words, const uint64_t* weights, int64_t n) {
+  uint64_t s = 0;
+  for (int64_t i = 0; i < n; ++i) s += words[i] * weights[i];
+  s ^= s >> 29;
+  return s + kCheckOffset;
+}
+
+class TierVictimsOp : public OpKernel {
+ public:
+  explicit TierVictimsOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+
+  void Compute(OpKernelContext* ctx) override {
+    RefCountPtr<Var> counts, seen;
+    OP_REQUIRES_OK(ctx, GetVar(ctx, 0, &counts));
+    OP_REQUIRES_OK(ctx, GetVar(ctx, 1, &seen));
+    const Tensor& held_t = ctx->input(2);
+    const int64_t n = ctx->input(3).scalar<int64_t>()();
+    const int64_t k_wanted = ctx->input(4).scalar<int64_t>()();
+    std::vector<std::pair<double, int64_t>> cand;
+    {
+      VarLocks locks({counts.get(), seen.get()});
+      const Tensor& c_t = *counts->tensor();
+      const Tensor& s_t = *seen->tensor();
+      OP_REQUIRES_OK(ctx, CheckColumn(c_t, "counts"));
+      OP_REQUIRES_OK(ctx, CheckColumn(s_t, "last_seen"));
+      OP_REQUIRES(ctx, n >= 0 && n <= c_t.dim_size(0) && n <= s_t.dim_size(0),
+                  absl::InvalidArgumentError("npu_rec kernel: num_rows " + std::to_string(n) +
+                                             " is outside the table's rows"));
+      std::vector<char> held(n, 0);
+      const int64_t* h = held_t.flat<int64_t>().data();
+      for (int64_t i = 0; i < held_t.NumElements(); ++i) {
+        if (h[i] >= 0 && h[i] < n) held[h[i]] = 1;
+      }
+      const IntColumn cnt(&c_t), last(&s_t, kSeenBase);
+      auto eligible = [&](int64_t r) { return cnt[r] > 0 && !held[r]; };
+      auto score = [&](int64_t r) {
+        return static_cast<double>(last[r]) + 1.0 - 1.0 / (1.0 + static_cast<double>(cnt[r]));
+      };
+      // When the victims are a small part of the rows, a strided sample's
+      // quantile bounds their scores from above, so the scan keeps only the
+      // rows at or below it (a few times k, not n); if fewer than k pass, the
+      // scan is repeated without the bound. The selection stays exact.
+      double bound = std::numeric_limits<double>::infinity();
+      constexpr int64_t kSample = 4096;
+      if (n > 4 * kSample && k_wanted < n / 4) {
+        const int64_t stride = n / kSample;
+        std::vector<double> sample;
+        for (int64_t r = 0; r < n; r += stride) {
+          if (eligible(r)) sample.push_back(score(r));
+        }
+        const int64_t j = (k_wanted * 3 / 2) / stride + 16;
+        if (j < static_cast<int64_t>(sample.size())) {
+          std::nth_element(sample.begin(), sample.begin() + j, sample.end());
+          bound = sample[j];
+        }
+      }
+      for (int pass = 0; pass < 2; ++pass) {
+        cand.clear();
+        for (int64_t r = 0; r < n; ++r) {
+          if (!eligible(r)) continue;
+          const double sc = score(r);
+          if (sc <= bound) cand.emplace_back(sc, r);
+        }
+        if (static_cast<int64_t>(cand.size()) >= k_wanted || std::isinf(bound)) break;
+        bound = std::numeric_limits<double>::infinity();
+      }
+    }
+    const int64_t k = std::max<int64_t>(0, std::min<int64_t>(k_wanted, cand.size()));
+    if (k < static_cast<int64_t>(cand.size())) {
+      std::nth_element(cand.begin(), cand.begin() + k, cand.end());
+    }
+    Tensor* out = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({k}), &out));
+    int64_t* v = out->flat<int64_t>().data();
+    for (int64_t i = 0; i < k; ++i) v[i] = cand[i].second;
+    std::sort(v, v + k);  // row order: the gathers that follow walk memory forward
+  }
+};
+
+class TierPackOp : public OpKernel {
+ public:
+  explicit TierPackOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("num_slots", &num_slots_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("dim", &dim_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("slot_widths", &widths_));
+    OP_REQUIRES(ctx, static_cast<int>(widths_.size()) == num_slots_,
+                absl::InvalidArgumentError("npu_rec kernel: one slot width per slot"));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    std::vector<RefCountPtr<Var>> vars(5 + num_slots_);
+    for (int i = 0; i < 5 + num_slots_; ++i) OP_REQUIRES_OK(ctx, GetVar(ctx, i, &vars[i]));
+    const int base = 5 + num_slots_;
+    const Tensor& rows_t = ctx->input(base);
+    const int64_t period = ctx->input(base + 1).scalar<int64_t>()();
+    const Tensor& weights_t = ctx->input(base + 2);
+    const int64_t k = rows_t.NumElements();
+    const int64_t* rows = rows_t.flat<int64_t>().data();
+    const auto* weights = reinterpret_cast<const uint64_t*>(weights_t.flat<int64_t>().data());
+
+    std::vector<Var*> raw;
+    for (auto& v : vars) raw.push_back(v.get());
+    VarLocks locks(raw);
+    const Tensor& keys_t = *vars[0]->tensor();
+    const Tensor& values_t = *vars[1]->tensor();
+    OP_REQUIRES(ctx, keys_t.dtype() == ::tensorflow::DT_INT64,
+                absl::InvalidArgumentError("npu_rec kernel: `row_keys` must be int64"));
+    OP_REQUIRES_OK(ctx, CheckRowsDtype(values_t));
+    OP_REQUIRES_OK(ctx, CheckRows(values_t, "values", rows, k, dim_));
+    OP_REQUIRES_OK(ctx, CheckRows(keys_t, "row_keys", rows, k, 0));
+    const char* names[3] = {"counts", "saved_counts", "last_seen"};
+    for (int i = 0; i < 3; ++i) {
+      OP_REQUIRES_OK(ctx, CheckColumn(*vars[2 + i]->tensor(), names[i]));
+      OP_REQUIRES_OK(ctx, CheckRows(*vars[2 + i]->tensor(), names[i], rows, k, 0));
+    }
+    const int64_t row_bytes = dim_ * ::tensorflow::DataTypeSize(values_t.dtype());
+    int64_t body = 8 * kHeaderWords + row_bytes;
+    std::vector<int64_t> slot_bytes(num_slots_);
+    for (int s = 0; s < num_slots_; ++s) {
+      const Tensor& t = *vars[5 + s]->tensor();
+      OP_REQUIRES_OK(ctx, CheckRows(t, "slot", rows, k, widths_[s]));
+      slot_bytes[s] = widths_[s] * ::tensorflow::DataTypeSize(t.dtype());
+      body += slot_bytes[s];
+    }
+    const int64_t words = (body + 7) / 8 + 1;
+    OP_REQUIRES(ctx, weights_t.NumElements() == words - 1,
+                absl::InvalidArgumentError("npu_rec kernel: " + std::to_string(words - 1) +
+                                           " checksum weights expected, got " +
+                                           std::to_string(weights_t.NumElements())));
+    Tensor* out = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({k, words}), &out));
+    auto* rec = reinterpret_cast<uint64_t*>(out->flat<int64_t>().data());
+    const int64_t* keys = keys_t.flat<int64_t>().data();
+    const char* values = static_cast<const char*>(values_t.data());
+    const IntColumn cnt(vars[2]->tensor()), saved(vars[3]->tensor()),
+        last(vars[4]->tensor(), kSeenBase);
+    std::vector<const char*> slots(num_slots_);
+    for (int s = 0; s < num_slots_; ++s) slots[s] = static_cast<const char*>(vars[5 + s]->tensor()->data());
+    for (int64_t i = 0; i < k; ++i) {
+      uint64_t* w = rec + i * words;
+      const int64_t r = rows[i];
+      const int64_t head[kHeaderWords] = {keys[r], cnt[r], saved[r], last[r], period};
+      std::memcpy(w, head, sizeof head);
+      char* at = reinterpret_cast<char*>(w) + 8 * kHeaderWords;
+      std::memcpy(at, values + r * row_bytes, row_bytes);
+      at += row_bytes;
+      for (int s = 0; s < num_slots_; ++s) {
+        std::memcpy(at, slots[s] + r * slot_bytes[s], slot_bytes[s]);
+        at += slot_bytes[s];
+      }
+      std::memset(at, 0, reinterpret_cast<char*>(w + words - 1) - at);
+      w[words - 1] = Checksum(w, weights, words - 1);
+    }
+  }
+
+ private:
+  int num_slots_;
+  int64_t dim_;
+  std::vector<int32_t> widths_;
+};
+
+class TierUnpackOp : public OpKernel {
+ public:
+  explicit TierUnpackOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("dim", &dim_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("slot_width", &width_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("table", &table_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("T", &row_dtype_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("S", &slot_dtype_));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& rec_t = ctx->input(0);
+    const Tensor& weights_t = ctx->input(1);
+    const Tensor& seg_t = ctx->input(2);
+    const Tensor& paths_t = ctx->input(3);
+    const int64_t period = ctx->input(4).scalar<int64_t>()();
+    OP_REQUIRES(ctx, rec_t.dims() == 2,
+                absl::InvalidArgumentError("npu_rec kernel: records must be [m, words]"));
+    const int64_t m = rec_t.dim_size(0), words = rec_t.dim_size(1);
+    const int64_t row_bytes = dim_ * ::tensorflow::DataTypeSize(row_dtype_);
+    const int64_t slot_bytes = width_ * ::tensorflow::DataTypeSize(slot_dtype_);
+    const int64_t body = 8 * kHeaderWords + row_bytes + slot_bytes;
+    OP_REQUIRES(ctx, words == (body + 7) / 8 + 1 && weights_t.NumElements() == words - 1 &&
+                         seg_t.NumElements() == m,
+                absl::InvalidArgumentError("npu_rec kernel: records of " + std::to_string(words) +
+                                           " words do not match the table's record layout"));
+    const auto* rec = reinterpret_cast<const uint64_t*>(rec_t.flat<int64_t>().data());
+    const auto* weights = reinterpret_cast<const uint64_t*>(weights_t.flat<int64_t>().data());
+    const int64_t* seg = seg_t.flat<int64_t>().data();
+    // Every checksum first: a corrupted batch changes nothing.
+    int64_t bad = 0, first = -1;
+    for (int64_t i = 0; i < m; ++i) {
+      const uint64_t* w = rec + i * words;
+      if (Checksum(w, weights, words - 1) != w[words - 1]) {
+        if (first < 0) first = i;
+        ++bad;
+      }
+    }
+    if (bad > 0) {
+      const int64_t p = seg[first];
+      const std::string path = p >= 0 && p < paths_t.NumElements()
+                                   ? std::string(paths_t.flat<tstring>()(p))
+                                   : std::string("?");
+      int64_t key;
+      std::memcpy(&key, rec + first * words, sizeof key);
+      ctx->SetStatus(absl::DataLossError(
+          "SegmentCorruptedError: Tiered table '" + table_ + "': segment file '" + path +
+          "' is corrupted: " + std::to_string(bad) + " records fail their checksum (e.g. key " +
+          std::to_string(key) +
+          "). The table's cold rows cannot be read; restore the newest checkpoint."));
+      return;
+    }
+    Tensor *values, *slots, *counts, *saved, *seen;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({m, dim_}), &values));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({m, width_}), &slots));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(2, TensorShape({m}), &counts));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(3, TensorShape({m}), &saved));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(4, TensorShape({m}), &seen));
+    char* vdst = static_cast<char*>(values->data());
+    char* sdst = static_cast<char*>(slots->data());
+    int64_t* c = counts->flat<int64_t>().data();
+    int64_t* sv = saved->flat<int64_t>().data();
+    int64_t* ls = seen->flat<int64_t>().data();
+    for (int64_t i = 0; i < m; ++i) {
+      const uint64_t* w = rec + i * words;
+      int64_t head[kHeaderWords];
+      std::memcpy(head, w, sizeof head);
+      c[i] = head[1];
+      // A record written in an earlier period: its count was saved since.
+      sv[i] = head[4] < period ? head[1] : head[2];
+      ls[i] = head[3];
+      const char* at = reinterpret_cast<const char*>(w) + 8 * kHeaderWords;
+      std::memcpy(vdst + i * row_bytes, at, row_bytes);
+      if (slot_bytes) std::memcpy(sdst + i * slot_bytes, at + row_bytes, slot_bytes);
+    }
+  }
+
+ private:
+  int64_t dim_, width_;
+  std::string table_;
+  ::tensorflow::DataType row_dtype_, slot_dtype_;
+};
+
+REGISTER_KERNEL_BUILDER(Name("NpuRecTierVictims").Device(DEVICE_CPU), TierVictimsOp);
+REGISTER_KERNEL_BUILDER(Name("NpuRecTierPack").Device(DEVICE_CPU), TierPackOp);
+REGISTER_KERNEL_BUILDER(Name("NpuRecTierUnpack").Device(DEVICE_CPU), TierUnpackOp);
+
+}  // namespace
+}  // namespace npu_rec
