@@ -10,9 +10,10 @@ multi-worker strategy (keras-team/keras#20585):
    instead, inside the strategy's scope (`symbolic_build`).
 2. `reduce_per_replica` reduces the step's logs with
    `strategy.reduce("MEAN", v, axis=0)` (the reduction is fixed to "auto" in
-   `_make_function`), which fails for scalar logs. RecModel's steps return
-   their scalar logs with shape [1] under a multi-worker strategy
+   `_make_function`), which fails for scalar logs. RecModel's evaluation
+   steps return their scalar logs with shape [1] under a multi-worker strategy
    (`logs_for_reduction`); the reduction then averages them over the workers.
+   (Its training steps do not go through that reduction, see below.)
 
 Beyond the bugs, Keras' train function costs two all-reduces per log and step
 under the strategy (`reduce_per_replica`'s MEAN is a SUM of the values, then
