@@ -28,6 +28,20 @@ equivalent:
 * `losses.loss.unscale_loss_for_distribution`: under a multi-worker strategy
   Keras divides a compiled loss by the replica count; `RecModel` reports each
   replica's own batch loss (`npu_rec.keras._keras_fixes`).
+* `Optimizer._all_reduce_sum_gradients` (the TensorFlow backend's): under a
+  multi-worker strategy `RecModel`'s training step all-reduces the dense
+  gradients itself, in one all-reduce with the step's logs, and applies them
+  with this reduction skipped (`gradients_already_reduced`, also for the inner
+  optimizer of a `LossScaleOptimizer`): the optimizer's `apply_gradients`
+  calls it on the (gradient, variable) pairs and applies what it returns.
+* `Model.train_function`'s contract with `fit`: `fit` calls
+  `make_train_function()`, then `train_function(iterator)` once per step with
+  the epoch's iterator (a `tf.data.Iterator` or a distributed one), takes the
+  logs it returns, and ends the epoch on `StopIteration` or
+  `tf.errors.OutOfRangeError`. Under a multi-worker strategy `RecModel` makes
+  its own train function (`strategy.run` of its step, the logs taken as the
+  step already reduced them) instead of Keras', which reduces every log with
+  two more all-reduces.
 * `backend.common.global_state` (optional: the Estimator works without it):
   the layer-name counters, reset per Estimator graph (`npu_rec.estimator._keras_names`).
 
@@ -40,6 +54,7 @@ used outside this module and `npu_rec._compat` (TensorFlow's).
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 
 import keras
@@ -57,6 +72,7 @@ except ImportError:  # a Keras 3 release that moved it: see `has_global_state()`
 
 __all__ = [
     "HOOKS",
+    "INSTANCE_HOOKS",
     "REQUIRED",
     "Functional",
     "TFEpochIterator",
@@ -64,6 +80,7 @@ __all__ = [
     "flatten_layers",
     "functional_init_arguments",
     "global_state",
+    "gradients_already_reduced",
     "has_global_state",
     "inputs_struct",
     "iterator_element_spec",
@@ -78,7 +95,16 @@ __all__ = [
 ]
 
 #: Private Keras methods npu_rec's classes override (each is also in `REQUIRED`).
-HOOKS = ("Model._maybe_symbolic_build", "Layer._trackable_children")
+#: `Optimizer._all_reduce_sum_gradients` is replaced on an optimizer instance, for the
+#: length of a traced step (`gradients_already_reduced`), not by a subclass.
+HOOKS = (
+    "Model._maybe_symbolic_build",
+    "Layer._trackable_children",
+    "Optimizer._all_reduce_sum_gradients",
+)
+
+#: The entries of `HOOKS` replaced on instances rather than overridden by a class.
+INSTANCE_HOOKS = ("Optimizer._all_reduce_sum_gradients",)
 
 #: (module, attribute path) of every private Keras name npu_rec relies on.
 REQUIRED = (
@@ -90,6 +116,8 @@ REQUIRED = (
     ("keras", "Model._symbolic_build"),
     ("keras", "Model._flatten_layers"),
     ("keras", "Layer._trackable_children"),
+    ("keras", "Optimizer._all_reduce_sum_gradients"),
+    ("keras", "Model.make_train_function"),
     ("keras.src.backend.tensorflow.trainer", "TFEpochIterator"),
     ("keras.src.ops.node", "KerasHistory.operation"),
     ("keras.src.backend.common.global_state", "get_global_attribute"),
@@ -155,3 +183,35 @@ def has_global_state() -> bool:
     return global_state is not None and all(
         hasattr(global_state, f) for f in ("get_global_attribute", "set_global_attribute")
     )
+
+
+def _optimizers_of(optimizer) -> list:
+    """`optimizer` and the optimizers it wraps (a `LossScaleOptimizer`'s inner one)."""
+    out = []
+    while optimizer is not None and optimizer not in out:
+        out.append(optimizer)
+        optimizer = getattr(optimizer, "inner_optimizer", None)
+    return out
+
+
+@contextlib.contextmanager
+def gradients_already_reduced(optimizer):
+    """While tracing a step: `optimizer.apply_gradients` applies the gradients as given.
+
+    The TensorFlow optimizer all-reduces the gradients over the replicas inside
+    `apply_gradients` (`_all_reduce_sum_gradients`); inside this context that
+    reduction returns the pairs unchanged, on `optimizer` and on any optimizer
+    it wraps. For gradients the step has already summed over the workers.
+    """
+    name = "_all_reduce_sum_gradients"
+    replaced = [(o, vars(o).get(name)) for o in _optimizers_of(optimizer) if hasattr(o, name)]
+    for o, _ in replaced:
+        object.__setattr__(o, name, list)
+    try:
+        yield
+    finally:
+        for o, before in replaced:
+            if before is None:
+                object.__delattr__(o, name)
+            else:
+                object.__setattr__(o, name, before)

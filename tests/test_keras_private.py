@@ -115,9 +115,69 @@ def test_the_overridden_keras_hooks_are_the_listed_ones():
     overridden = {
         h for h in overridden if not (h.startswith("Model.") and f"Layer.{h[6:]}" in overridden)
     }
-    assert overridden == set(_keras_private.HOOKS)
+    instance_hooks = set(_keras_private.INSTANCE_HOOKS)
+    assert instance_hooks <= set(_keras_private.HOOKS)
+    assert overridden == set(_keras_private.HOOKS) - instance_hooks
     required = {path for module, path in _keras_private.REQUIRED if module == "keras"}
     assert set(_keras_private.HOOKS) <= required
+
+
+def test_the_optimizer_applies_what_its_gradient_reduction_returns():
+    """`gradients_already_reduced` skips the reduction `apply_gradients` makes, and only there."""
+    variable = keras.Variable(np.ones(2, np.float32))
+    optimizer = keras.optimizers.SGD(learning_rate=1.0)
+    seen = []
+
+    def doubled(grads_and_vars):  # what Keras' reduction returns is what gets applied
+        seen.append(list(grads_and_vars))
+        return [(2.0 * g, v) for g, v in seen[-1]]
+
+    object.__setattr__(optimizer, "_all_reduce_sum_gradients", doubled)
+    optimizer.apply_gradients([(tf.constant([1.0, 2.0]), variable)])
+    assert len(seen) == 1 and seen[0][0][1] is variable.value
+    np.testing.assert_allclose(variable.numpy(), [-1.0, -3.0])
+    object.__delattr__(optimizer, "_all_reduce_sum_gradients")
+
+    inner = keras.optimizers.SGD(learning_rate=1.0)
+    scaled = keras.optimizers.LossScaleOptimizer(inner, initial_scale=1.0)
+    calls = []
+    for opt in (optimizer, inner, scaled):
+        original = opt._all_reduce_sum_gradients
+        object.__setattr__(
+            opt, "_all_reduce_sum_gradients", lambda gv, o=original: calls.append(1) or o(gv)
+        )
+    with _keras_private.gradients_already_reduced(scaled):
+        scaled.apply_gradients([(tf.constant([1.0, 1.0]), variable)])
+        optimizer.apply_gradients([(tf.constant([1.0, 1.0]), variable)])
+    assert calls == [1]  # only the optimizer outside the context reduced
+    np.testing.assert_allclose(variable.numpy(), [-3.0, -5.0])
+    scaled.apply_gradients([(tf.constant([1.0, 1.0]), variable)])
+    assert calls == [1, 1]  # the inner optimizer's own reduction is back
+
+
+def test_fit_calls_the_models_train_function_with_the_epochs_iterator():
+    """The contract `RecModel`'s own multi-worker train function relies on."""
+    model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+    calls = []
+
+    def function(iterator):
+        assert isinstance(iterator, (tf.data.Iterator, tf.distribute.DistributedIterator))
+        x, _ = iterator.get_next()  # raises OutOfRangeError at the end of the data
+        calls.append(float(tf.reduce_sum(x)))
+        return {"seen": tf.constant(float(len(calls)))}  # not a metric's name: kept as given
+
+    model.make_train_function = lambda force=False: setattr(model, "train_function", function)
+    data = tf.data.Dataset.from_tensor_slices((np.arange(6.0)[:, None], np.zeros(6))).batch(2)
+    data = data.filter(lambda x, y: True)  # unknown length: the end comes from the iterator
+    batches = keras.callbacks.LambdaCallback(
+        on_train_batch_end=lambda batch, logs: batch_logs.append(logs["seen"])
+    )
+    batch_logs = []
+    history = model.fit(data, epochs=2, verbose=0, callbacks=[batches])
+    assert calls == [1.0, 5.0, 9.0] * 2
+    assert batch_logs == [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
+    assert history.history["seen"] == [3.0, 6.0]
 
 
 # ------------------------------------------------------------ TensorFlow's private names

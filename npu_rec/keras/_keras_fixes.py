@@ -10,9 +10,19 @@ multi-worker strategy (keras-team/keras#20585):
    instead, inside the strategy's scope (`symbolic_build`).
 2. `reduce_per_replica` reduces the step's logs with
    `strategy.reduce("MEAN", v, axis=0)` (the reduction is fixed to "auto" in
-   `_make_function`), which fails for scalar logs. RecModel's steps return
-   their scalar logs with shape [1] under a multi-worker strategy
+   `_make_function`), which fails for scalar logs. RecModel's evaluation
+   steps return their scalar logs with shape [1] under a multi-worker strategy
    (`logs_for_reduction`); the reduction then averages them over the workers.
+   (Its training steps do not go through that reduction, see below.)
+
+Beyond the bugs, Keras' train function costs two all-reduces per log and step
+under the strategy (`reduce_per_replica`'s MEAN is a SUM of the values, then
+one of the counts), on top of the optimizer's all-reduce of the gradients.
+`RecModel` makes its own train function there (`train_function`): the step
+sums its dense gradients and its logs over the workers in one all-reduce
+(`all_reduce_with_logs`), divides the logs by the number of workers (the mean
+Keras computes) and applies the summed gradients with the optimizer's own
+reduction skipped; the function returns the step's logs as they are.
 
 `tests/keras/test_keras_fixes.py` checks that the installed Keras still has
 both bugs: when it fails, Keras has fixed one, and its workaround can go.
@@ -77,3 +87,69 @@ def logs_for_reduction(logs):
         return value[None] if value.shape.rank == 0 else value
 
     return tf.nest.map_structure(lift, logs)
+
+
+def train_function(model):
+    """A train function with Keras' contract whose logs the step has already reduced.
+
+    Under a multi-worker strategy (one step per call), the function runs
+    `model.train_step` under `strategy.run` and returns the logs of this
+    worker's replica as they are: the step summed them over the workers with
+    its dense gradients (`all_reduce_with_logs`). Called with the epoch's
+    iterator, it returns the step's logs; at the end of the data it raises as
+    Keras' function does (`tf.errors.OutOfRangeError` from the iterator,
+    `StopIteration` from a Python iterator).
+    """
+    strategy = model.distribute_strategy
+
+    def one_step_on_data(data):
+        outputs = strategy.run(model.train_step, args=(data,))
+        return tf.nest.map_structure(lambda v: strategy.experimental_local_results(v)[0], outputs)
+
+    def one_step_on_iterator(iterator):
+        return one_step_on_data(iterator.get_next())
+
+    if not model.run_eagerly:
+        one_step_on_data = tf.function(one_step_on_data, reduce_retracing=True)
+        one_step_on_iterator = tf.function(one_step_on_iterator, reduce_retracing=True)
+
+    def function(iterator):
+        if isinstance(iterator, (tf.data.Iterator, tf.distribute.DistributedIterator)):
+            return one_step_on_iterator(iterator)
+        return one_step_on_data(next(iter(iterator)))
+
+    return function
+
+
+def all_reduce_with_logs(grads, logs):
+    """Dense gradients summed and logs averaged over the workers, in one all-reduce.
+
+    Inside a replica step of a multi-worker strategy. The strategy packs the
+    float32 tensors of one `all_reduce` call into one collective, so the logs
+    (cast to float32) ride along with float32 gradients; with gradients of
+    another dtype they take an all-reduce of their own. Each log becomes the
+    mean of the workers' values, as Keras' `strategy.reduce("MEAN", v, axis=0)`
+    over one value per worker computes it.
+
+    Args:
+      grads: The dense gradients (tensors, `IndexedSlices` or None).
+      logs: The step's logs, a nest of tensors.
+
+    Returns:
+      (the gradients summed, None where None; the logs averaged, same nest).
+    """
+    ctx = tf.distribute.get_replica_context()
+    flat_logs = [tf.convert_to_tensor(v) for v in tf.nest.flatten(logs)]
+    values = [tf.cast(v, tf.float32) for v in flat_logs]
+    present = [g for g in grads if g is not None]
+    if all(g.dtype == tf.float32 for g in present if not isinstance(g, tf.IndexedSlices)):
+        reduced = ctx.all_reduce("SUM", present + values) if present or values else []
+        summed_grads, summed_logs = reduced[: len(present)], reduced[len(present) :]
+    else:
+        summed_grads = ctx.all_reduce("SUM", present) if present else []
+        summed_logs = ctx.all_reduce("SUM", values) if values else []
+    workers = float(ctx.num_replicas_in_sync)
+    means = [tf.cast(s / workers, v.dtype) for s, v in zip(summed_logs, flat_logs, strict=True)]
+    it = iter(summed_grads)
+    out_grads = [None if g is None else next(it) for g in grads]
+    return out_grads, tf.nest.pack_sequence_as(logs, means)

@@ -353,12 +353,23 @@ class RecModel(ModelStateMixin, keras.Model):
         # the run before it changes a weight, a table row or a step counter (and no
         # counter moves when the iterator turns out to have no batch left).
         with tf.control_dependencies([_finite.check_loss(loss)]):
+            if _keras_fixes.multi_worker(tf.distribute.get_strategy()):
+                # One all-reduce for the dense gradients and the logs (`train_function`
+                # returns the logs as reduced here); the optimizer skips its own.
+                logs = self._train_logs(x, y, y_pred, sample_weight)
+                dense_grads, logs = _keras_fixes.all_reduce_with_logs(dense_grads, logs)
+                with _keras_private.gradients_already_reduced(self.optimizer):
+                    self._apply_updates(
+                        records, dense_vars, dense_grads, sparse_grads, apply_sparse
+                    )
+                return logs
             self._apply_updates(records, dense_vars, dense_grads, sparse_grads, apply_sparse)
+        return _keras_fixes.logs_for_reduction(self._train_logs(x, y, y_pred, sample_weight))
+
+    def _train_logs(self, x, y, y_pred, sample_weight):
         if self._loss_in_network:
-            return _keras_fixes.logs_for_reduction(self._metric_results())
-        return _keras_fixes.logs_for_reduction(
-            self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
-        )
+            return self._metric_results()
+        return self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
 
     def _apply_updates(self, records, dense_vars, dense_grads, sparse_grads, apply_sparse):
         if dense_vars:
@@ -378,10 +389,20 @@ class RecModel(ModelStateMixin, keras.Model):
         self._global_step.assign_add(1)
 
     def make_train_function(self, force=False):
-        """Keras' train function; a non-finite loss raises `NanLossDuringTrainingError`."""
+        """Keras' train function; a non-finite loss raises `NanLossDuringTrainingError`.
+
+        Under a multi-worker strategy the function is `RecModel`'s own (see
+        `_keras_fixes.train_function`): the step's logs are averaged over the
+        workers in the dense gradients' all-reduce, not by Keras after the step.
+        """
         if self.train_function is not None and not force:
             return self.train_function
-        super().make_train_function(force=force)
+        if _keras_fixes.multi_worker(self.distribute_strategy):
+            # The step reduces its logs with its gradients (`train_step`): Keras'
+            # function would reduce each log again, with 2 all-reduces.
+            self.train_function = _keras_fixes.train_function(self)
+        else:
+            super().make_train_function(force=force)
         self.train_function = _finite.stop_on_nan(self, self.train_function)
         return self.train_function
 

@@ -81,6 +81,36 @@ def build(opt_name: str):
     return model
 
 
+def step_collectives(fit) -> dict:
+    """Collective ops per kind in the graph of the training step that `fit` traces and runs.
+
+    TensorFlow records the graph of every function it runs while run metadata is on;
+    the step's graph is the one that reads the batch with the most collectives.
+    """
+    from tensorflow.python.eager import context
+
+    ctx = context.context()
+    ctx.enable_run_metadata()
+    try:
+        out = fit()
+        metadata = ctx.export_run_metadata()
+    finally:
+        ctx.disable_run_metadata()
+    best: dict = {}
+    for function in metadata.function_graphs:
+        graphs = function.partition_graphs
+        nodes = [n for g in graphs for n in g.node]
+        nodes += [n for g in graphs for f in g.library.function for n in f.node_def]
+        if any(n.op == "IteratorGetNext" for n in nodes):
+            counts: dict = {}
+            for n in nodes:
+                if n.op.startswith("Collective"):
+                    counts[n.op] = counts.get(n.op, 0) + 1
+            if sum(counts.values()) > sum(best.values()):
+                best = counts
+    return best, out
+
+
 def _export(result: dict, prefix: str, model) -> None:
     for table in model.tables:
         for field, value in table.export().items():
@@ -190,7 +220,18 @@ def main(out_dir: str) -> None:
         with STRATEGY.scope():
             model = build(opt_name)
         callbacks = [_checkpoint(out_dir, model)] if opt_name == "sgd" else []
-        history = model.fit(data(), epochs=STEPS, steps_per_epoch=1, verbose=0, callbacks=callbacks)
+
+        def fit(model=model, callbacks=callbacks):
+            return model.fit(
+                data(), epochs=STEPS, steps_per_epoch=1, verbose=0, callbacks=callbacks
+            )
+
+        if MULTI and opt_name == "adagrad":
+            counts, history = step_collectives(fit)
+            result["adagrad/all_reduces"] = np.asarray(counts.get("CollectiveReduceV2", 0))
+            result["adagrad/all_to_alls"] = np.asarray(counts.get("CollectiveAllToAllV2", 0))
+        else:
+            history = fit()
         result[f"{opt_name}/loss"] = np.asarray(history.history["loss"])
         if opt_name == "sgd":  # evaluation and prediction look the tables up too
             result["sgd/eval_loss"] = np.asarray(model.evaluate(data(), steps=5, verbose=0))

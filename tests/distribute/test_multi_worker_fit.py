@@ -21,6 +21,16 @@ def test_each_step_loss_equals_one_process(runs, opt):
 
 
 @pytest.mark.timeout(600)
+def test_a_training_step_makes_one_all_reduce(runs):
+    """The dense gradients and the loss log share one all-reduce; the tables' ids, rows
+    and gradients take 4 all-to-alls (sizes, ids, rows, gradients)."""
+    _, workers = runs
+    for w in workers:
+        assert int(w["adagrad/all_reduces"]) == 1
+        assert int(w["adagrad/all_to_alls"]) == 4
+
+
+@pytest.mark.timeout(600)
 def test_evaluate_and_predict_equal_one_process(runs):
     single, workers = runs
     for w in workers:
