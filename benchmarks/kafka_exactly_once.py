@@ -407,27 +407,32 @@ def main(argv=None) -> int:
     rng = random.Random(args.seed)
     broker, address = start_broker(seconds=3600)
     try:
-        results = [
-            campaign(f, address, work, kills, max_steps, rng, args.run_timeout, k, max_delay)
-            for k in per_message
-            for f in args.frontends.split(",")
-        ]
+        results = []
+        for k in per_message:
+            for f in args.frontends.split(","):
+                r = campaign(
+                    f, address, work, kills, max_steps, rng, args.run_timeout, k, max_delay
+                )
+                results.append(r)
+                print(
+                    f"{r['frontend']:10s} rows/message={r['rows_per_message']} kills={r['kills']} "
+                    f"runs={len(r['runs'])} versions={r['versions_checked']} "
+                    f"(deltas {r['delta_versions']}, mid-message {r['versions_mid_message']}) "
+                    f"restarts_mid_message={r['restarts_mid_message']} "
+                    f"final_step={r['final_step']} "
+                    f"rows={r['rows_trained_final']}/{r['rows_produced']} "
+                    f"every_row_once={r['every_row_once']} "
+                    f"problems={len(r['version_problems'])} "
+                    f"broker_ahead={r['broker_ahead']} seconds={r['seconds']}",
+                    flush=True,
+                )
+                if args.out:  # after each campaign: a cut long run keeps what it found
+                    with open(args.out, "w") as out:
+                        command = "python " + " ".join(sys.argv)
+                        json.dump({"command": command, "results": results}, out, indent=1)
     finally:
         broker.stdin.close()
         broker.wait(timeout=30)
-    for r in results:
-        print(
-            f"{r['frontend']:10s} rows/message={r['rows_per_message']} kills={r['kills']} "
-            f"runs={len(r['runs'])} versions={r['versions_checked']} "
-            f"(deltas {r['delta_versions']}, mid-message {r['versions_mid_message']}) "
-            f"restarts_mid_message={r['restarts_mid_message']} "
-            f"final_step={r['final_step']} rows={r['rows_trained_final']}/{r['rows_produced']} "
-            f"every_row_once={r['every_row_once']} problems={len(r['version_problems'])} "
-            f"broker_ahead={r['broker_ahead']} seconds={r['seconds']}"
-        )
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump({"command": "python " + " ".join(sys.argv), "results": results}, f, indent=1)
     return 0
 
 
