@@ -2,13 +2,21 @@ r"""Exactly once from Kafka: SIGKILLs during training from a topic, then restart
 
 It starts a Kafka cluster on 127.0.0.1 (`kafka_mock_broker.py`) and writes N
 generated Criteo rows into a 4-partition topic, row i carrying the text
-`row<i>` in its last categorical column (C26): a key no other row shares. For
-each front end it trains from the topic in a subprocess (Keras:
+`row<i>` in its last categorical column (C26): a key no other row shares. A
+message holds `--rows_per_message` consecutive rows (line-separated; the last
+message may hold fewer); with several, the batch size (32) does not divide it
+(7 rows, say), so minibatches end inside messages and saves land there: the
+saved position is then (offset of the first message not wholly trained on,
+rows of it trained on) per partition. For each value of `--rows_per_message`
+and each front end it trains from the topic in a subprocess (Keras:
 `npu_rec.scripts.online_train`, step saves plus timed delta saves; Estimator:
 `npu_rec.scripts.train --frontend=estimator`, step saves) that is SIGKILLed (its
-process group) at a random point after it commits a new version, `--kills`
-times, the same command restarted each time; a last run trains to
-`--max_steps`, where the N rows are used up.
+process group) at a random point (0 to `--max_delay` s after its first to
+third new commit; a run that ended before it is reported as
+"ended_before_kill"), `--kills` times, the same command restarted each time; a
+last run trains to `--max_steps`, where the N rows are used up. Each kill
+records the step the next run resumes at, and whether that version's position
+is inside a message (`restarts_mid_message`).
 
 What a version trained on is read from the committed checkpoint itself: the
 table keeps per key the number of training lookups (`counts`, saved with each
@@ -16,16 +24,18 @@ version and restored with it), so the `row<i>` keys of a version's table are the
 rows its whole lineage trained on, with multiplicity, across every kill and
 restart. For every committed version it checks:
   * each row key has count 1 (no row trained twice), and the rows are exactly
-    the messages before the version's saved offsets (its reading position), so
-    the next run starts at the first row the version has not trained on;
-  * the offsets sum to `step * batch_size`;
+    those before the version's saved position (the messages before its offsets
+    plus the first `rows` rows of the message at an offset), so the next run
+    starts at the first row the version has not trained on;
+  * the rows before the saved position number `step * batch_size`;
 and for the final version that its rows are the N rows produced (none lost), and
 that the group's offsets on the broker are not ahead of it (they may trail it: a
 process killed right after a commit may not have sent that commit's offsets).
 
 Usage:
-  python benchmarks/kafka_exactly_once.py --mode=short        # 1 kill per front end (CI)
+  python benchmarks/kafka_exactly_once.py --mode=short   # 1 kill per front end and rows/message
   python benchmarks/kafka_exactly_once.py --mode=long --out=kafka.json   # 10 kills each
+  python benchmarks/kafka_exactly_once.py --mode=long --rows_per_message=7   # 7 rows only
 """
 
 from __future__ import annotations
@@ -125,8 +135,9 @@ def row_keys(n: int) -> dict[int, int]:
     return keys
 
 
-def message_rows(address: str, topic: str, n: int) -> dict[tuple[int, int], int]:
-    """(partition, offset) -> row number of every message of `topic` (read back)."""
+def message_rows(address: str, topic: str, n: int) -> dict[tuple[int, int], list[int]]:
+    """(partition, offset) -> the row numbers, in order, of each of the `n` messages of
+    `topic` (read back)."""
     import confluent_kafka as ck
 
     c = ck.Consumer(
@@ -144,15 +155,29 @@ def message_rows(address: str, topic: str, n: int) -> dict[tuple[int, int], int]
         while len(out) < n and time.monotonic() < deadline:
             for m in c.consume(1000, 1.0):
                 if m.error() is None:
-                    out[(m.partition(), m.offset())] = int(m.value().rsplit(b",row", 1)[1])
+                    out[(m.partition(), m.offset())] = [
+                        int(line.rsplit(b",row", 1)[1]) for line in m.value().split(b"\n")
+                    ]
     finally:
         c.close()
     assert len(out) == n, f"read back {len(out)} of {n} messages"
     return out
 
 
+def newest_step(model_dir: str) -> int:
+    """The step of the newest committed version (0: none)."""
+    from npu_rec.checkpoint import VersionLog
+
+    if not os.path.isdir(os.path.join(model_dir, "commits")):
+        return 0
+    return max((v.step for v in VersionLog(model_dir).versions()), default=0)
+
+
 def run(cmd, model_dir: str, timeout: float, kill: tuple[int, float] | None):
-    """Runs `cmd`; with `kill=(k, delay)`, SIGKILLs its group `delay` s after its k-th commit."""
+    """Runs `cmd`; with `kill=(k, delay)`, SIGKILLs its group `delay` s after its k-th commit.
+
+    Returns (end, stderr's tail): "killed" (the process was still running when killed),
+    "ended_before_kill", "done", "failed" or "timeout"."""
     from npu_rec.checkpoint import VersionLog
 
     log = VersionLog(model_dir)
@@ -173,9 +198,10 @@ def run(cmd, model_dir: str, timeout: float, kill: tuple[int, float] | None):
         while proc.poll() is None and time.monotonic() < deadline:
             if kill is not None and committed() - before >= kill[0]:
                 time.sleep(kill[1])
+                running = proc.poll() is None
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
-                return "killed", ""
+                return ("killed" if running else "ended_before_kill"), ""
             time.sleep(0.02)
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -232,7 +258,21 @@ def broker_offsets(address: str, topic: str) -> list[int]:
         c.close()
 
 
-def check_version(v: dict, keys: dict[int, int], where: dict[tuple[int, int], int]) -> list:
+def before_position(state: dict, where: dict[tuple[int, int], list[int]]) -> set[int]:
+    """The rows before a saved reading position: per partition, those of the messages
+    before its offset and the first `rows` rows of the message at its offset."""
+    offsets = {int(p): int(o) for p, o in state["offsets"].items()}
+    inside = {int(p): int(k) for p, k in (state.get("rows") or {}).items()}
+    out = set()
+    for (p, off), rows in where.items():
+        if off < offsets.get(p, 0):
+            out.update(rows)
+        elif off == offsets.get(p, 0):
+            out.update(rows[: inside.get(p, 0)])
+    return out
+
+
+def check_version(v: dict, keys: dict[int, int], where: dict[tuple[int, int], list[int]]) -> list:
     """What is wrong with one committed version (empty: nothing)."""
     problems = []
     trained = {keys[k]: c for k, c in v["counts"].items() if k in keys}
@@ -241,34 +281,47 @@ def check_version(v: dict, keys: dict[int, int], where: dict[tuple[int, int], in
         problems.append(f"rows trained more than once: {twice[:10]}")
     if v["state"] is None:
         return [*problems, "no saved reading position"]
-    offsets = {int(p): int(o) for p, o in v["state"]["offsets"].items()}
-    if sum(offsets.values()) != v["step"] * BATCH:
-        problems.append(f"offsets {offsets} do not sum to step {v['step']} * {BATCH}")
-    below = {r for (p, off), r in where.items() if off < offsets.get(p, 0)}
+    below = before_position(v["state"], where)
+    if len(below) != v["step"] * BATCH:
+        problems.append(
+            f"position {v['state']['offsets']} rows {v['state'].get('rows')} is "
+            f"{len(below)} rows in, not step {v['step']} * {BATCH}"
+        )
     if set(trained) != below:
         lost, extra = sorted(below - set(trained)), sorted(set(trained) - below)
         problems.append(
-            f"rows trained != messages before the saved offsets: {len(lost)} not trained "
+            f"rows trained != rows before the saved position: {len(lost)} not trained "
             f"{lost[:10]}, {len(extra)} beyond the offsets {extra[:10]}"
         )
     return problems
 
 
-def campaign(frontend, address, work, kills, max_steps, rng, run_timeout) -> dict:
-    from npu_rec.scripts.produce_sample import produce
+def campaign(
+    frontend, address, work, kills, max_steps, rng, run_timeout, per_message, max_delay
+) -> dict:
+    from npu_rec.scripts.produce_sample import messages, produce
 
     n = BATCH * max_steps
-    topic = f"exactly-once-{frontend}"
-    produce(address, topic, rows(n))
-    keys, where = row_keys(n), message_rows(address, topic, n)
-    model_dir = os.path.join(work, frontend)
+    topic = f"exactly-once-{frontend}-{per_message}"
+    sent = produce(address, topic, messages(rows(n), per_message))
+    keys, where = row_keys(n), message_rows(address, topic, sent)
+    assert sorted(r for rs in where.values() for r in rs) == list(range(n))
+    model_dir = os.path.join(work, f"{frontend}-{per_message}")
     cmd = command(frontend, address, topic, model_dir, max_steps)
     runs, failures = [], []
     start = time.monotonic()
     for _ in range(kills):
-        kill = (rng.randint(1, 3), rng.uniform(0.0, 1.0))
+        kill = (rng.randint(1, 3), rng.uniform(0.0, max_delay))
         outcome, err = run(cmd, model_dir, run_timeout, kill)
-        runs.append({"kill_after_commits": kill[0], "delay_s": round(kill[1], 3), "end": outcome})
+        runs.append(
+            {
+                "kill_after_commits": kill[0],
+                "delay_s": round(kill[1], 3),
+                "end": outcome,
+                # The version the next run restores (the newest committed at the kill).
+                "resumes_at_step": newest_step(model_dir),
+            }
+        )
         if outcome != "killed":
             failures.append(err)
     outcome, err = run(cmd, model_dir, run_timeout, None)
@@ -279,11 +332,20 @@ def campaign(frontend, address, work, kills, max_steps, rng, run_timeout) -> dic
     found = versions(model_dir)
     problems = {v["step"]: p for v in found if (p := check_version(v, keys, where))}
     final = max(found, key=lambda v: v["step"]) if found else None
+    by_step = {v["step"]: v for v in found}
     trained = sorted(keys[k] for k in final["counts"] if k in keys) if final else []
     on_broker = broker_offsets(address, topic)
     saved = [int(final["state"]["offsets"].get(str(p), 0)) for p in range(4)] if final else []
+    inside = [
+        bool(any(int(k) for k in (v["state"].get("rows") or {}).values()))
+        if (v := by_step.get(r.get("resumes_at_step"))) and v["state"]
+        else False
+        for r in runs[:-1]
+    ]
     return {
         "frontend": frontend,
+        "rows_per_message": per_message,
+        "messages": sent,
         "rows_produced": n,
         "runs": runs,
         "kills": sum(r["end"] == "killed" for r in runs),
@@ -291,6 +353,13 @@ def campaign(frontend, address, work, kills, max_steps, rng, run_timeout) -> dic
         "seconds": round(seconds, 1),
         "versions_checked": len(found),
         "delta_versions": sum(v["kind"] == "delta" for v in found),
+        # Saved inside a message: some partition's position has rows of a message.
+        # Restarts that resumed inside a message (passing its rows trained on).
+        "restarts_mid_message": sum(inside),
+        "versions_mid_message": sum(
+            bool(v["state"] and any(int(k) for k in (v["state"].get("rows") or {}).values()))
+            for v in found
+        ),
         "final_step": final["step"] if final else 0,
         "rows_trained_final": len(trained),
         "every_row_once": trained == list(range(n)) and all(final["counts"][k] == 1 for k in keys),
@@ -312,31 +381,58 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default=None)
     parser.add_argument("--run_timeout", type=float, default=240.0)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--max_delay", type=float, default=None, help="kill 0..max_delay s after the commit"
+    )
+    parser.add_argument(
+        "--rows_per_message",
+        default="1,7",
+        help="rows per message; a comma list runs the campaign once per value (7: the "
+        "batch of 32 rows ends inside messages)",
+    )
     args = parser.parse_args(argv)
+    per_message = [int(k) for k in args.rows_per_message.split(",")]
+    if not per_message or min(per_message) < 1:
+        raise ValueError(
+            "`--rows_per_message` must list integers >= 1. "
+            f"Received: --rows_per_message={args.rows_per_message!r}"
+        )
     kills = args.kills if args.kills is not None else (1 if args.mode == "short" else 10)
     max_steps = args.max_steps or (24 if args.mode == "short" else 300)
+    # Short runs train 24 steps in about 2 s: a shorter delay keeps the kill inside them.
+    max_delay = (
+        args.max_delay if args.max_delay is not None else (0.2 if args.mode == "short" else 1.0)
+    )
     work = args.work_dir or tempfile.mkdtemp(prefix="npu_rec_kafka_")
     rng = random.Random(args.seed)
     broker, address = start_broker(seconds=3600)
     try:
-        results = [
-            campaign(f, address, work, kills, max_steps, rng, args.run_timeout)
-            for f in args.frontends.split(",")
-        ]
+        results = []
+        for k in per_message:
+            for f in args.frontends.split(","):
+                r = campaign(
+                    f, address, work, kills, max_steps, rng, args.run_timeout, k, max_delay
+                )
+                results.append(r)
+                print(
+                    f"{r['frontend']:10s} rows/message={r['rows_per_message']} kills={r['kills']} "
+                    f"runs={len(r['runs'])} versions={r['versions_checked']} "
+                    f"(deltas {r['delta_versions']}, mid-message {r['versions_mid_message']}) "
+                    f"restarts_mid_message={r['restarts_mid_message']} "
+                    f"final_step={r['final_step']} "
+                    f"rows={r['rows_trained_final']}/{r['rows_produced']} "
+                    f"every_row_once={r['every_row_once']} "
+                    f"problems={len(r['version_problems'])} "
+                    f"broker_ahead={r['broker_ahead']} seconds={r['seconds']}",
+                    flush=True,
+                )
+                if args.out:  # after each campaign: a cut long run keeps what it found
+                    with open(args.out, "w") as out:
+                        command = "python " + " ".join(sys.argv)
+                        json.dump({"command": command, "results": results}, out, indent=1)
     finally:
         broker.stdin.close()
         broker.wait(timeout=30)
-    for r in results:
-        print(
-            f"{r['frontend']:10s} kills={r['kills']} runs={len(r['runs'])} "
-            f"versions={r['versions_checked']} (deltas {r['delta_versions']}) "
-            f"final_step={r['final_step']} rows={r['rows_trained_final']}/{r['rows_produced']} "
-            f"every_row_once={r['every_row_once']} problems={len(r['version_problems'])} "
-            f"broker_ahead={r['broker_ahead']} seconds={r['seconds']}"
-        )
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump({"command": " ".join(sys.argv), "results": results}, f, indent=1)
     return 0
 
 

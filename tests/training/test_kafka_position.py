@@ -1,7 +1,8 @@
-"""Training from a Kafka topic: the offsets travel with the checkpoints of both front ends.
+"""Training from a Kafka topic: the position travels with the checkpoints of both front ends.
 
-Row i of a topic is at partition i % 4, offset i // 4 and carries `rid=i`, so the rows a
-model has trained on can be compared with the messages before its saved offsets.
+A message holds 3 rows (rows 3m..3m+2 in message m, at partition m % 4, offset m // 4;
+row i carries `rid=i`): a batch of 8 rows ends inside a message, so saves land there. The
+rows a model has trained on are compared with the rows before its saved position.
 """
 
 import keras
@@ -20,6 +21,7 @@ from npu_rec.training._data_position import load_position  # noqa: E402
 from tests.kafka_broker import mock_broker, topic_with  # noqa: E402
 
 BATCH = 8
+PER_MESSAGE = 3
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +31,13 @@ def broker():
 
 
 def rows_topic(broker, n):
-    return topic_with(broker, [f"{i % 2},{i},c{i % 13}" for i in range(n)])
+    lines = [f"{i % 2},{i},c{i % 13}" for i in range(n)]
+    k = PER_MESSAGE
+    return topic_with(broker, ["\n".join(lines[i : i + k]) for i in range(0, n, k)])
+
+
+def partition(row: int) -> int:
+    return row // PER_MESSAGE % 4
 
 
 def source(broker, topic):
@@ -44,9 +52,16 @@ def source(broker, topic):
     )
 
 
-def below(offsets: dict) -> list[int]:
-    """The rows before `offsets` ({"partition": next unread offset}), sorted."""
-    return sorted(4 * off + int(p) for p, end in offsets.items() for off in range(end))
+def below(state: dict) -> list[int]:
+    """The rows before a saved position (per partition: the messages before its offset and
+    the first `rows` rows of the message at it), sorted."""
+    out = []
+    for p, end in state["offsets"].items():
+        inside = int((state.get("rows") or {}).get(p, 0))
+        for off in range(end + 1):
+            first = (4 * off + int(p)) * PER_MESSAGE
+            out += range(first, first + (PER_MESSAGE if off < end else inside))
+    return sorted(out)
 
 
 # ----------------------------------------------------------------------------- Keras
@@ -106,8 +121,8 @@ def keras_run(broker, topic, directory, steps, log, *, workers=1, rank=0, crash_
     return ckpt
 
 
-def keras_offsets(directory, step):
-    return load_position(f"{directory}/state-{step:012d}.json")["data"]["offsets"]
+def keras_position(directory, step):
+    return load_position(f"{directory}/state-{step:012d}.json")["data"]
 
 
 def test_keras_restore_model_version_rewinds_the_offsets(broker, tmp_path):
@@ -115,19 +130,20 @@ def test_keras_restore_model_version_rewinds_the_offsets(broker, tmp_path):
     npu_rec.init()
     first = []
     keras_run(broker, topic, directory, 8, first)
-    assert sorted(first) == below(keras_offsets(directory, 8))
+    assert sorted(first) == below(keras_position(directory, 8))
 
     npu_rec.shutdown()
     npu_rec.init(if_load=True, restore_model_version=4)
     again = []
     ckpt = keras_run(broker, topic, directory, 2, again)
     assert ckpt.restored_step == 4
-    at4 = keras_offsets(directory, 4)
+    at4 = keras_position(directory, 4)
+    assert at4["rows"]  # 32 rows: version 4 ends inside a message
     assert sorted(first[: 4 * BATCH]) == below(at4)
     # The rows after version 4's offsets, not after the newer version 8's.
     assert not set(again) & set(first[: 4 * BATCH])
     lineage = sorted(first[: 4 * BATCH] + again)
-    assert lineage == below(keras_offsets(directory, 6))
+    assert lineage == below(keras_position(directory, 6))
     npu_rec.shutdown()
 
 
@@ -141,15 +157,16 @@ def test_keras_workers_read_disjoint_partitions_and_resume_after_a_kill(broker, 
     keras_run(broker, topic, str(tmp_path / "w0"), 6, w0, workers=2, rank=0)
     with pytest.raises(KeyboardInterrupt):
         keras_run(broker, topic, str(tmp_path / "w1"), 6, w1_killed, workers=2, rank=1, crash_at=3)
-    assert {r % 4 for r in w0} == {0, 2} and {r % 4 for r in w1_killed} <= {1, 3}
+    assert {partition(r) for r in w0} == {0, 2} and {partition(r) for r in w1_killed} <= {1, 3}
     npu_rec.shutdown()
     npu_rec.init(if_load=True)
     ckpt = keras_run(broker, topic, str(tmp_path / "w1"), 4, w1, workers=2, rank=1)
-    assert ckpt.restored_step == 2  # the last save before the kill
+    assert ckpt.restored_step == 2  # the last save before the kill (inside a message)
+    assert keras_position(str(tmp_path / "w1"), 2)["rows"]
     lineage1 = w1_killed[: 2 * BATCH] + w1
     assert sorted(w0 + lineage1) == list(range(n))
-    assert sorted(lineage1) == below(keras_offsets(str(tmp_path / "w1"), 6))
-    assert set(keras_offsets(str(tmp_path / "w1"), 6)) == {"1", "3"}
+    assert sorted(lineage1) == below(keras_position(str(tmp_path / "w1"), 6))
+    assert set(keras_position(str(tmp_path / "w1"), 6)["offsets"]) == {"1", "3"}
     npu_rec.shutdown()
 
 
@@ -211,7 +228,7 @@ def test_estimator_restore_model_version_rewinds_the_offsets(broker, tmp_path):
     topic = rows_topic(broker, 160)
 
     def offsets(step):
-        return load_position(str(tmp_path / f"data_position-{step}.json"))["offsets"]
+        return load_position(str(tmp_path / f"data_position-{step}.json"))
 
     npu_rec.shutdown()
     npu_rec.init()
@@ -223,6 +240,7 @@ def test_estimator_restore_model_version_rewinds_the_offsets(broker, tmp_path):
     again = []
     estimator_run(broker, topic, tmp_path, 6, again)
     assert len(again) == 2 * BATCH
+    assert offsets(4)["rows"]  # 32 rows: version 4 ends inside a message
     assert not set(again) & set(first[: 4 * BATCH])
     assert sorted(first[: 4 * BATCH] + again) == below(offsets(6))
     npu_rec.shutdown()
@@ -233,7 +251,7 @@ def test_estimator_workers_read_disjoint_partitions_and_resume_after_a_kill(brok
     topic = rows_topic(broker, n)
 
     def offsets(worker, step):
-        return load_position(str(tmp_path / worker / f"data_position-{step}.json"))["offsets"]
+        return load_position(str(tmp_path / worker / f"data_position-{step}.json"))
 
     npu_rec.shutdown()
     npu_rec.init()
@@ -241,12 +259,13 @@ def test_estimator_workers_read_disjoint_partitions_and_resume_after_a_kill(brok
     estimator_run(broker, topic, tmp_path / "w0", 6, w0, workers=2, rank=0)
     with pytest.raises(KeyboardInterrupt):
         estimator_run(broker, topic, tmp_path / "w1", 6, w1_killed, workers=2, rank=1, crash_at=3)
-    assert {r % 4 for r in w0} == {0, 2} and {r % 4 for r in w1_killed} <= {1, 3}
+    assert {partition(r) for r in w0} == {0, 2} and {partition(r) for r in w1_killed} <= {1, 3}
     npu_rec.shutdown()
     npu_rec.init()
     estimator_run(broker, topic, tmp_path / "w1", 6, w1, workers=2, rank=1)
     lineage1 = w1_killed[: 2 * BATCH] + w1  # resumed from the save at step 2
+    assert offsets("w1", 2)["rows"]  # (inside a message)
     assert sorted(w0 + lineage1) == list(range(n))
     assert sorted(lineage1) == below(offsets("w1", 6))
-    assert set(offsets("w1", 6)) == {"1", "3"}
+    assert set(offsets("w1", 6)["offsets"]) == {"1", "3"}
     npu_rec.shutdown()
