@@ -626,9 +626,8 @@ def tier_round(
             # A save that read the cold tier before the damage may still commit.
             after = _seqs(model_dir) - hurt.get("seq", 0)
             result["versions_after_corruption"] = max(result["versions_after_corruption"], after)
-            result["corruption_errors"].append(
-                next((ln for ln in err.splitlines() if "SegmentCorruptedError" in ln), "")[:300]
-            )
+            at = err.find("SegmentCorruptedError")
+            result["corruption_errors"].append(err[at : at + 300] if at >= 0 else err[-300:])
         else:
             outcome, pid, err = run(cmd, timeout)
             if outcome != "done":
@@ -708,7 +707,7 @@ TIER_COLUMNS = [
 
 def main_tier():
     kills = _KILLS.value if _KILLS.value is not None else (1 if _MODE.value == "short" else 3)
-    max_steps = _MAX_STEPS.value or (40 if _MODE.value == "short" else 200)
+    max_steps = _MAX_STEPS.value or (24 if _MODE.value == "short" else 200)
     work = _WORK_DIR.value or tempfile.mkdtemp(prefix="npu_rec_tier_faults_")
     fronts = _FRONTENDS.value
     if _MODE.value == "short":  # the points shared between the front ends
