@@ -627,7 +627,8 @@ def tier_round(
             after = _seqs(model_dir) - hurt.get("seq", 0)
             result["versions_after_corruption"] = max(result["versions_after_corruption"], after)
             at = err.find("SegmentCorruptedError")
-            result["corruption_errors"].append(err[at : at + 300] if at >= 0 else err[-300:])
+            shown = err[at : at + 300] if at >= 0 else err[-300:]
+            result["corruption_errors"].append(shown.replace(ssd_dir, "<ssd_path>"))
         else:
             outcome, pid, err = run(cmd, timeout)
             if outcome != "done":
@@ -748,7 +749,10 @@ def main_tier():
                     "mode": _MODE.value,
                     "kills_per_point": kills,
                     "max_steps": max_steps,
-                    "command": " ".join(sys.argv),
+                    # without the paths of this machine (--work_dir, --out)
+                    "command": " ".join(
+                        a for a in sys.argv if not a.startswith(("--work_dir", "--out"))
+                    ),
                     "results": results,
                 },
                 f,
