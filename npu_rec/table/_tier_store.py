@@ -187,6 +187,7 @@ class SegmentStore:
         segment_bytes: int = DEFAULT_SEGMENT_BYTES,
         slot_widths=None,
     ):
+        self._kill_at = _kill_at()  # test-only (see module docstring)
         self.name = name
         self.dim = dim
         self.slot_names = list(slot_names)
@@ -204,7 +205,6 @@ class SegmentStore:
         for d in self.dirs:
             os.makedirs(d)
         _OPEN.add(self)
-        self._kill_at = _kill_at()
         self.period = 0
         self._segments: dict[int, dict] = {}  # number -> {path, fd, map, live, used}
         self._next_segment = 0
