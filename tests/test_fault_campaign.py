@@ -1,4 +1,5 @@
-"""The short fault campaigns: kills and a full disk, then damaged checkpoints, both front ends."""
+"""The short fault campaigns, both front ends: kills and a full disk, damaged checkpoints,
+and kills aimed at a tiered table's promotion, demotion, compaction and save."""
 
 import json
 import os
