@@ -48,6 +48,22 @@ edited data position, a deleted commit record) in a copy of that model_dir:
   the model_dir or under `retired/`) and no temporary file or uncommitted part
   is left.
 
+With `--campaign=tier` the kills are aimed at a tiered table (`--memory_rows`,
+default 200, and segments of `--segment_bytes`, so every step promotes and
+demotes and segments seal and compact): each run is started with the
+test-only `NPU_REC_TIER_KILL=<point>:<n>` (`npu_rec/table/_tier_store.py`),
+which SIGKILLs it the n-th time (n drawn to land after a few steps) it
+reaches a promotion, a demotion, a compaction or a save's read of the cold
+tier; the same command is restarted. Then one run has its segment files
+damaged while it trains (a byte of every written 8-byte word flipped, once it
+has committed a version): it must fail naming a damaged file
+(`SegmentCorruptedError`) and commit nothing from the damaged data, and the
+restart resumes from the newest committed version. The checks are those of
+the kills campaign (resumed, every version equal to the uninterrupted run's,
+positions, leftovers), plus the segment directories left behind. Short mode
+shares the four points between the front ends; long mode gives each front end
+all four, `--kills` times each.
+
 It prints a table and writes JSON (`--out`).
 
 Usage:
@@ -56,14 +72,18 @@ Usage:
   python benchmarks/fault_campaign.py --campaign=corruption --mode=short   # (CI)
   python benchmarks/fault_campaign.py --campaign=corruption --mode=long --rounds=3
   python benchmarks/fault_campaign.py --mode=short --memory_rows=200   # tiered tables
+  python benchmarks/fault_campaign.py --campaign=tier --mode=short     # aimed kills (CI)
+  python benchmarks/fault_campaign.py --campaign=tier --mode=long --kills=3 --out=tier.json
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import json
 import os
 import random
+import re
 import resource
 import shutil
 import signal
@@ -80,13 +100,16 @@ sys.path.insert(0, ROOT)
 
 from npu_rec.checkpoint import Version, VersionLog, read_file  # noqa: E402
 from npu_rec.checkpoint._versions import PART, RETIRED, TEMPORARY, table_parts, unseal  # noqa: E402
+from npu_rec.table._tier_store import KILL_ENV, KILL_POINTS  # noqa: E402
 
 _MODE = flags.DEFINE_enum("mode", "short", ["short", "long"], "short: a few kills (CI).")
 _CAMPAIGN = flags.DEFINE_enum(
     "campaign",
     "kills",
-    ["kills", "corruption"],
-    "kills: SIGKILLs and a full disk; corruption: damaged checkpoints, inspected and restarted.",
+    ["kills", "corruption", "tier"],
+    "kills: SIGKILLs and a full disk; corruption: damaged checkpoints, inspected and restarted; "
+    "tier: kills aimed at a tiered table's promotion, demotion, compaction and save, and "
+    "damaged segment files.",
 )
 _RESTARTS = flags.DEFINE_integer(
     "restarts",
@@ -99,7 +122,8 @@ _RESTARTS = flags.DEFINE_integer(
 _KILLS = flags.DEFINE_integer(
     "kills",
     None,
-    "SIGKILLs in all (split between the front ends); default 2 (short) or 100 (long).",
+    "SIGKILLs in all (split between the front ends); default 2 (short) or 100 (long). "
+    "Tier campaign: kills per point and front end; default 1 (short) or 3 (long).",
     lower_bound=0,
 )
 _FRONTENDS = flags.DEFINE_list("frontends", ["keras", "estimator"], "Front ends to test.")
@@ -125,6 +149,13 @@ _MEMORY_ROWS = flags.DEFINE_integer(
     None,
     "Tiered tables: the runs train with --memory_rows=N and an --ssd_path beside the model_dir.",
     lower_bound=1,
+)
+_SEGMENT_BYTES = flags.DEFINE_integer(
+    "segment_bytes",
+    None,
+    "Tiered tables: bytes of a segment file (NPU_REC_TIER_SEGMENT_BYTES); default 4096 in the "
+    "tier campaign (segments seal and compact within a few steps), else the table's.",
+    lower_bound=64,
 )
 _WORK_DIR = flags.DEFINE_string("work_dir", None, "Where model_dirs go (default: a temp dir).")
 _OUT = flags.DEFINE_string("out", None, "Write the results as JSON here.")
@@ -171,6 +202,8 @@ def command(
 def _tier_flags(model_dir: str) -> list[str]:
     """--memory_rows and --ssd_path of a tiered campaign (`--memory_rows`), else none."""
     rows = _MEMORY_ROWS.value if flags.FLAGS.is_parsed() else None
+    if rows is None and flags.FLAGS.is_parsed() and _CAMPAIGN.value == "tier":
+        rows = 200
     if rows is None:
         return []
     return [f"--memory_rows={rows}", f"--ssd_path={model_dir.rstrip(os.sep)}_ssd"]
@@ -182,6 +215,13 @@ def _env() -> dict:
         PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
         TF_CPP_MIN_LOG_LEVEL="3",
     )
+    env.pop(KILL_ENV, None)
+    if flags.FLAGS.is_parsed():
+        size = _SEGMENT_BYTES.value
+        if size is None and _CAMPAIGN.value == "tier":
+            size = 4096
+        if size is not None:
+            env["NPU_REC_TIER_SEGMENT_BYTES"] = str(size)
     return env
 
 
@@ -193,10 +233,21 @@ def _seqs(model_dir: str) -> int:
     return found[-1].seq if found else 0
 
 
-def run(cmd, timeout: float, kill_delay: float | None = None, fsize: int | None = None):
+def run(
+    cmd,
+    timeout: float,
+    kill_delay: float | None = None,
+    fsize: int | None = None,
+    env: dict | None = None,
+    after_commit=None,
+):
     """Runs `cmd`; with `kill_delay`, SIGKILLs its group that long after its first commit.
 
-    Returns (outcome, pid): outcome "done", "killed", "failed" or "timeout".
+    `env`: more environment variables. `after_commit`: called once with the
+    process's pid `kill_delay` (or 0) seconds after its first commit.
+
+    Returns (outcome, pid, stderr's tail): outcome "done", "killed" (by the
+    campaign, or by itself: a SIGKILL status), "failed" or "timeout".
     """
     model_dir = next(a.split("=", 1)[1] for a in cmd if a.startswith("--model_dir="))
     before = _seqs(model_dir)
@@ -207,7 +258,7 @@ def run(cmd, timeout: float, kill_delay: float | None = None, fsize: int | None 
 
     proc = subprocess.Popen(
         cmd,
-        env=_env(),
+        env={**_env(), **(env or {})},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         start_new_session=True,
@@ -215,11 +266,17 @@ def run(cmd, timeout: float, kill_delay: float | None = None, fsize: int | None 
     )
     deadline = time.monotonic() + timeout
     kill_at = None
+    watch = kill_delay is not None or after_commit is not None
     try:
         while proc.poll() is None and time.monotonic() < deadline:
-            if kill_delay is not None and kill_at is None and _seqs(model_dir) > before:
-                kill_at = time.monotonic() + kill_delay
+            if watch and kill_at is None and _seqs(model_dir) > before:
+                kill_at = time.monotonic() + (kill_delay or 0.0)
             if kill_at is not None and time.monotonic() >= kill_at:
+                if after_commit is not None:
+                    after_commit(proc.pid)
+                    after_commit = kill_at = None
+                    watch = False
+                    continue
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(timeout=30)
                 return "killed", proc.pid, ""
@@ -229,6 +286,10 @@ def run(cmd, timeout: float, kill_delay: float | None = None, fsize: int | None 
             proc.wait(timeout=30)
             return "timeout", proc.pid, ""
         err = proc.stderr.read().decode(errors="replace")
+        if proc.returncode == -signal.SIGKILL:  # killed itself (NPU_REC_TIER_KILL)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)  # anything it started
+            return "killed", proc.pid, err[-2000:]
         return ("done" if proc.returncode == 0 else "failed"), proc.pid, err[-2000:]
     finally:
         if proc.poll() is None:
@@ -475,6 +536,228 @@ def check(result: dict, model_dir: str, ref_dir: str, expected: dict) -> None:
         if got["position"] != want["position"]:
             result["positions_differing"] += 1
     result["leftovers"] += leftovers(model_dir)
+
+
+# ---------------------------------------------------------------- tier (aimed)
+#: Times a point is reached per training step of the campaign's model (two
+#: tiered tables, memory_rows=200, 4 KiB segments; measured, both front ends).
+TIER_RATES = {"promotion": 1.8, "demotion": 1.9, "compaction": 0.9, "save": 0.6}
+
+
+def flip_segments(ssd_dir: str, pid: int) -> list[str]:
+    """Flips a bit of every written 8-byte word of process `pid`'s segment files.
+
+    Returns the files damaged (relative to `ssd_dir`). Only the words written so
+    far (up to the file's last non-zero byte) change, in place, so records the
+    process appends meanwhile stay as written.
+    """
+    flipped = []
+    if not os.path.isdir(ssd_dir):
+        return flipped
+    mine = re.compile(rf".+\.{pid}\.\d+$")
+    for entry in sorted(os.listdir(ssd_dir)):
+        folder = os.path.join(ssd_dir, entry)
+        if not mine.match(entry) or not os.path.isdir(folder):
+            continue
+        for name in sorted(os.listdir(folder)):
+            if not name.endswith(".npr"):
+                continue
+            try:
+                fd = os.open(os.path.join(folder, name), os.O_RDWR)
+            except FileNotFoundError:  # deleted meanwhile (empty or compacted)
+                continue
+            try:
+                data = np.frombuffer(os.pread(fd, os.fstat(fd).st_size, 0), np.uint8)
+                written = np.flatnonzero(data)
+                if not len(written):
+                    continue
+                end = -(-(int(written[-1]) + 1) // 8) * 8
+                damaged = data[:end].copy()
+                damaged[::8] ^= 1
+                os.pwrite(fd, damaged.tobytes(), 0)
+                flipped.append(f"{entry}/{name}")
+            finally:
+                os.close(fd)
+    return flipped
+
+
+def tier_round(
+    result: dict,
+    model_dir: str,
+    points: list[str],
+    kills: int,
+    rng: random.Random,
+    max_steps: int,
+    timeout: float,
+) -> dict:
+    """Aimed kills, a run with damaged segments and the final run; returns pid -> origin."""
+    cmd = command(result["frontend"], model_dir, 4, max_steps, result["tables"])
+    ssd_dir = model_dir.rstrip(os.sep) + "_ssd"
+    expected: dict[int, str | None] = {}
+    plan = [p for p in points for _ in range(kills)] + ["corrupt", "finish"]
+    for what in plan:
+        latest = VersionLog(model_dir).latest() if os.path.isdir(model_dir) else None
+        if what in KILL_POINTS:
+            n = max(1, round(TIER_RATES[what] * rng.uniform(5, 12)))
+            outcome, pid, err = run(cmd, timeout, env={KILL_ENV: f"{what}:{n}"})
+            if outcome == "killed":
+                result["kills"][what] += 1
+            elif outcome == "done":  # finished before the n-th time: nothing to check
+                result["not_reached"].append(f"{what}:{n}")
+            else:
+                result["failed_restarts"].append(f"{what}:{n} run {outcome}: {err}")
+        elif what == "corrupt":
+            hurt: dict = {}
+
+            def damage_segments(pid, hurt=hurt):
+                hurt["seq"] = _seqs(model_dir)
+                hurt["files"] = flip_segments(ssd_dir, pid)
+
+            outcome, pid, err = run(cmd, timeout, after_commit=damage_segments)
+            files = hurt.get("files", [])
+            result["segments_damaged"] += len(files)
+            named = outcome == "failed" and any(os.path.basename(f) in err for f in files)
+            named = named and "SegmentCorruptedError" in err
+            result["corruption_refused_by_name"] += named
+            if not named:
+                result["failed_restarts"].append(
+                    f"damaged segments {files}: run {outcome}, not refused by name: {err}"
+                )
+            # A save that read the cold tier before the damage may still commit.
+            after = _seqs(model_dir) - hurt.get("seq", 0)
+            result["versions_after_corruption"] = max(result["versions_after_corruption"], after)
+            at = err.find("SegmentCorruptedError")
+            shown = err[at : at + 300] if at >= 0 else err[-300:]
+            result["corruption_errors"].append(shown.replace(ssd_dir, "<ssd_path>"))
+        else:
+            outcome, pid, err = run(cmd, timeout)
+            if outcome != "done":
+                result["failed_restarts"].append(f"final run {outcome}: {err}")
+        expected[pid] = None if latest is None else latest.id
+    left = []
+    if os.path.isdir(ssd_dir):
+        left = [os.path.join(d, f) for d, _, fs in os.walk(ssd_dir) for f in fs]
+    result["segment_leftovers"] += [os.path.relpath(f, ssd_dir) for f in left]
+    return expected
+
+
+def tier_campaign(
+    frontend: str,
+    points: list[str],
+    kills: int,
+    work: str,
+    rng: random.Random,
+    max_steps: int,
+    timeout: float,
+) -> dict:
+    """`kills` aimed kills at each of `points`, then damaged segments, in one model_dir."""
+    ref_dir, ref = start_reference(frontend, work, max_steps)
+    result = {
+        "frontend": frontend,
+        "tables": table_config(frontend),
+        "memory_rows": _tier_flags(ref_dir)[0].split("=")[1],
+        "segment_bytes": _env().get("NPU_REC_TIER_SEGMENT_BYTES"),
+        "kernels": os.environ.get("NPU_REC_KERNELS", "auto"),
+        "points": points,
+        "kills": dict.fromkeys(points, 0),
+        "not_reached": [],
+        "segments_damaged": 0,
+        "corruption_refused_by_name": 0,
+        "versions_after_corruption": 0,
+        "corruption_errors": [],
+        "failed_restarts": [],
+        "restarts_checked": 0,
+        "resumed_from_newest": 0,
+        "versions_compared": 0,
+        "corrupt_or_inconsistent": 0,
+        "positions_differing": 0,
+        "max_difference": 0.0,
+        "leftovers": [],
+        "segment_leftovers": [],
+    }
+    start = time.monotonic()
+    model_dir = os.path.join(work, f"{frontend}_tier")
+    shutil.rmtree(model_dir, ignore_errors=True)
+    shutil.rmtree(model_dir + "_ssd", ignore_errors=True)
+    expected = tier_round(result, model_dir, points, kills, rng, max_steps, timeout)
+    try:
+        ref.wait(timeout=max(60.0, 4 * timeout - (time.monotonic() - start)))
+    except subprocess.TimeoutExpired:
+        os.killpg(ref.pid, signal.SIGKILL)
+        ref.wait(timeout=30)
+    result["seconds"] = round(time.monotonic() - start, 1)
+    check(result, model_dir, ref_dir, expected)
+    return result
+
+
+TIER_COLUMNS = [
+    "frontend",
+    "tables",
+    "kills",
+    "corruption_refused_by_name",
+    "versions_after_corruption",
+    "restarts_checked",
+    "resumed_from_newest",
+    "versions_compared",
+    "corrupt_or_inconsistent",
+    "positions_differing",
+    "max_difference",
+    "seconds",
+]
+
+
+def main_tier():
+    kills = _KILLS.value if _KILLS.value is not None else (1 if _MODE.value == "short" else 3)
+    max_steps = _MAX_STEPS.value or (24 if _MODE.value == "short" else 200)
+    work = _WORK_DIR.value or tempfile.mkdtemp(prefix="npu_rec_tier_faults_")
+    fronts = _FRONTENDS.value
+    if _MODE.value == "short":  # the points shared between the front ends
+        shares = [list(KILL_POINTS[i :: len(fronts)]) for i in range(len(fronts))]
+    else:
+        shares = [list(KILL_POINTS)] * len(fronts)
+    with concurrent.futures.ThreadPoolExecutor(len(fronts)) as pool:
+        jobs = [
+            pool.submit(
+                tier_campaign,
+                frontend,
+                shares[i],
+                kills,
+                work,
+                random.Random(_SEED.value * 1000 + i),
+                max_steps,
+                _RUN_TIMEOUT.value,
+            )
+            for i, frontend in enumerate(fronts)
+        ]
+        results = [job.result() for job in jobs]
+    print(" | ".join(TIER_COLUMNS))
+    for r in results:
+        print(
+            " | ".join(str(r[c]) for c in TIER_COLUMNS)
+            + f" | not_reached={r['not_reached']} | leftovers={len(r['leftovers'])}"
+            f" | segment_leftovers={len(r['segment_leftovers'])}"
+            f" | failures={len(r['failed_restarts'])}"
+        )
+    for r in results:
+        for failure in r["failed_restarts"] + r["leftovers"] + r["segment_leftovers"]:
+            print(f"{r['frontend']}: {failure}")
+    if _OUT.value:
+        with open(_OUT.value, "w") as f:
+            json.dump(
+                {
+                    "campaign": "tier",
+                    "mode": _MODE.value,
+                    "kills_per_point": kills,
+                    "max_steps": max_steps,
+                    # without the paths of this machine (--work_dir, --out)
+                    "command": " ".join(
+                        a for a in sys.argv if not a.startswith(("--work_dir", "--out"))
+                    ),
+                    "results": results,
+                },
+                f,
+                indent=1,
+            )
 
 
 # ------------------------------------------------------------------ corruption
@@ -794,6 +1077,9 @@ def main(argv):
     del argv
     if _CAMPAIGN.value == "corruption":
         main_corruption()
+        return
+    if _CAMPAIGN.value == "tier":
+        main_tier()
         return
     kills = _KILLS.value if _KILLS.value is not None else (2 if _MODE.value == "short" else 100)
     max_steps = _MAX_STEPS.value or (24 if _MODE.value == "short" else 300)

@@ -1,4 +1,5 @@
-"""The short fault campaigns: kills and a full disk, then damaged checkpoints, both front ends."""
+"""The short fault campaigns, both front ends: kills and a full disk, damaged checkpoints,
+and kills aimed at a tiered table's promotion, demotion, compaction and save."""
 
 import json
 import os
@@ -70,3 +71,38 @@ def test_damaged_checkpoints_are_described_truthfully_and_restarts_take_the_newe
         assert r["restarts"] == 2, r
         assert r["resumed_from_newest_intact"] == r["intact_files_kept"] == 2, r
         assert r["versions_verified_after"] >= 2 and r["corrupt_after"] == 0, r
+
+
+@pytest.mark.timeout(400)
+def test_kills_aimed_at_the_tier_and_damaged_segments_resume_from_the_newest_version(tmp_path):
+    out = tmp_path / "tier.json"
+    subprocess.run(
+        [
+            sys.executable,
+            os.path.join(ROOT, "benchmarks", "fault_campaign.py"),
+            "--campaign=tier",
+            "--mode=short",
+            f"--work_dir={tmp_path / 'work'}",
+            f"--out={out}",
+            "--run_timeout=150",
+        ],
+        check=True,
+        timeout=380,
+        capture_output=True,
+        env=dict(os.environ, PYTHONPATH=ROOT),
+    )
+    results = json.loads(out.read_text())["results"]
+    assert {r["frontend"] for r in results} == {"keras", "estimator"}
+    # short mode shares the four points between the front ends
+    killed = [p for r in results for p, n in r["kills"].items() if n >= 1]
+    assert sorted(killed) == ["compaction", "demotion", "promotion", "save"], results
+    for r in results:
+        assert r["failed_restarts"] == [] and r["not_reached"] == [], r
+        assert r["restarts_checked"] >= 2, r
+        assert r["resumed_from_newest"] == r["restarts_checked"], r
+        assert r["versions_compared"] >= 5, r
+        assert r["corrupt_or_inconsistent"] == 0 and r["positions_differing"] == 0, r
+        # the damaged segment is refused naming its file, and no version is made of it
+        assert r["segments_damaged"] >= 1 and r["corruption_refused_by_name"] == 1, r
+        assert r["versions_after_corruption"] <= 1, r
+        assert r["leftovers"] == [] and r["segment_leftovers"] == [], r

@@ -243,6 +243,8 @@ class TierMixin:
             recs = store.make_records(keys, values, slots, counts, saved, seen)
             locs = store.append(recs)
             store.stats["demotions"] += len(keys)
+            if len(keys):
+                store.reached("demotion")
             return locs
 
         locs = tf.numpy_function(
@@ -285,6 +287,8 @@ class TierMixin:
             recs = store.read(locs)
             store.kill(locs)
             store.stats["promotions"] += len(locs)
+            if len(locs):
+                store.reached("promotion")
             # The stored bits as they are: the record's dtypes are the variables'.
             slots = recs["slots"] if store.slot_names else np.zeros((len(recs), 0))
             return (
@@ -435,6 +439,7 @@ class TierMixin:
 
         def cold(min_period):  # rows and slots in their stored dtypes, bits unchanged
             recs, _ = store.live_records()
+            store.reached("save")
             recs = recs[recs["count"] - store.saved_counts(recs) >= min_period]
             return (
                 recs["key"].copy(),
@@ -648,8 +653,12 @@ class TieredKernelBackend(TierMixin, KernelBackend):
             # rows are read into `values`), then a sparse sealed segment compacted.
             locs = store.append(recs)
             store.stats["demotions"] += len(recs)
+            if len(recs):
+                store.reached("demotion")
             store.kill(plocs)
             store.stats["promotions"] += len(plocs)
+            if len(plocs):
+                store.reached("promotion")
             seg = store.compaction_candidate()
             if seg < 0:
                 return locs, np.zeros(0, np.int64), np.zeros(0, np.int64)

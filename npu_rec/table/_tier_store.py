@@ -39,6 +39,18 @@ deletes the directories of its table left by processes no longer alive
 `period`: a checkpoint save starts a new delta period (`end_period`); a
 record written in an earlier period reads with `saved_count = count` (a cold
 key is not sighted while it is cold), so no record is rewritten at a save.
+
+Fault injection (tests and `benchmarks/fault_campaign.py` only, never for
+production): the environment variable `NPU_REC_TIER_KILL=<point>:<n>` makes
+the process SIGKILL itself the `n`-th time (counted over the process's stores)
+it reaches `<point>`, one of `KILL_POINTS`: "promotion" (a batch's records
+marked dead, their rows not yet in memory), "demotion" (the victims' records
+written, their keys not yet moved to `cold_index`), "compaction" (a sparse
+segment deleted, its live records not yet rewritten) and "save" (a save's
+read of the cold tier). It is read once, when a store is made; unset, a
+point costs one attribute test. `NPU_REC_TIER_SEGMENT_BYTES` (same use)
+sets `DEFAULT_SEGMENT_BYTES` at import, so a short run seals and compacts
+segments.
 """
 
 from __future__ import annotations
@@ -50,6 +62,7 @@ import mmap
 import os
 import re
 import shutil
+import signal
 import weakref
 
 import numpy as np
@@ -59,8 +72,28 @@ from npu_rec._validation import ConfigError as _ConfigError
 _CHECK_OFFSET = np.uint64(0x9E3779B97F4A7C15)
 _SEGMENT_GLOB_PREFIX = "seg-"
 _SEGMENT_SUFFIX = ".npr"
-#: Default bytes of one segment file.
-DEFAULT_SEGMENT_BYTES = 64 << 20
+#: Default bytes of one segment file (test-only override: see the module docstring).
+DEFAULT_SEGMENT_BYTES = int(os.environ.get("NPU_REC_TIER_SEGMENT_BYTES") or 64 << 20)
+
+#: Test-only fault injection (see the module docstring).
+KILL_ENV = "NPU_REC_TIER_KILL"
+KILL_POINTS = ("promotion", "demotion", "compaction", "save")
+#: Times each point was reached in this process (by stores armed with `KILL_ENV`).
+_KILL_SEEN = dict.fromkeys(KILL_POINTS, 0)
+
+
+def _kill_at() -> tuple[str, int] | None:
+    """(point, n) of `KILL_ENV`, or None where it is unset."""
+    spec = os.environ.get(KILL_ENV, "")
+    if not spec:
+        return None
+    point, _, n = spec.partition(":")
+    if point not in KILL_POINTS or not n.isdigit() or int(n) < 1:
+        raise _ConfigError(
+            f"The environment variable {KILL_ENV} must be '<point>:<n>' with <point> one of "
+            f"{KILL_POINTS} and <n> >= 1 (a test-only fault injection). Received: {spec!r}"
+        )
+    return point, int(n)
 
 
 _INSTANCES = itertools.count()
@@ -154,6 +187,7 @@ class SegmentStore:
         segment_bytes: int = DEFAULT_SEGMENT_BYTES,
         slot_widths=None,
     ):
+        self._kill_at = _kill_at()  # test-only (see module docstring)
         self.name = name
         self.dim = dim
         self.slot_names = list(slot_names)
@@ -238,6 +272,14 @@ class SegmentStore:
             self.close()
         except Exception:  # interpreter shutdown  # noqa: BLE001
             pass
+
+    def reached(self, point: str) -> None:
+        """Test-only: SIGKILLs the process at `KILL_ENV`'s point (see module docstring)."""
+        if self._kill_at is None:
+            return
+        _KILL_SEEN[point] += 1
+        if point == self._kill_at[0] and _KILL_SEEN[point] >= self._kill_at[1]:
+            os.kill(os.getpid(), signal.SIGKILL)
 
     # --------------------------------------------------------------- records
     def _checksum(self, recs: np.ndarray) -> np.ndarray:
@@ -433,6 +475,7 @@ class SegmentStore:
         recs = info["records"][at].copy()
         self._verify(recs, info["path"])
         self._drop_segment(seg)
+        self.reached("compaction")  # the live records only in memory now
         if self._active < 0:
             self._open_segment()
         locs = self.append(recs)

@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -20,11 +23,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import npu_rec
+from npu_rec._kernels import _build
 from npu_rec.checkpoint import TableCheckpointManager
 from npu_rec.table import _registry, _tier_store
 from tests.table.tier_driver import TablePair, assert_same_bits
 
 DIM = 3
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 HAVE_CXX = shutil.which(os.environ.get("CXX") or "g++") is not None
 PATHS = [False, pytest.param(True, marks=pytest.mark.skipif(not HAVE_CXX, reason="no compiler"))]
 
@@ -440,3 +445,82 @@ def test_the_tier_variables_are_table_state_not_dense_model_state(tmp_path):
             return sorted(v.name for v in left)
 
     assert outside(memory_rows=2, ssd_path=str(tmp_path)) == outside()
+
+
+@pytest.mark.parametrize("kernels", PATHS)
+def test_training_and_saves_reach_every_test_only_kill_point(tmp_path, monkeypatch, kernels):
+    # Armed at a count never reached: the points are counted, nothing is killed.
+    monkeypatch.setenv(_tier_store.KILL_ENV, "save:1000000")
+    monkeypatch.setattr(_tier_store, "_KILL_SEEN", dict.fromkeys(_tier_store.KILL_POINTS, 0))
+    with _build.forced(kernels):
+        table = _tiered(tmp_path)
+    manager = TableCheckpointManager(str(tmp_path / "ckpt"), [table])
+    for i in range(12):
+        npu_rec.sparse_lookup(table, tf.constant([i % 7, (3 * i) % 11], tf.int64))
+    manager.save(1)
+    assert all(_tier_store._KILL_SEEN[p] > 0 for p in _tier_store.KILL_POINTS), (
+        _tier_store._KILL_SEEN
+    )
+
+
+@pytest.mark.parametrize("spec", ["flush:1", "promotion", "promotion:0", "save:x"])
+def test_a_malformed_kill_point_is_refused_naming_the_variable(tmp_path, monkeypatch, spec):
+    monkeypatch.setenv(_tier_store.KILL_ENV, spec)
+    with pytest.raises(npu_rec.ConfigError, match=f"{_tier_store.KILL_ENV}.*{spec}"):
+        _tiered(tmp_path)
+
+
+_KILLED_AT_COMPACTION = """
+import sys
+import numpy as np
+import npu_rec
+from npu_rec.checkpoint import TableCheckpointManager
+
+table = npu_rec.create_table(
+    "c", 3, optimizer=npu_rec.optimizers.Adagrad(0.1), access_threshold=0,
+    dynamic_expansion=True, memory_rows=2, ssd_path=sys.argv[1],
+)
+manager = TableCheckpointManager(sys.argv[2], [table])
+for i in range(40):
+    npu_rec.sparse_lookup(table, np.array([i % 7, (3 * i) % 11], np.int64))
+    manager.save(i + 1)
+print("not killed")
+"""
+
+
+def test_a_process_armed_at_a_point_is_killed_there_and_its_newest_version_restores(tmp_path):
+    env = dict(
+        os.environ,
+        PYTHONPATH=ROOT,
+        TF_CPP_MIN_LOG_LEVEL="3",
+        NPU_REC_TIER_SEGMENT_BYTES="600",
+        **{_tier_store.KILL_ENV: "compaction:2"},
+    )
+    ssd, ckpt = tmp_path / "ssd", tmp_path / "ckpt"
+    done = subprocess.run(
+        [sys.executable, "-c", _KILLED_AT_COMPACTION, str(ssd), str(ckpt)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == -signal.SIGKILL, done.stdout + done.stderr[-2000:]
+    newest = TableCheckpointManager(str(ckpt), []).latest_version()
+    assert newest is not None and 1 <= newest < 40
+    assert os.listdir(ssd)  # the dead process's segment directory, left behind
+    table = _tiered(tmp_path / "restart", memory_rows=2)
+    TableCheckpointManager(str(ckpt), [table]).restore()
+    assert 0 < int(table.size()) <= 11
+    # A store of the table's name in the same directory deletes the dead process's files.
+    _registry.clear()
+    again = npu_rec.create_table(
+        "c",
+        DIM,
+        optimizer=npu_rec.optimizers.Adagrad(0.1),
+        access_threshold=0,
+        dynamic_expansion=True,
+        memory_rows=2,
+        ssd_path=str(ssd),
+    )
+    assert os.listdir(ssd) == [os.path.basename(again.state.store.dirs[0])]
