@@ -127,6 +127,22 @@ except KeyError:  # this module imported a second time (e.g. reloaded): register
     pass
 
 
+def pad_rows(x: tf.Tensor, rows) -> tf.Tensor:
+    """`x` [r, ...] with zero rows appended up to `rows` (int64 scalar >= r).
+
+    The stock code's `tf.concat([x, tf.zeros(...)], 0)` (`NpuRecPadRows`),
+    in a buffer whose whole pages of zeros take no memory until written
+    (madvise), so a table's spare rows cost no RSS before they are used.
+    """
+    return _build.library().npu_rec_pad_rows(input=x, rows=tf.cast(rows, tf.int64))
+
+
+try:
+    tf.no_gradient("NpuRecPadRows")
+except KeyError:  # registered already (module reloaded)
+    pass
+
+
 def gather_touch(storage, rows, add=None, times=None) -> tf.Tensor:
     """float32 [u, dim] values of `rows` (int64 [u]; zeros where < 0).
 
