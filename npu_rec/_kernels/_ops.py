@@ -17,6 +17,8 @@ rounded as the stock path does); slots are float32.
   (the stock gather + scatter-assign of `SparseTable._lookup_unique`).
 * `sparse_apply` = the summation of per-id gradients into unique rows
   (`densify`) plus `SparseOptimizer.apply_sparse`, in one kernel.
+* `pad_rows` = `_storage.concat_zeros` (zero rows appended), with the zero
+  pages left unresident until written (`NpuRecPadRows`).
 * `expand` = `tf.gather` of unique rows to the ids (axis 0, int64 [n]
   index), with `tf.gather`'s gradient (`tf.IndexedSlices` of the per-id
   gradients).
