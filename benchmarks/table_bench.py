@@ -70,6 +70,12 @@ _VALUE_DTYPES = flags.DEFINE_list(
 _OPTIMIZERS = flags.DEFINE_list(
     "optimizers", ["adagrad"], "Sparse optimizers: adagrad, rowwise_adagrad (every pair is run)."
 )
+_PAIRS = flags.DEFINE_list(
+    "pairs",
+    [],
+    "value_dtype/optimizer pairs to run instead of every pair of --value_dtypes x "
+    "--optimizers (e.g. float32/adagrad,bfloat16/rowwise_adagrad).",
+)
 _HEADROOM = flags.DEFINE_float(
     "capacity_headroom",
     0.0,
@@ -119,6 +125,28 @@ def _interleaved(cases, steps, warmup, block=5):
     return spent
 
 
+def _pairs():
+    """The (value_dtype, optimizer) pairs to run (`--pairs`, else the cross product)."""
+    if _PAIRS.value:
+        return [tuple(p.split("/", 1)) for p in _PAIRS.value]
+    return [(d, o) for d in _VALUE_DTYPES.value for o in _OPTIMIZERS.value]
+
+
+def _reset_peak():
+    """Resets the process's peak RSS (Linux), so each table reports its own peak."""
+    with contextlib.suppress(OSError), open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+
+
+def _peak_gib():
+    """The process's peak RSS since `_reset_peak` (VmHWM), in GiB."""
+    with contextlib.suppress(OSError), open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+
+
 def _capacity(n_keys):
     """The tables' capacity: the live keys, `--capacity_headroom` more, and 1024."""
     return n_keys + int(n_keys * _HEADROOM.value) + 1024
@@ -137,6 +165,7 @@ def bench_table(
 ):
     npu_rec.table._registry.clear()
     on = mode == "on"
+    _reset_peak()
     rss0 = rss()
     table = npu_rec.create_table(
         f"bench_{n_keys}_{dim}_{mode}_{value_dtype}_{opt}",
@@ -226,7 +255,7 @@ def bench_table(
         "optimizer": opt,
         "live_keys": live,
         "fill_seconds": round(fill_s, 2),
-        "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
+        "peak_rss_gib": _peak_gib(),
         "table_lookup_keys_per_s": ids_per_batch * steps / spent["lookup"],
         "table_step_keys_per_s": ids_per_batch * steps / spent["step"],
         "stock_lookup_keys_per_s": (
@@ -397,7 +426,7 @@ def _warm_up(tf, npu_rec):
     """Runs TensorFlow's one-time start-up (thread pools, kernel library, allocator
     pools, the first traces) on a small table, so that the RSS growth measured for
     each table is the table's own."""
-    pairs = [(d, o) for d in _VALUE_DTYPES.value for o in _OPTIMIZERS.value]
+    pairs = _pairs()
     for threshold, (value_dtype, opt) in [(t, p) for t in (1, 2) for p in pairs]:
         table = npu_rec.create_table(
             f"warm_up_{threshold}_{value_dtype}_{opt}",
@@ -449,12 +478,7 @@ def main(argv):
             baseline, release = (
                 (None, None) if _SKIP_BASELINE.value else bench_baseline(tf, n_keys, dim, rng)
             )
-            runs = [
-                (mode, d, o)
-                for mode in _MODES.value
-                for d in _VALUE_DTYPES.value
-                for o in _OPTIMIZERS.value
-            ]
+            runs = [(mode, d, o) for mode in _MODES.value for d, o in _pairs()]
             for mode, value_dtype, opt in runs:
                 r = bench_table(tf, npu_rec, n_keys, dim, mode, rng, baseline, value_dtype, opt)
                 base = r["baseline_step_keys_per_s"]
@@ -480,7 +504,7 @@ def main(argv):
             if release is not None:
                 release()
             gc.collect()
-            pairs = [(d, o) for d in _VALUE_DTYPES.value for o in _OPTIMIZERS.value]
+            pairs = _pairs()
             if len(pairs) > 1:
                 rates = bench_pairs(tf, npu_rec, n_keys, dim, rng, pairs)
                 first = next(iter(rates.values()))

@@ -17,6 +17,8 @@ rounded as the stock path does); slots are float32.
   (the stock gather + scatter-assign of `SparseTable._lookup_unique`).
 * `sparse_apply` = the summation of per-id gradients into unique rows
   (`densify`) plus `SparseOptimizer.apply_sparse`, in one kernel.
+* `pad_rows` = `_storage.concat_zeros` (zero rows appended), with the zero
+  pages left unresident until written (`NpuRecPadRows`).
 * `expand` = `tf.gather` of unique rows to the ids (axis 0, int64 [n]
   index), with `tf.gather`'s gradient (`tf.IndexedSlices` of the per-id
   gradients).
@@ -124,6 +126,22 @@ def _expand_gradient(op, grad):
 try:
     tf.RegisterGradient("NpuRecExpand")(_expand_gradient)
 except KeyError:  # this module imported a second time (e.g. reloaded): registered already
+    pass
+
+
+def pad_rows(x: tf.Tensor, rows) -> tf.Tensor:
+    """`x` [r, ...] with zero rows appended up to `rows` (int64 scalar >= r).
+
+    The stock code's `tf.concat([x, tf.zeros(...)], 0)` (`NpuRecPadRows`),
+    in a buffer whose whole pages of zeros take no memory until written
+    (madvise), so a table's spare rows cost no RSS before they are used.
+    """
+    return _build.library().npu_rec_pad_rows(input=x, rows=tf.cast(rows, tf.int64))
+
+
+try:
+    tf.no_gradient("NpuRecPadRows")
+except KeyError:  # registered already (module reloaded)
     pass
 
 

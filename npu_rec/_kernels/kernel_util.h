@@ -3,10 +3,14 @@
 #define NPU_REC_KERNELS_KERNEL_UTIL_H_
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
+
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "tensorflow/core/framework/allocator.h"
 #include "tensorflow/core/framework/numeric_types.h"
@@ -83,13 +87,80 @@ inline absl::Status AllocateTable(::tensorflow::DataType dtype,
   return absl::OkStatus();
 }
 
+// Zeroes `n` bytes at `p` without making the pages resident: the whole pages
+// inside the range are given back with madvise(MADV_DONTNEED), which on private
+// anonymous memory (what malloc hands out) makes them read as zeros and take no
+// memory until written; the partial pages at the ends, small ranges and a
+// failed madvise are zeroed with memset. So a table's spare rows (past the
+// high-water mark, or a grown variable's new half) cost no RSS until a row
+// is handed out, and still read as zeros, whatever the allocator recycled.
+inline void ZeroLazily(void* p, size_t n) {
+  static const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  char* begin = static_cast<char*>(p);
+  char* end = begin + n;
+  const uintptr_t lo = (reinterpret_cast<uintptr_t>(begin) + page - 1) / page * page;
+  const uintptr_t hi = reinterpret_cast<uintptr_t>(end) / page * page;
+  if (n < (size_t{64} << 10) || hi <= lo ||
+      madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED) != 0) {
+    std::memset(begin, 0, n);
+    return;
+  }
+  std::memset(begin, 0, reinterpret_cast<char*>(lo) - begin);
+  std::memset(reinterpret_cast<char*>(hi), 0, end - reinterpret_cast<char*>(hi));
+}
+
+// Copies `n` bytes of `src` into `dst`, which `ZeroLazily` has just zeroed,
+// skipping the 4 KiB blocks of `src` that are all zeros (`dst` already reads
+// zeros there): the copy keeps the source's untouched spare rows unresident.
+inline void CopyIntoZeroed(void* dst, const void* src, size_t n) {
+  constexpr size_t kBlock = 4096;
+  char* d = static_cast<char*>(dst);
+  const char* s = static_cast<const char*>(src);
+  for (size_t off = 0; off < n; off += kBlock) {
+    const size_t len = std::min(kBlock, n - off);
+    const char* b = s + off;
+    size_t i = 0;
+    // Word-wise test; memcpy reads the words without alignment assumptions.
+    for (; i + 8 <= len; i += 8) {
+      uint64_t w;
+      std::memcpy(&w, b + i, 8);
+      if (w != 0) break;
+    }
+    if (i + 8 <= len) {
+      std::memcpy(d + off, b, len);
+      continue;
+    }
+    for (; i < len; ++i) {
+      if (b[i] != 0) {
+        std::memcpy(d + off, b, len);
+        break;
+      }
+    }
+  }
+}
+
+// A copy of `t` (`rows` rows, zeros appended when more than `t` has), allocated
+// by `TableAllocator` (so the buffer it replaces, once freed, returns to the
+// system). Zero rows and zero blocks of `t` are not made resident.
+inline absl::Status GrownCopy(const Tensor& t, int64_t rows, Tensor* out) {
+  ::tensorflow::TensorShape shape = t.shape();
+  shape.set_dim(0, rows);
+  TF_RETURN_IF_ERROR(AllocateTable(t.dtype(), shape, out));
+  if (out->TotalBytes() == 0) return absl::OkStatus();
+  ZeroLazily(out->data(), out->TotalBytes());
+  CopyIntoZeroed(out->data(), t.data(), std::min(t.TotalBytes(), out->TotalBytes()));
+  return absl::OkStatus();
+}
+
 // Under the variable's exclusive lock: make its buffer safe to write in place.
 inline absl::Status PrepareWrite(OpKernelContext* ctx, Var* var) {
   Tensor* t = var->tensor();
   if (!t->RefCountIsOne()) {
     Tensor copy;
-    TF_RETURN_IF_ERROR(AllocateTable(t->dtype(), t->shape(), &copy));
-    if (t->TotalBytes() > 0) {
+    if (t->dims() > 0) {
+      TF_RETURN_IF_ERROR(GrownCopy(*t, t->dim_size(0), &copy));
+    } else {
+      TF_RETURN_IF_ERROR(AllocateTable(t->dtype(), t->shape(), &copy));
       std::memcpy(copy.data(), t->data(), t->TotalBytes());
     }
     *t = copy;

@@ -59,18 +59,6 @@ absl::Status GetKeyIndex(OpKernelContext* ctx, int input, LookupInterface** tabl
   return absl::OkStatus();
 }
 
-// A copy of `t` grown to `rows` rows (zeros appended), allocated by
-// `TableAllocator` (so the outgrown buffer, once replaced, returns to the system).
-absl::Status GrownCopy(const Tensor& t, int64_t rows, Tensor* out) {
-  TensorShape shape = t.shape();
-  shape.set_dim(0, rows);
-  TF_RETURN_IF_ERROR(AllocateTable(t.dtype(), shape, out));
-  char* dst = static_cast<char*>(out->data());
-  if (t.TotalBytes() > 0) std::memcpy(dst, t.data(), t.TotalBytes());
-  std::memset(dst + t.TotalBytes(), 0, out->TotalBytes() - t.TotalBytes());
-  return absl::OkStatus();
-}
-
 // The probe of npu_rec's own map: one cache line per key, the bucket of the
 // key kAhead positions on prefetched. Inline for small batches (a ParallelFor
 // from a kernel whose pool is busy with other tables' kernels only waits),

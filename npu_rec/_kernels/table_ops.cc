@@ -24,6 +24,11 @@
 //                      index[i] of the unique rows at i: `tf.gather` on axis
 //                      0, without its sharding for the few thousand ids of a
 //                      feature (its gradient is GatherV2's, see _ops.py).
+//   NpuRecPadRows      a tensor [r, ...] -> [rows, ...], zero rows appended,
+//                      in a table buffer whose zero pages are not resident
+//                      until written (`ZeroLazily`): a table's per-row
+//                      variables are created and grown with it, so spare
+//                      capacity costs no memory until rows are handed out.
 //
 // Writing in place follows TensorFlow's rule for sparse access: the variable
 // is put in copy-on-read mode, and a buffer still shared with a reader is
@@ -110,6 +115,42 @@ REGISTER_OP("NpuRecExpand")
       c->set_output(0, c->Matrix(c->Dim(index, 0), c->Dim(params, 1)));
       return absl::OkStatus();
     });
+
+REGISTER_OP("NpuRecPadRows")
+    .Input("input: T")
+    .Input("rows: int64")
+    .Output("output: T")
+    .Attr("T: {float, bfloat16, half, int32, int64}")
+    .SetShapeFn([](InferenceContext* c) {
+      ShapeHandle in, out;
+      TF_RETURN_IF_ERROR(c->WithRankAtLeast(c->input(0), 1, &in));
+      TF_RETURN_IF_ERROR(c->ReplaceDim(in, 0, c->UnknownDim(), &out));
+      c->set_output(0, out);
+      return absl::OkStatus();
+    });
+
+class PadRowsOp : public OpKernel {
+ public:
+  explicit PadRowsOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& input = ctx->input(0);
+    const Tensor& rows_t = ctx->input(1);
+    OP_REQUIRES(ctx, input.dims() >= 1 && rows_t.dims() == 0,
+                absl::InvalidArgumentError(
+                    "npu_rec kernel: NpuRecPadRows takes a tensor of rank >= 1 and a scalar "
+                    "row count; got " + input.shape().DebugString() + " and " +
+                    rows_t.shape().DebugString()));
+    const int64_t rows = rows_t.scalar<int64_t>()();
+    OP_REQUIRES(ctx, rows >= input.dim_size(0),
+                absl::InvalidArgumentError(
+                    "npu_rec kernel: NpuRecPadRows cannot shrink " +
+                    input.shape().DebugString() + " to " + std::to_string(rows) + " rows"));
+    Tensor out;
+    OP_REQUIRES_OK(ctx, GrownCopy(input, rows, &out));
+    ctx->set_output(0, out);
+  }
+};
 
 // Below this many output floats the expansion runs inline: handing a few
 // thousand rows to the intra-op pool, busy with the other tables' kernels,
@@ -439,6 +480,7 @@ class SparseApplyOp : public OpKernel {
 REGISTER_KERNEL_BUILDER(Name("NpuRecGatherTouch").Device(DEVICE_CPU), GatherTouchOp);
 REGISTER_KERNEL_BUILDER(Name("NpuRecSparseApply").Device(DEVICE_CPU), SparseApplyOp);
 REGISTER_KERNEL_BUILDER(Name("NpuRecExpand").Device(DEVICE_CPU), ExpandOp);
+REGISTER_KERNEL_BUILDER(Name("NpuRecPadRows").Device(DEVICE_CPU), PadRowsOp);
 
 }  // namespace
 }  // namespace npu_rec

@@ -279,8 +279,9 @@ class SparseTable(abc.ABC):
           for an empty table); `memory_rows` and `disk_rows`, the live keys whose
           rows are in memory and on disk (a tiered table's two tiers; 0 on disk
           otherwise). Bytes count the arrays the table allocated, not
-          the process's resident memory (`benchmarks/table_bench.py` measures
-          that).
+          the process's resident memory (on the kernel path, rows past the
+          high-water mark take none until used; `benchmarks/table_bench.py`
+          measures it).
 
         Args:
           session: graph mode only (see `evict`).

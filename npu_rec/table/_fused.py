@@ -37,6 +37,7 @@ from npu_rec._kernels import _key_map
 from npu_rec._kernels import _ops as _kernel_ops
 from npu_rec.table._backend import TableBackend
 from npu_rec.table._base import MAX_SECONDS_AHEAD
+from npu_rec.table._state import ShardState
 from npu_rec.table._stock import StockBackend
 
 
@@ -70,6 +71,10 @@ class KernelBackend(StockBackend):
         if _key_map.wanted():
             return _key_map.KeyMap
         return tf.lookup.experimental.DenseHashTable
+
+    def create_state(self, config, graph_mode: bool):
+        """The stock state, its per-row variables made and grown by `NpuRecPadRows`."""
+        return ShardState.create(config, self.map_class(), graph_mode, _kernel_ops.pad_rows)
 
     # ---------------------------------------------------------------- lookups
     def lookup_ids(self, shard, ids, times, from_feature: bool, batch_time):

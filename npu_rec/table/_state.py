@@ -59,13 +59,14 @@ class ShardState:
     lock: tf.CriticalSection | None
 
     @classmethod
-    def create(cls, config: TableConfig, map_class, graph_mode: bool) -> ShardState:
+    def create(cls, config: TableConfig, map_class, graph_mode: bool, pad_rows=None) -> ShardState:
         """Makes the resources of a shard of `config` (inside the caller's name scope).
 
         Args:
           config: The shard's configuration.
           map_class: The key index's hash map class (`DenseHashTable` API).
           graph_mode: The shard lives in a `tf.compat.v1` graph (it gets a lock).
+          pad_rows: `RowStorage`'s `pad_rows` (None: stock ops).
         """
         opt = config.optimizer
         rows = RowStorage(
@@ -76,6 +77,7 @@ class ShardState:
             config.dynamic_expansion,
             value_dtype=config.value_dtype,
             row_slots=getattr(opt, "row_slots", ()),
+            pad_rows=pad_rows,
         )
         index = KeyIndex(config.capacity, name="index", map_class=map_class)
         pending = PendingCounts(config.max_pending_keys)

@@ -29,6 +29,13 @@ see `npu_rec.table._rounding`); slots are float32, `[capacity, dim]` each, or
 `RowWiseAdagrad`'s accumulator). `init_rows` and `load` take float32 rows and
 round them to nearest; an optimizer step's stochastic rounding is
 `_rounding.RoundedRows`.
+
+Spare capacity: every per-row variable is made, grown and padded by
+`pad_rows` (zero rows appended). The stock code is `tf.concat` with
+`tf.zeros`, which writes every spare row; the kernel backend passes the
+kernels' `NpuRecPadRows`, whose zero pages stay unresident until written, so
+rows past `next_row` cost no memory until they are handed out. Either way
+they read as zeros.
 """
 
 from __future__ import annotations
@@ -56,6 +63,13 @@ def decode_seen(stored: tf.Tensor) -> tf.Tensor:
     return tf.cast(stored, tf.int64) + SEEN_BASE
 
 
+def concat_zeros(x: tf.Tensor, rows) -> tf.Tensor:
+    """`x` [r, ...] with zero rows appended up to `rows` (int64 scalar >= r)."""
+    shape = tf.shape(x, out_type=tf.int64)
+    pad = tf.concat([[tf.cast(rows, tf.int64) - shape[0]], shape[1:]], 0)
+    return tf.concat([x, tf.zeros(pad, x.dtype)], 0)
+
+
 def saturated(counts: tf.Tensor) -> tf.Tensor:
     """int32: int64 sighting counts as stored (saturating at COUNT_MAX)."""
     return tf.cast(tf.clip_by_value(counts, 0, COUNT_MAX), tf.int32)
@@ -72,6 +86,8 @@ class RowStorage:
       dynamic: Grow on demand (True) or fail when full (False).
       value_dtype: The rows' storage dtype (float32, bfloat16 or float16).
       row_slots: Names of the slots holding one value per row (width 1).
+      pad_rows: `(x, rows) -> x` with zero rows appended up to `rows`
+        (default `concat_zeros`; see module docstring).
     """
 
     def __init__(
@@ -83,7 +99,9 @@ class RowStorage:
         dynamic: bool,
         value_dtype: tf.DType = tf.float32,
         row_slots=(),
+        pad_rows=None,
     ):
+        self.pad_rows = pad_rows or concat_zeros
         self.table_name = table_name
         self.dim = dim
         self.value_dtype = tf.as_dtype(value_dtype)
@@ -96,22 +114,22 @@ class RowStorage:
         self.late_slots: list[str] = []
         lead = None if dynamic else capacity
 
-        def var(name, value, shape):
-            return tf.Variable(value, trainable=False, name=name, shape=tf.TensorShape(shape))
+        def var(name, dtype, shape):
+            zeros = self.pad_rows(tf.zeros([0, *shape[1:]], dtype), capacity)
+            return tf.Variable(zeros, trainable=False, name=name, shape=tf.TensorShape(shape))
 
-        self.values = var("values", tf.zeros([capacity, dim], self.value_dtype), [lead, dim])
-        self.slots = {
-            n: var(f"slot_{n}", tf.zeros([capacity, w]), [lead, w])
-            for n, w in self.slot_dims.items()
-        }
-        self.counts = var("counts", tf.zeros([capacity], tf.int32), [lead])
-        self.saved_counts = var("saved_counts", tf.zeros([capacity], tf.int32), [lead])
-        self.last_seen = var("last_seen", tf.zeros([capacity], tf.int32), [lead])
-        self.row_keys = var("row_keys", tf.zeros([capacity], tf.int64), [lead])
+        self.values = var("values", self.value_dtype, [lead, dim])
+        self.slots = {n: var(f"slot_{n}", tf.float32, [lead, w]) for n, w in self.slot_dims.items()}
+        self.counts = var("counts", tf.int32, [lead])
+        self.saved_counts = var("saved_counts", tf.int32, [lead])
+        self.last_seen = var("last_seen", tf.int32, [lead])
+        self.row_keys = var("row_keys", tf.int64, [lead])
         # int32: a shard's rows stay below 2**31. Empty until rows are freed.
-        self.free = var("free_rows", tf.zeros([0], tf.int32), [None])
-        self.next_row = var("next_row", tf.constant(0, tf.int64), [])
-        self.num_free = var("num_free", tf.constant(0, tf.int64), [])
+        self.free = tf.Variable(
+            tf.zeros([0], tf.int32), trainable=False, name="free_rows", shape=tf.TensorShape([None])
+        )
+        self.next_row = tf.Variable(tf.constant(0, tf.int64), trainable=False, name="next_row")
+        self.num_free = tf.Variable(tf.constant(0, tf.int64), trainable=False, name="num_free")
 
     def add_slots(self, slot_specs, row_slots=()) -> None:
         """Adds slot variables (initial values in every row) for an optimizer bound late.
@@ -216,16 +234,10 @@ class RowStorage:
 
         def grow():
             new_cap = tf.maximum(needed, cap * 2)
-            ops = []
-            for v in self.per_row_variables():
-                shape = tf.raw_ops.VariableShape(input=v.handle, out_type=tf.int64)
-                pad_shape = tf.concat([[new_cap - cap], shape[1:]], 0)
-                ops.append(
-                    v.assign(
-                        tf.concat([v.read_value(), tf.zeros(pad_shape, v.dtype)], 0),
-                        read_value=False,
-                    )
-                )
+            ops = [
+                v.assign(self.pad_rows(v.read_value(), new_cap), read_value=False)
+                for v in self.per_row_variables()
+            ]
             with tf.control_dependencies(ops):
                 return tf.identity(new_cap)
 
@@ -357,8 +369,7 @@ class RowStorage:
                 cap = tf.identity(cap)
 
         def pad(x):
-            shape = tf.concat([[cap - n], tf.shape(x, out_type=tf.int64)[1:]], 0)
-            return tf.concat([x, tf.zeros(shape, x.dtype)], 0)
+            return self.pad_rows(x, cap)
 
         ops = [
             self.values.assign(pad(self.stored(values)), read_value=False),
