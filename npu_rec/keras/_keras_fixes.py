@@ -35,6 +35,7 @@ import tensorflow as tf
 from npu_rec import _keras_private
 from npu_rec import _log as logging
 from npu_rec._keras_private import unscale_loss_for_distribution
+from npu_rec.distribute import _step_exchange
 
 
 def multi_worker(strategy) -> bool:
@@ -62,7 +63,9 @@ def symbolic_build(model, strategy, spec) -> None:
     with strategy.scope():
         if spec is not None:
             try:
-                _keras_private.symbolic_build(model, spec)
+                # Keras calls the model outside a replica step, in a graph that never runs.
+                with _step_exchange.shapes_only():
+                    _keras_private.symbolic_build(model, spec)
             except Exception as err:  # noqa: BLE001 - the optimizer is built below
                 logging.info("npu_rec: symbolic build from the data spec failed (%s).", err)
         # Variables made at the first trace would be made inside Keras' `tf.cond` over the
