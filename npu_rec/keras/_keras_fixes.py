@@ -7,7 +7,11 @@ multi-worker strategy (keras-team/keras#20585):
    replicas with `strategy.reduce("MEAN", batch)`; a batch that is a dict (or
    any nest) of `PerReplica` values fails to convert to a tensor. RecModel
    builds its optimizer and metric state from the dataset's element spec
-   instead, inside the strategy's scope (`symbolic_build`).
+   instead (one replica's spec of its per-replica specs), inside the
+   strategy's scope (`symbolic_build`), with the sharded tables' lookups
+   answering zeros (Keras calls the model outside a replica step, in a graph
+   that never runs). Metric variables created at the first trace instead would
+   be unfed placeholders in the multi-worker step.
 2. `reduce_per_replica` reduces the step's logs with
    `strategy.reduce("MEAN", v, axis=0)` (the reduction is fixed to "auto" in
    `_make_function`), which fails for scalar logs. RecModel's evaluation
