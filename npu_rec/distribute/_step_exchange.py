@@ -294,6 +294,29 @@ class _Server:
         )
 
 
+class _Shapes:
+    """A pass for shapes only (a graph never run): lookups return zeros, record nothing."""
+
+    def training_of(self, table, is_training: bool) -> bool:
+        return is_training
+
+    def lookup(self, table, keys, counts, times, training, from_feature):
+        rows = tf.fill(tf.shape(keys), tf.constant(-1, tf.int64))
+        return rows, tf.zeros(tf.stack([tf.shape(keys)[0], table.dim]))
+
+
+@contextlib.contextmanager
+def shapes_only():
+    """Lookups of worker-sharded tables in the block return zeros, with no collective.
+
+    For Keras' symbolic build, which calls the model in a scratch graph that
+    never runs, outside any replica step (there a lookup is refused), to learn
+    the shapes of its outputs and build the compiled metrics from them.
+    """
+    with _mode(_Shapes()):
+        yield
+
+
 @contextlib.contextmanager
 def _mode(mode):
     previous = current()

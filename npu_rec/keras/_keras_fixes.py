@@ -7,7 +7,11 @@ multi-worker strategy (keras-team/keras#20585):
    replicas with `strategy.reduce("MEAN", batch)`; a batch that is a dict (or
    any nest) of `PerReplica` values fails to convert to a tensor. RecModel
    builds its optimizer and metric state from the dataset's element spec
-   instead, inside the strategy's scope (`symbolic_build`).
+   instead (one replica's spec of its per-replica specs), inside the
+   strategy's scope (`symbolic_build`), with the sharded tables' lookups
+   answering zeros (Keras calls the model outside a replica step, in a graph
+   that never runs). Metric variables created at the first trace instead would
+   be unfed placeholders in the multi-worker step.
 2. `reduce_per_replica` reduces the step's logs with
    `strategy.reduce("MEAN", v, axis=0)` (the reduction is fixed to "auto" in
    `_make_function`), which fails for scalar logs. RecModel's evaluation
@@ -35,6 +39,7 @@ import tensorflow as tf
 from npu_rec import _keras_private
 from npu_rec import _log as logging
 from npu_rec._keras_private import unscale_loss_for_distribution
+from npu_rec.distribute import _step_exchange
 
 
 def multi_worker(strategy) -> bool:
@@ -62,7 +67,9 @@ def symbolic_build(model, strategy, spec) -> None:
     with strategy.scope():
         if spec is not None:
             try:
-                _keras_private.symbolic_build(model, spec)
+                # Keras calls the model outside a replica step, in a graph that never runs.
+                with _step_exchange.shapes_only():
+                    _keras_private.symbolic_build(model, spec)
             except Exception as err:  # noqa: BLE001 - the optimizer is built below
                 logging.info("npu_rec: symbolic build from the data spec failed (%s).", err)
         # Variables made at the first trace would be made inside Keras' `tf.cond` over the

@@ -602,9 +602,29 @@ def _element_spec(iterator):
     """The `tf.TensorSpec` structure of an epoch iterator's batches, or None."""
     if iterator is None:
         return None
-    spec = _keras_private.iterator_element_spec(iterator)
+    spec = tf.nest.map_structure(_replica_spec, _keras_private.iterator_element_spec(iterator))
     if not all(isinstance(s, tf.TensorSpec) for s in tf.nest.flatten(spec)):
         return None  # ragged/sparse inputs: let Keras build at the first trace
+    return spec
+
+
+def _replica_spec(spec):
+    """One replica's `tf.TensorSpec` of a distributed dataset's per-replica spec, else `spec`.
+
+    A multi-worker strategy's dataset describes each tensor of a batch by the
+    spec of its per-replica value (one entry per local replica, all alike).
+    Without this the build from the spec was skipped there, and the compiled
+    metrics were built inside the first traced step, where a multi-worker
+    step cannot initialize variables.
+    """
+    if not (
+        isinstance(spec, tf.TypeSpec)
+        and issubclass(spec.value_type, tf.distribute.DistributedValues)
+    ):
+        return spec
+    replicas = tf.nest.flatten(spec, expand_composites=True)
+    if replicas and all(isinstance(s, tf.TensorSpec) for s in replicas):
+        return replicas[0]
     return spec
 
 

@@ -1,5 +1,8 @@
 """One run of the multi-worker `fit` scenario: 50 steps, SGD then Adagrad tables.
 
+Both models are compiled with `metrics=["mae"]`; each step's logs (as per-batch
+callbacks see them) and each epoch's are recorded.
+
 Run under `python -m npu_rec.launch --workers 2` (each worker trains on its half of
 every global batch) or alone (one process on the whole global batches). Writes
 `<out>/<rank or single>.npz` with the per-step losses and each table's export.
@@ -77,8 +80,20 @@ def build(opt_name: str):
     x = keras.layers.Dense(16, activation="relu")(x)
     out = keras.layers.Dense(1, activation="sigmoid")(x)
     model = RecModel({"user": user, "items": items, "feats": dense}, out)
-    model.compile(optimizer=keras.optimizers.SGD(0.1), loss="binary_crossentropy")
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss="binary_crossentropy", metrics=["mae"])
     return model
+
+
+class BatchLogs(keras.callbacks.Callback):
+    """The logs `fit` passes to `on_train_batch_end`, per name, one value a step."""
+
+    def __init__(self):
+        super().__init__()
+        self.logs: dict = {}
+
+    def on_train_batch_end(self, batch, logs=None):
+        for name, value in (logs or {}).items():
+            self.logs.setdefault(name, []).append(float(np.asarray(value)))
 
 
 def step_collectives(fit) -> dict:
@@ -219,7 +234,8 @@ def main(out_dir: str) -> None:
     for opt_name in ("sgd", "adagrad"):
         with STRATEGY.scope():
             model = build(opt_name)
-        callbacks = [_checkpoint(out_dir, model)] if opt_name == "sgd" else []
+        batch_logs = BatchLogs()
+        callbacks = [batch_logs] + ([_checkpoint(out_dir, model)] if opt_name == "sgd" else [])
 
         def fit(model=model, callbacks=callbacks):
             return model.fit(
@@ -233,8 +249,12 @@ def main(out_dir: str) -> None:
         else:
             history = fit()
         result[f"{opt_name}/loss"] = np.asarray(history.history["loss"])
+        result[f"{opt_name}/mae"] = np.asarray(history.history["mae"])
+        for name in ("loss", "mae"):
+            result[f"{opt_name}/step_{name}"] = np.asarray(batch_logs.logs[name])
         if opt_name == "sgd":  # evaluation and prediction look the tables up too
-            result["sgd/eval_loss"] = np.asarray(model.evaluate(data(), steps=5, verbose=0))
+            loss, mae = model.evaluate(data(), steps=5, verbose=0)
+            result["sgd/eval_loss"], result["sgd/eval_mae"] = np.asarray(loss), np.asarray(mae)
             result["sgd/predict"] = model.predict(data(), steps=2, verbose=0)
         for table in model.tables:
             for field, value in table.export().items():

@@ -21,9 +21,23 @@ def test_each_step_loss_equals_one_process(runs, opt):
 
 
 @pytest.mark.timeout(600)
+@pytest.mark.parametrize("opt", ["sgd", "adagrad"])
+def test_a_compiled_metric_equals_one_process_each_step_and_epoch(runs, opt):
+    """`metrics=["mae"]`: the per-batch logs are the mean of the workers' values (Keras'
+    reduction), the epoch's the metric over every worker's samples: with equal halves
+    of each global batch, both are one process's value on the global batch."""
+    single, workers = runs
+    for key in (f"{opt}/mae", f"{opt}/step_mae", f"{opt}/step_loss"):
+        assert len(single[key]) == 50 and np.all(np.isfinite(single[key]))
+        for w in workers:
+            np.testing.assert_allclose(w[key], single[key], atol=1e-4, err_msg=key)
+    np.testing.assert_allclose(single[f"{opt}/step_loss"], single[f"{opt}/loss"], atol=1e-6)
+
+
+@pytest.mark.timeout(600)
 def test_a_training_step_makes_one_all_reduce(runs):
-    """The dense gradients and the loss log share one all-reduce; the tables' ids, rows
-    and gradients take 4 all-to-alls (sizes, ids, rows, gradients)."""
+    """The dense gradients and the logs (loss and compiled metric) share one all-reduce;
+    the tables' ids, rows and gradients take 4 all-to-alls (sizes, ids, rows, gradients)."""
     _, workers = runs
     for w in workers:
         assert int(w["adagrad/all_reduces"]) == 1
@@ -35,6 +49,7 @@ def test_evaluate_and_predict_equal_one_process(runs):
     single, workers = runs
     for w in workers:
         np.testing.assert_allclose(w["sgd/eval_loss"], single["sgd/eval_loss"], atol=1e-5)
+        np.testing.assert_allclose(w["sgd/eval_mae"], single["sgd/eval_mae"], atol=1e-5)
         assert w["sgd/predict"].shape == single["sgd/predict"].shape == (128, 1)
         np.testing.assert_allclose(w["sgd/predict"], single["sgd/predict"], atol=1e-5)
 
