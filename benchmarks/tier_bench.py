@@ -112,19 +112,30 @@ def _chunk(tf, table, start, stop):
     return out
 
 
-def _fill(tf, table, tiered, chunk=4_000_000):
-    """Bulk import of generated rows for every live key (ranks 0..keys-1).
+def _fill(tf, npu_rec, table, tiered, chunk=4_000_000):
+    """Every live key (ranks 0..keys-1) gets a row, the rows of a chunk at a time.
 
-    In-memory table: one `load` of the whole state, made as tensors (no NumPy
-    copy beside them). Tiered table: the first `memory_rows` keys (the hottest
-    Zipf ranks) by `load`, then the others in chunks appended straight to the
-    disk tier (records packed and checksummed by the store, locations into
-    `cold_index`), so the import holds one chunk at a time.
+    Tiered table, a bulk import of generated rows: the first `memory_rows`
+    keys (the hottest Zipf ranks) by `load`, then the others in chunks
+    appended straight to the disk tier (records packed and checksummed by
+    the store, their locations into `cold_index`). In-memory table: admitted
+    by training lookups of the keys in chunks (initialized rows and slots),
+    as a one-shot `load` of 50M float32 + Adagrad rows would hold the whole
+    state twice beside the table. The step rate does not depend on the
+    values.
     """
     n = _KEYS.value
+    if not tiered:
+        admit = tf.function(
+            lambda k: tf.reduce_sum(npu_rec.sparse_lookup(table, k)[:1]),
+            input_signature=[tf.TensorSpec([None], tf.int64)],
+        )
+        for start in range(0, n, chunk // 4):
+            admit(tf.constant(raw_keys(np.arange(start, min(n, start + chunk // 4)))))
+        return
     st = table.state
     sig = st.signature(_DIM.value)
-    first = min(n, st.memory_rows) if tiered else n
+    first = min(n, st.memory_rows)
     state = _chunk(tf, table, 0, first)
     for k in ("pending_keys", "pending_counts", "pending_last_seen", "deleted_keys"):
         state[k] = tf.zeros([0], tf.int64)
@@ -138,8 +149,6 @@ def _fill(tf, table, tiered, chunk=4_000_000):
     assert set(state) == set(sig), set(state) ^ set(sig)
     table.backend.load(table, state)
     del state
-    if not tiered:
-        return
     names = list(st.rows.slots)
     for start in range(first, n, chunk):
         c = _chunk(tf, table, start, min(n, start + chunk))
@@ -213,7 +222,7 @@ def main(argv):
             rss0 = rss()
             t0 = time.perf_counter()
             tables[name] = _make_table(tf, npu_rec, name, tiered, ssd)
-            _fill(tf, tables[name], tiered)
+            _fill(tf, npu_rec, tables[name], tiered)
             fill[name] = time.perf_counter() - t0
             gc.collect()
             growth[name] = rss() - rss0
