@@ -112,43 +112,30 @@ def _chunk(tf, table, start, stop):
     return out
 
 
-def _fill(tf, npu_rec, table, tiered, chunk=4_000_000):
-    """Every live key (ranks 0..keys-1) gets a row, the rows of a chunk at a time.
+def _fill(tf, npu_rec, table, tiered, chunk=1_000_000):
+    """Every live key (ranks 0..keys-1) gets a row, a chunk of keys at a time.
 
-    Tiered table, a bulk import of generated rows: the first `memory_rows`
-    keys (the hottest Zipf ranks) by `load`, then the others in chunks
-    appended straight to the disk tier (records packed and checksummed by
-    the store, their locations into `cold_index`). In-memory table: admitted
-    by training lookups of the keys in chunks (initialized rows and slots),
-    as a one-shot `load` of 50M float32 + Adagrad rows would hold the whole
-    state twice beside the table. The step rate does not depend on the
-    values.
+    Both tables first admit keys by training lookups (initialized rows and
+    slots): the in-memory table all of them, the tiered one its first
+    `memory_rows` (the hottest Zipf ranks). The tiered table's other keys are
+    a bulk import of generated rows appended straight to the disk tier
+    (records packed and checksummed by the store, `cold_index` sized once for
+    them). A one-shot `load` would hold the whole state, and TensorFlow's CPU
+    allocator keeps such transients resident. The step rate does not depend
+    on the values.
     """
     n = _KEYS.value
-    if not tiered:
-        admit = tf.function(
-            lambda k: tf.reduce_sum(npu_rec.sparse_lookup(table, k)[:1]),
-            input_signature=[tf.TensorSpec([None], tf.int64)],
-        )
-        for start in range(0, n, chunk // 4):
-            admit(tf.constant(raw_keys(np.arange(start, min(n, start + chunk // 4)))))
-        return
     st = table.state
-    sig = st.signature(_DIM.value)
-    first = min(n, st.memory_rows)
-    state = _chunk(tf, table, 0, first)
-    for k in ("pending_keys", "pending_counts", "pending_last_seen", "deleted_keys"):
-        state[k] = tf.zeros([0], tf.int64)
-    state.update(
-        {
-            "max_seen": tf.constant(0, tf.int64),
-            "ts_feature": tf.constant(False),
-            "opt_step": tf.constant(0, tf.int64),
-        }
+    first = min(n, st.memory_rows) if tiered else n
+    admit = tf.function(
+        lambda k: tf.reduce_sum(npu_rec.sparse_lookup(table, k)[:1]),
+        input_signature=[tf.TensorSpec([None], tf.int64)],
     )
-    assert set(state) == set(sig), set(state) ^ set(sig)
-    table.backend.load(table, state)
-    del state
+    for start in range(0, first, chunk):
+        admit(tf.constant(raw_keys(np.arange(start, min(first, start + chunk)))))
+    if not tiered:
+        return
+    st.cold_index.reserve(n - first)
     names = list(st.rows.slots)
     for start in range(first, n, chunk):
         c = _chunk(tf, table, start, min(n, start + chunk))
