@@ -1,21 +1,31 @@
 """Tiered table (memory + disk) against the same table all in memory, in one run.
 
-Both tables get the same live keys by a bulk import of generated rows
-(`write_state`: rows, Adagrad accumulators, counts), then train on the same
+Both tables get every live key a chunk at a time (`_fill`): the in-memory
+table and the tiered table's `--memory_fraction` of memory rows by training
+lookups (admission), the tiered table's other keys by a bulk import of
+generated rows (rows, Adagrad accumulators, counts) appended straight to its
+segment files under `--ssd_path`. Then both train on the same
 Zipf-distributed batches of `--batch` x `--fields` raw int64 ids (lookup +
 Adagrad update, one `tf.function` step), timed in alternating blocks of 5
-steps so that other load on a shared machine hits both alike. The tiered
-table keeps `--memory_fraction` of the keys in memory and the rest in
-segment files under `--ssd_path`.
+steps so that other load on a shared machine hits both alike.
 
 Reported per table: steps/s, and for the tiered one its ratio to the
 in-memory table, the hit rate of the timed steps (unique keys found in
 memory), promotions, demotions and bytes read/written per step, disk bytes
-per cold key, and the process RSS growth while the table was made and filled.
+per cold key, `cold_index` bytes per cold key, the RSS growth while the table
+was made and filled (the tiered table first, alone) against its memory rows
+plus both key indexes, and the process's RSS after the steps and at peak.
+`--compact`: bfloat16 rows + RowWiseAdagrad. `--skip_memory`: the tiered
+table alone (sizes whose in-memory table does not fit). `--save_restore=FILE`:
+then save the tiered table, restore the file into a new one and time the
+steps again. The segment files (and FILE) are deleted at the end, also on
+failure.
 
 Usage:
   python benchmarks/tier_bench.py                          # 1M keys, 20% in memory
   python benchmarks/tier_bench.py --keys=5000000 --steps=30
+  python benchmarks/tier_bench.py --keys=100000000 --memory_fraction=0.1 --compact \
+      --skip_memory --steps=200
 """
 
 from __future__ import annotations
