@@ -314,7 +314,7 @@ def _run(tf, npu_rec, tables, batches, fill, growth, ssd):
         f"{'prom/st':>8} {'MB r/w per step':>16} {'RSS GiB':>8}"
     )
     for r in results:
-        ratio = r.get("ratio_to_memory", 1.0)
+        ratio = r.get("ratio_to_memory", 1.0 if "memory" in spent else float("nan"))
         hit = r.get("hit_rate", 1.0)
         prom = r.get("promotions_per_step", 0.0)
         rw = f"{r.get('mb_read_per_step', 0):.1f}/{r.get('mb_written_per_step', 0):.1f}"
@@ -322,6 +322,16 @@ def _run(tf, npu_rec, tables, batches, fill, growth, ssd):
             f"{r['table']:8} {r['memory_rows']:>10} {r['steps_per_s']:>8.2f} {ratio:>6.2f} "
             f"{hit:>6.3f} {prom:>8.0f} {rw:>16} {r['rss_growth_gib']:>8.2f}"
         )
+    tier = results[0]
+    print(
+        f"tiered: peak RSS {tier['peak_rss_gib']:.2f} GiB, cold_index "
+        f"{tier['cold_index_bytes_per_cold_key']:.1f} B per cold key"
+        + (
+            f", after restore {tier['steps_per_s_after_restore']:.2f} steps/s"
+            if "steps_per_s_after_restore" in tier
+            else ""
+        )
+    )
     out = {
         "machine": {
             "platform": platform.platform(),
