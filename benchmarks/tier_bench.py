@@ -163,10 +163,11 @@ def _fill(tf, npu_rec, table, tiered, chunk=1_000_000):
         st.cold_index.insert(c["keys"], tf.constant(locs))
 
 
-def _peak_rss() -> int:
+def _peak_rss(field: str = "VmHWM") -> int:
+    """Bytes of a /proc/self/status field (peak RSS by default)."""
     with open("/proc/self/status") as f:
         for line in f:
-            if line.startswith("VmHWM:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1]) * 1024
     return 0
 
@@ -292,6 +293,9 @@ def _run(tf, npu_rec, tables, batches, fill, growth, ssd):
                     "cold_index_gib": _cold_index_bytes(cold) / 2**30,
                     "cold_index_bytes_per_cold_key": _cold_index_bytes(cold) / max(cold, 1),
                     "rss_after_steps_gib": rss_trained / 2**30,
+                    # The segment pages the reads mapped count in RSS (page cache,
+                    # reclaimable); the anonymous part is the process's own.
+                    "rss_anon_after_steps_gib": _peak_rss("RssAnon") / 2**30,
                     "peak_rss_gib": _peak_rss() / 2**30,
                 }
             )
