@@ -1,21 +1,31 @@
 """Tiered table (memory + disk) against the same table all in memory, in one run.
 
-Both tables get the same live keys by a bulk import of generated rows
-(`write_state`: rows, Adagrad accumulators, counts), then train on the same
+Both tables get every live key a chunk at a time (`_fill`): the in-memory
+table and the tiered table's `--memory_fraction` of memory rows by training
+lookups (admission), the tiered table's other keys by a bulk import of
+generated rows (rows, Adagrad accumulators, counts) appended straight to its
+segment files under `--ssd_path`. Then both train on the same
 Zipf-distributed batches of `--batch` x `--fields` raw int64 ids (lookup +
 Adagrad update, one `tf.function` step), timed in alternating blocks of 5
-steps so that other load on a shared machine hits both alike. The tiered
-table keeps `--memory_fraction` of the keys in memory and the rest in
-segment files under `--ssd_path`.
+steps so that other load on a shared machine hits both alike.
 
 Reported per table: steps/s, and for the tiered one its ratio to the
 in-memory table, the hit rate of the timed steps (unique keys found in
 memory), promotions, demotions and bytes read/written per step, disk bytes
-per cold key, and the process RSS growth while the table was made and filled.
+per cold key, `cold_index` bytes per cold key, the RSS growth while the table
+was made and filled (the tiered table first, alone) against its memory rows
+plus both key indexes, and the process's RSS after the steps and at peak.
+`--compact`: bfloat16 rows + RowWiseAdagrad. `--skip_memory`: the tiered
+table alone (sizes whose in-memory table does not fit). `--save_restore=FILE`:
+then save the tiered table, restore the file into a new one and time the
+steps again. The segment files (and FILE) are deleted at the end, also on
+failure.
 
 Usage:
   python benchmarks/tier_bench.py                          # 1M keys, 20% in memory
   python benchmarks/tier_bench.py --keys=5000000 --steps=30
+  python benchmarks/tier_bench.py --keys=100000000 --memory_fraction=0.1 --compact \
+      --skip_memory --steps=200
 """
 
 from __future__ import annotations
@@ -45,6 +55,18 @@ _FIELDS = flags.DEFINE_integer("fields", 26, "Ids per example.", lower_bound=1)
 _ZIPF = flags.DEFINE_float("zipf_a", 1.05, "Zipf exponent of the id distribution.")
 _SSD = flags.DEFINE_string("ssd_path", None, "Directory of the disk tier (default: a temp dir).")
 _THREADS = flags.DEFINE_integer("threads", 2, "TF intra/inter-op threads.", lower_bound=1)
+_COMPACT = flags.DEFINE_bool(
+    "compact", False, "bfloat16 rows + RowWiseAdagrad (default float32 + Adagrad)."
+)
+_SKIP_MEMORY = flags.DEFINE_bool(
+    "skip_memory", False, "Tiered table only (no in-memory table beside it: tables that big)."
+)
+_SAVE = flags.DEFINE_string(
+    "save_restore",
+    None,
+    "After the timed steps: save the tiered table to this file, restore it into a new "
+    "tiered table and time `--steps` steps again (the file is deleted at the end).",
+)
 _JSON = flags.DEFINE_string(
     "json",
     os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "tier_bench.json"),
@@ -56,42 +78,104 @@ def _zipf_ranks(rng, n_keys, count):
     return zipf_ranks(rng, _ZIPF.value, n_keys, count)
 
 
+def _optimizer(npu_rec):
+    if _COMPACT.value:
+        return npu_rec.optimizers.RowWiseAdagrad(0.05)
+    return npu_rec.optimizers.Adagrad(0.05)
+
+
 def _make_table(tf, npu_rec, name, tiered, ssd):
     n = _KEYS.value
     kwargs = {}
     if tiered:
         kwargs = {"memory_rows": max(1, int(n * _FRACTION.value)), "ssd_path": ssd}
-    rss0 = rss()
-    table = npu_rec.create_table(
+    if _COMPACT.value:
+        kwargs["value_dtype"] = tf.bfloat16
+    return npu_rec.create_table(
         name,
         _DIM.value,
-        optimizer=npu_rec.optimizers.Adagrad(0.05),
+        optimizer=_optimizer(npu_rec),
         capacity=n + n // 8 + 1024,
         dynamic_expansion=True,
         access_threshold=0,
         **kwargs,
     )
-    rng = np.random.default_rng(1)
-    keys = raw_keys(np.arange(n))
-    state = {
-        "keys": keys,
-        "values": rng.uniform(-0.05, 0.05, (n, _DIM.value)).astype(np.float32),
-        "slot/accumulator": np.full((n, _DIM.value), 0.1, np.float32),
-        "counts": np.ones(n, np.int64),
-        "last_seen": np.zeros(n, np.int64),
-        "pending_keys": np.zeros(0, np.int64),
-        "pending_counts": np.zeros(0, np.int64),
-        "pending_last_seen": np.zeros(0, np.int64),
-        "max_seen": np.int64(0),
-        "ts_feature": np.bool_(False),
-        "opt_step": np.int64(0),
+
+
+def _chunk(tf, table, start, stop):
+    """Generated state of keys `start..stop` (ranks), as tensors of the table's signature."""
+    n = stop - start
+    rng = np.random.default_rng(start)
+    sig = table.state.signature(_DIM.value)
+    out = {
+        "keys": tf.constant(raw_keys(np.arange(start, stop))),
+        "values": tf.cast(
+            tf.constant(rng.uniform(-0.05, 0.05, (n, _DIM.value)).astype(np.float32)),
+            sig["values"][0],
+        ),
+        "counts": tf.ones([n], tf.int64),
+        "last_seen": tf.zeros([n], tf.int64),
     }
-    t0 = time.perf_counter()
-    table.write_state(state)
-    fill_s = time.perf_counter() - t0
-    del state, keys
-    gc.collect()
-    return table, fill_s, rss() - rss0
+    for k, (dtype, shape) in sig.items():
+        if k.startswith("slot/"):
+            out[k] = tf.fill([n, shape[1]], tf.constant(0.1, dtype))
+    return out
+
+
+def _fill(tf, npu_rec, table, tiered, chunk=1_000_000):
+    """Every live key (ranks 0..keys-1) gets a row, a chunk of keys at a time.
+
+    Both tables first admit keys by training lookups (initialized rows and
+    slots): the in-memory table all of them, the tiered one its first
+    `memory_rows` (the hottest Zipf ranks). The tiered table's other keys are
+    a bulk import of generated rows appended straight to the disk tier
+    (records packed and checksummed by the store, `cold_index` sized once for
+    them). A one-shot `load` would hold the whole state, and TensorFlow's CPU
+    allocator keeps such transients resident. The step rate does not depend
+    on the values.
+    """
+    n = _KEYS.value
+    st = table.state
+    first = min(n, st.memory_rows) if tiered else n
+    admit = tf.function(
+        lambda k: tf.reduce_sum(npu_rec.sparse_lookup(table, k)[:1]),
+        input_signature=[tf.TensorSpec([None], tf.int64)],
+    )
+    for start in range(0, first, chunk):
+        admit(tf.constant(raw_keys(np.arange(start, min(first, start + chunk)))))
+    if not tiered:
+        return
+    st.cold_index.reserve(n - first)
+    names = list(st.rows.slots)
+    for start in range(first, n, chunk):
+        c = _chunk(tf, table, start, min(n, start + chunk))
+        slots = np.concatenate([c[f"slot/{k}"].numpy() for k in names], 1) if names else None
+        recs = st.store.make_records(
+            c["keys"].numpy(),
+            c["values"].numpy(),
+            slots,
+            c["counts"].numpy(),
+            c["counts"].numpy(),
+            c["last_seen"].numpy(),
+        )
+        locs = st.store.append(recs)
+        del recs, slots
+        st.cold_index.insert(c["keys"], tf.constant(locs))
+
+
+def _peak_rss(field: str = "VmHWM") -> int:
+    """Bytes of a /proc/self/status field (peak RSS by default)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def _cold_index_bytes(cold_keys: int) -> int:
+    """`cold_index`'s bucket arrays (16 B a bucket, a power of two below 80% load)."""
+    need = max(1, cold_keys) / 0.8
+    return 16 * max(1024, 2 ** int(np.ceil(np.log2(need) - 1e-9)))
 
 
 def _interleaved(cases, batches, steps, warmup, block=5):
@@ -129,9 +213,39 @@ def main(argv):
         )
         for _ in range(16)
     ]
-    tables, fill, rss = {}, {}, {}
-    for name, tiered in (("memory", False), ("tiered", True)):
-        tables[name], fill[name], rss[name] = _make_table(tf, npu_rec, name, tiered, ssd)
+    tables, fill, growth = {}, {}, {}
+    kinds = (("tiered", True),) if _SKIP_MEMORY.value else (("tiered", True), ("memory", False))
+    try:
+        for name, tiered in kinds:  # tiered first: its RSS growth is measured alone
+            rss0 = rss()
+            t0 = time.perf_counter()
+            tables[name] = _make_table(tf, npu_rec, name, tiered, ssd)
+            _fill(tf, npu_rec, tables[name], tiered)
+            fill[name] = time.perf_counter() - t0
+            gc.collect()
+            growth[name] = rss() - rss0
+            print(
+                f"{name}: filled in {fill[name]:.1f} s, RSS +{growth[name] / 2**30:.2f} GiB",
+                flush=True,
+            )
+        _run(tf, npu_rec, tables, batches, fill, growth, ssd)
+    finally:
+        for t in tables.values():
+            for shard in t.shards:
+                store = getattr(shard.state, "store", None)
+                if store is not None:
+                    store.close()
+        if _SAVE.value and os.path.exists(_SAVE.value):
+            os.remove(_SAVE.value)
+        if _SSD.value is None:
+            shutil.rmtree(ssd, ignore_errors=True)
+
+
+def _run(tf, npu_rec, tables, batches, fill, growth, ssd):
+    n = _KEYS.value
+    tier_table = tables["tiered"]
+    cold = int(tier_table.tier_stats()["cold_keys"])
+    hot_bytes = {k: int(v) for k, v in tier_table.memory_stats().items()} if cold < 10**8 else {}
 
     def step_fn(table):
         @tf.function
@@ -148,11 +262,12 @@ def main(argv):
     for fn in cases.values():  # warm-up: trace, and let the hot set settle
         for i in range(_WARMUP.value):
             fn(*batches[i % len(batches)])
-    before = tables["tiered"].tier_stats()
+    before = tier_table.tier_stats()
     spent = _interleaved(cases, batches, _STEPS.value, 0)
-    after = tables["tiered"].tier_stats()
+    after = tier_table.tier_stats()
     steps = _STEPS.value
     d = {k: after[k] - before[k] for k in before if isinstance(before[k], int)}
+    rss_trained = rss()
     results = []
     for name, table in tables.items():
         r = {
@@ -161,13 +276,12 @@ def main(argv):
             "memory_rows": table.config.memory_rows or n,
             "steps_per_s": steps / spent[name],
             "fill_s": fill[name],
-            "rss_growth_gib": rss[name] / 2**30,
+            "rss_growth_gib": growth[name] / 2**30,
             "size": int(table.size()),
         }
         if name == "tiered":
             r.update(
                 {
-                    "ratio_to_memory": spent["memory"] / spent["tiered"],
                     "hit_rate": d["hits"] / max(d["lookups"], 1),
                     "promotions_per_step": d["promotions"] / steps,
                     "demotions_per_step": d["demotions"] / steps,
@@ -176,9 +290,25 @@ def main(argv):
                     "compactions": after["compactions"],
                     "cold_keys": after["cold_keys"],
                     "disk_bytes_per_cold_key": after["disk_bytes_per_key"],
+                    "cold_index_gib": _cold_index_bytes(cold) / 2**30,
+                    "cold_index_bytes_per_cold_key": _cold_index_bytes(cold) / max(cold, 1),
+                    "rss_after_steps_gib": rss_trained / 2**30,
+                    # The segment pages the reads mapped count in RSS (page cache,
+                    # reclaimable); the anonymous part is the process's own.
+                    "rss_anon_after_steps_gib": _peak_rss("RssAnon") / 2**30,
+                    "peak_rss_gib": _peak_rss() / 2**30,
                 }
             )
+            if hot_bytes:
+                # The bound of the acceptance: memory rows (values, slots, metadata)
+                # plus both key indexes, plus 1 GiB.
+                held = hot_bytes["rows"] + hot_bytes["slots"] + hot_bytes["metadata"]
+                r["memory_rows_plus_index_gib"] = (held + hot_bytes["index"]) / 2**30
+            if "memory" in spent:
+                r["ratio_to_memory"] = spent["memory"] / spent["tiered"]
         results.append(r)
+    if _SAVE.value:
+        results[0].update(_save_restore(tf, npu_rec, tier_table, batches, step_fn, ssd))
     print(
         f"{n} keys, dim {_DIM.value}, batch {_BATCH.value} x {_FIELDS.value}, "
         f"Zipf {_ZIPF.value}, {steps} timed steps"
@@ -188,7 +318,7 @@ def main(argv):
         f"{'prom/st':>8} {'MB r/w per step':>16} {'RSS GiB':>8}"
     )
     for r in results:
-        ratio = r.get("ratio_to_memory", 1.0)
+        ratio = r.get("ratio_to_memory", 1.0 if "memory" in spent else float("nan"))
         hit = r.get("hit_rate", 1.0)
         prom = r.get("promotions_per_step", 0.0)
         rw = f"{r.get('mb_read_per_step', 0):.1f}/{r.get('mb_written_per_step', 0):.1f}"
@@ -196,6 +326,16 @@ def main(argv):
             f"{r['table']:8} {r['memory_rows']:>10} {r['steps_per_s']:>8.2f} {ratio:>6.2f} "
             f"{hit:>6.3f} {prom:>8.0f} {rw:>16} {r['rss_growth_gib']:>8.2f}"
         )
+    tier = results[0]
+    print(
+        f"tiered: peak RSS {tier['peak_rss_gib']:.2f} GiB, cold_index "
+        f"{tier['cold_index_bytes_per_cold_key']:.1f} B per cold key"
+        + (
+            f", after restore {tier['steps_per_s_after_restore']:.2f} steps/s"
+            if "steps_per_s_after_restore" in tier
+            else ""
+        )
+    )
     out = {
         "machine": {
             "platform": platform.platform(),
@@ -215,13 +355,41 @@ def main(argv):
     os.makedirs(os.path.dirname(os.path.abspath(_JSON.value)), exist_ok=True)
     with open(_JSON.value, "w") as f:
         json.dump(out, f, indent=2)
-    for t in tables.values():
-        for shard in t.shards:
-            store = getattr(shard.state, "store", None)
-            if store is not None:
-                store.close()
-    if _SSD.value is None:
-        shutil.rmtree(ssd, ignore_errors=True)
+
+
+def _save_restore(tf, npu_rec, table, batches, step_fn, ssd):
+    """Saves `table`, restores the file into a new tiered table, times steps on it."""
+    t0 = time.perf_counter()
+    table.save(_SAVE.value)
+    save_s = time.perf_counter() - t0
+    file_bytes = os.path.getsize(_SAVE.value)
+    for shard in table.shards:  # its segment files go before the restore writes new ones
+        shard.state.store.close()
+    npu_rec.shutdown()  # forget the saved table: the new one takes its name
+    again = _make_table(tf, npu_rec, "tiered", True, ssd)  # the name the file holds
+    t0 = time.perf_counter()
+    again.restore(_SAVE.value)
+    restore_s = time.perf_counter() - t0
+    os.remove(_SAVE.value)
+    size = int(again.size())
+    fn = step_fn(again)
+    for i in range(_WARMUP.value):
+        fn(*batches[i % len(batches)])
+    t0 = time.perf_counter()
+    for i in range(_STEPS.value):
+        out = fn(*batches[i % len(batches)])
+    out.numpy()
+    again_s = time.perf_counter() - t0
+    for shard in again.shards:
+        shard.state.store.close()
+    return {
+        "save_s": save_s,
+        "checkpoint_gib": file_bytes / 2**30,
+        "restore_s": restore_s,
+        "restored_size": size,
+        "steps_per_s_after_restore": _STEPS.value / again_s,
+        "peak_rss_gib": _peak_rss() / 2**30,
+    }
 
 
 if __name__ == "__main__":

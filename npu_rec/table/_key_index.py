@@ -242,8 +242,17 @@ class KeyIndex:
         """Replaces the contents by raw `keys` -> `rows`, in a fresh (tombstone-free) array."""
         return self._reset_mixed(_mix(keys), rows)
 
-    def _reset_mixed(self, mixed: tf.Tensor, rows: tf.Tensor) -> tf.Operation:
-        """`reset` for mixed keys.
+    def reserve(self, keys: int) -> tf.Operation:
+        """Re-inserts the held keys into a fresh array sized for `keys` keys in all.
+
+        For a bulk insert of known size: the array is allocated once at its
+        final size instead of doubling (and rehashing every key) at each power
+        of two on the way, which also leaves no outgrown arrays behind.
+        """
+        return self._reset_mixed(*self.held_mixed(), buckets=buckets_for(keys))
+
+    def _reset_mixed(self, mixed: tf.Tensor, rows: tf.Tensor, buckets: int = 0) -> tf.Operation:
+        """`reset` for mixed keys (into at least `buckets` buckets).
 
         The kernel's import adopts the tensors it is given as its bucket arrays
         (no copy), and later inserts and removes write into them in place. The
@@ -253,15 +262,19 @@ class KeyIndex:
         that the table would adopt, fill, and hand back "empty" to the next
         reset (duplicate, lost and evicted keys came back after the second
         rebuild). The import waits for `mixed` and `rows`, which
-        may be computed from the current arrays (`rebuild`).
+        may be computed from the current arrays (`rebuild`). Run eagerly, the
+        `tf.fill` is a new buffer already (no copy beside it).
         """
+        buckets = max(self.initial_buckets, buckets)
 
         # An empty array of the initial size; the insert grows it (one rebucketing of
         # the still-empty array) to the smallest power of two holding the keys.
         # The kernel takes [buckets, 1] arrays; graph-mode shape inference expects
         # rank 1, so the static shape is hidden (as when TF restores this table).
         def fresh(value):
-            filled = tf.fill([self.initial_buckets, 1], tf.constant(value, tf.int64))
+            filled = tf.fill([buckets, 1], tf.constant(value, tf.int64))
+            if tf.executing_eagerly():
+                return filled
             return tf.compat.v1.placeholder_with_default(tf.raw_ops.DeepCopy(x=filled), shape=None)
 
         with tf.control_dependencies([mixed, rows]):

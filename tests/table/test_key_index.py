@@ -87,6 +87,23 @@ def test_reset_replaces_contents_and_grows_for_many_keys():
     assert int(index.map.export()[0].shape[0]) == buckets_for(5000)
 
 
+def test_reserve_sizes_the_array_once_and_keeps_the_held_keys():
+    index = KeyIndex(8)
+    held = tf.constant([5, 6, 7], tf.int64)
+    index.insert(held, held + 100)
+    index.reserve(20000)
+    size = buckets_for(20000)
+    assert int(index.map.export()[0].shape[0]) == size
+    np.testing.assert_array_equal(index.lookup(held), [105, 106, 107])
+    keys = tf.range(1000, 20992, dtype=tf.int64) * 31
+    for part in tf.split(keys, 7):  # bulk inserts up to the reserved size: no regrowth
+        index.insert(part, part + 1)
+    assert int(index.map.export()[0].shape[0]) == size
+    assert int(index.size()) == 19995
+    np.testing.assert_array_equal(index.lookup(keys), keys.numpy() + 1)
+    np.testing.assert_array_equal(index.lookup(held), [105, 106, 107])
+
+
 def test_heavy_eviction_rebuilds_the_index_and_keeps_lookups_right():
     index = KeyIndex(8)  # 16 buckets; rebuild once live + removed > 14.4
     assert index.initial_buckets == 16
