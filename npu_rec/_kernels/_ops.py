@@ -22,6 +22,9 @@ rounded as the stock path does); slots are float32.
 * `expand` = `tf.gather` of unique rows to the ids (axis 0, int64 [n]
   index), with `tf.gather`'s gradient (`tf.IndexedSlices` of the per-id
   gradients).
+* `tier_victims`, `tier_pack`, `tier_unpack` = the tiered table's NumPy
+  victim selection, record packing and verified unpacking
+  (`npu_rec.table._tier`, `_tier_store`).
 """
 
 from __future__ import annotations
@@ -137,6 +140,21 @@ def pad_rows(x: tf.Tensor, rows) -> tf.Tensor:
     (madvise), so a table's spare rows cost no RSS before they are used.
     """
     return _build.library().npu_rec_pad_rows(input=x, rows=tf.cast(rows, tf.int64))
+
+
+def tier_victims(**args) -> tf.Tensor:
+    """int64 [k]: the rows a tiered table demotes (`NpuRecTierVictims`)."""
+    return _build.library().npu_rec_tier_victims(**args)
+
+
+def tier_pack(**args) -> tf.Tensor:
+    """int64 [k, words]: the victims' checksummed records (`NpuRecTierPack`)."""
+    return _build.library().npu_rec_tier_pack(**args)
+
+
+def tier_unpack(**args):
+    """(values, slots, counts, saved counts, last-seen) of verified records (`NpuRecTierUnpack`)."""
+    return _build.library().npu_rec_tier_unpack(**args)
 
 
 try:

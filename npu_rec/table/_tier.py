@@ -57,7 +57,7 @@ import dataclasses
 import numpy as np
 import tensorflow as tf
 
-from npu_rec._kernels import _build
+from npu_rec._kernels import _ops
 from npu_rec._kernels._key_map import KeyMap
 from npu_rec._validation import ConfigError
 from npu_rec.table import _tier_store
@@ -573,7 +573,6 @@ class TieredKernelBackend(TierMixin, KernelBackend):
         st = shard.state
         s = st.rows
         store = st.store
-        lib = _build.library()
         keys = tf.reshape(tf.cast(keys, tf.int64), [-1])
         protected = self._protect(shard, keys)
         with tf.control_dependencies([protected]):
@@ -604,7 +603,7 @@ class TieredKernelBackend(TierMixin, KernelBackend):
         )
         period = tf.reshape(period, [])
         weights = tf.constant(store.weights)
-        values, slots, counts, saved, seen = lib.npu_rec_tier_unpack(
+        values, slots, counts, saved, seen = _ops.tier_unpack(
             records=tf.reshape(words, [-1, store.words]),
             weights=weights,
             segment_of=tf.reshape(which, [-1]),
@@ -620,14 +619,14 @@ class TieredKernelBackend(TierMixin, KernelBackend):
 
         def pack():
             held = tf.reshape(st.index.lookup(protected), [-1])
-            victims = lib.npu_rec_tier_victims(
+            victims = _ops.tier_victims(
                 counts=s.counts.handle,
                 last_seen=s.last_seen.handle,
                 held_rows=held,
                 num_rows=s.next_row.read_value(),
                 k=excess,
             )
-            recs = lib.npu_rec_tier_pack(
+            recs = _ops.tier_pack(
                 row_keys=s.row_keys.handle,
                 values=s.values.handle,
                 counts=s.counts.handle,
