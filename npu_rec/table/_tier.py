@@ -155,14 +155,7 @@ class TierMixin:
         st = shard.state
         s = st.rows
         keys = tf.reshape(tf.cast(keys, tf.int64), [-1])
-        protected = self._protect(shard, keys)
-        with tf.control_dependencies([protected]):
-            rows0 = tf.reshape(st.index.lookup(keys), [-1])
-        miss = tf.boolean_mask(keys, rows0 < 0)
-        locs = tf.reshape(st.cold_index.lookup(miss), [-1])
-        found = locs >= 0
-        pkeys = tf.boolean_mask(miss, found)
-        plocs = tf.boolean_mask(locs, found)
+        protected, miss, pkeys, plocs = self._cold_keys(shard, keys)
         n_miss = tf.size(miss, out_type=tf.int64)
         excess = tf.maximum(s.live_count() + n_miss - st.memory_rows, 0)
         demoted = tf.cond(
@@ -202,6 +195,17 @@ class TierMixin:
         ]
         with tf.control_dependencies(ops):
             return tf.identity(prot)
+
+    def _cold_keys(self, shard, keys):
+        """(protected keys, keys without a memory row, the cold ones among them, their locations)."""
+        st = shard.state
+        protected = self._protect(shard, keys)
+        with tf.control_dependencies([protected]):
+            rows0 = tf.reshape(st.index.lookup(keys), [-1])
+        miss = tf.boolean_mask(keys, rows0 < 0)
+        locs = tf.reshape(st.cold_index.lookup(miss), [-1])
+        found = locs >= 0
+        return protected, miss, tf.boolean_mask(miss, found), tf.boolean_mask(locs, found)
 
     def _demote(self, shard, excess, protected) -> tf.Tensor:
         st = shard.state
@@ -574,14 +578,7 @@ class TieredKernelBackend(TierMixin, KernelBackend):
         s = st.rows
         store = st.store
         keys = tf.reshape(tf.cast(keys, tf.int64), [-1])
-        protected = self._protect(shard, keys)
-        with tf.control_dependencies([protected]):
-            rows0 = tf.reshape(st.index.lookup(keys), [-1])
-        miss = tf.boolean_mask(keys, rows0 < 0)
-        locs = tf.reshape(st.cold_index.lookup(miss), [-1])
-        found = locs >= 0
-        pkeys = tf.boolean_mask(miss, found)
-        plocs = tf.boolean_mask(locs, found)
+        protected, miss, pkeys, plocs = self._cold_keys(shard, keys)
         n_miss = tf.size(miss, out_type=tf.int64)
         n_keys = tf.size(keys, out_type=tf.int64)
         row_dtype, slot_dtype = self._read_outputs(shard)
