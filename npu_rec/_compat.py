@@ -119,6 +119,11 @@ TF_PRIVATE = (
     # (what mx_rec programs override in their own optimizer classes).
     ("tf.compat.v1.train.Optimizer", "_prepare"),
     ("tf.compat.v1.train.Optimizer", "_apply_sparse_duplicate_indices"),
+    # `rewire_input`: the ps route's batched transfers re-point a receiving op's input
+    # once the graph holds every table's lookup (`npu_rec.distribute._ps_transfers`).
+    ("tf.Operation", "_update_input"),
+    # `in_control_flow`: whether ops built now land inside a v1 `tf.cond` / `tf.while_loop`.
+    ("tf.Graph", "_get_control_flow_context"),
 )
 
 
@@ -184,3 +189,17 @@ def keep_out_of_meta_graphs(collection: str) -> None:
     ops.register_proto_function(
         collection, proto_type=None, to_proto=lambda item, export_scope=None: None
     )
+
+
+def rewire_input(op, index: int, tensor) -> None:
+    """Makes input `index` of `op` (a v1 graph's `tf.Operation`) read `tensor` instead.
+
+    Only before any session has run `op`: TensorFlow ignores, and later refuses, a
+    change to an op a session has seen.
+    """
+    op._update_input(index, tensor)
+
+
+def in_control_flow(graph) -> bool:
+    """Whether ops built now in `graph` (a v1 graph) land inside a `tf.cond` or `tf.while_loop`."""
+    return graph._get_control_flow_context() is not None

@@ -5,7 +5,9 @@ training graph, `npu_rec.estimator._ps`), `npu_rec.create_table` asks
 `table_for_ps` for the table: it is split by key hash into
 `max(num_shards, P)` shards and shard `s` (its hash map, rows, optimizer
 slots, counters, lock) lives on `/job:ps/task:(s mod P)`, so every trainer
-looks up and updates the same shards, under the shard's lock. Variables, hash
+looks up and updates the same shards, under the shard's lock. What a step sends
+between a trainer and a ps task goes as one tensor per ps task, way and stage
+of the step for all tables (`batch_transfers`, `_ps_table`). Variables, hash
 tables and locks on a ps task are shared between the sessions of all trainers
 through their names (the same graph on every task). The rest of the route
 (servers, dense placement, sessions, the end of the job) is the Estimator's:
@@ -50,18 +52,27 @@ def table_for_ps(config, backend):
 
     `backend` is the new table's `TableBackend` (`create_table` chose it).
 
-    A `ShardedTable` of `max(config.num_shards, P)` shards, shard `s` on ps
-    task `s mod P`; with one ps task and one shard, a single-shard table there.
+    A `PsShardedTable` of `max(config.num_shards, P)` shards (one with one ps
+    task and one shard), shard `s` on ps task `s mod P`; what a step sends
+    between a trainer and a ps task is merged over all tables by
+    `batch_transfers` (`_ps_table`, `_ps_transfers`).
     """
     num_ps = placed_num_ps()
     if num_ps == 0:
         return None
-    from npu_rec.table._sharded import ShardedTable  # noqa: PLC0415
-    from npu_rec.table._sparse import SingleShardTable  # noqa: PLC0415
+    from npu_rec.distribute._ps_table import PsShardedTable  # noqa: PLC0415
 
     shards = max(config.num_shards, num_ps)
-    if shards == 1:
-        with tf.compat.v1.device(ps_device(0)):
-            return SingleShardTable(config, backend)
     config = dataclasses.replace(config, num_shards=shards)
-    return ShardedTable(config, backend, devices=[ps_device(s % num_ps) for s in range(shards)])
+    return PsShardedTable(config, backend, devices=[ps_device(s % num_ps) for s in range(shards)])
+
+
+def batch_transfers(graph: tf.Graph | None = None) -> int:
+    """Merges the step's trainer <-> ps tensors of `graph` over all tables (`_ps_transfers`).
+
+    A trainer calls it once its training graph is complete, before its session
+    runs it. Returns the number of tensors merged into others.
+    """
+    from npu_rec.distribute import _ps_transfers  # noqa: PLC0415
+
+    return _ps_transfers.batch(graph)

@@ -4,8 +4,9 @@
   finished (`_servers.serve`), then returns;
 * `chief` and `worker` (the trainers, a `Trainer` each): `train()` builds the
   graph under the replica device setter (dense variables on the ps tasks) with
-  each table's shards placed on the ps tasks by key hash, and trains
-  asynchronously in a `MonitoredSession` on the task's own server. Only the
+  each table's shards placed on the ps tasks by key hash, merges what a step
+  sends between it and each ps task over all tables (`batch_transfers`: a
+  handful of tensors per ps task and step), and trains asynchronously in a `MonitoredSession` on the task's own server. Only the
   chief restores checkpoints, writes them (npu_rec's committed versions) and
   summaries, and locks `model_dir`; the workers wait until the chief has
   restored (a `ready_op` on a flag the chief sets after its restore, polled
@@ -27,7 +28,7 @@ import time
 import tensorflow as tf
 
 from npu_rec import _log as logging
-from npu_rec.distribute._ps import ps_device, table_placement
+from npu_rec.distribute._ps import batch_transfers, ps_device, table_placement
 from npu_rec.estimator._ps import _servers
 from npu_rec.estimator._ps._cluster import EVALUATOR, PS
 from npu_rec.estimator._ps._pause import PauseBarrier, PauseHook
@@ -148,6 +149,10 @@ class Trainer:
         `position_path`: the chief's restored version's `data_position-<step>.json`
         (or None); its `{trainer: source state}` is set before the workers may start.
         """
+        # The graph is complete: what a step sends to each ps task goes as a few tensors
+        # for all tables (before any session runs the graph).
+        merged = batch_transfers(tf.compat.v1.get_default_graph())
+        logging.info("npu_rec: %s merged %d trainer <-> ps tensors of a step.", self.name, merged)
         config = self.session_config(config)
         positions = committed_states(position_path) if self.is_chief else None
         flag = self._flag
