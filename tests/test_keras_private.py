@@ -209,6 +209,31 @@ def test_the_tensorflow_accessors_read_what_npu_rec_relies_on():
     assert _compat.shown_as_raised(error) is error
 
 
+def test_the_graph_accessors_rewire_an_input_and_see_v1_control_flow():
+    graph = tf.Graph()
+    with graph.as_default():
+        one, two = tf.constant([1.0]), tf.constant([2.0])
+        out = tf.identity(one)
+        _compat.rewire_input(out.op, 0, two)
+        assert list(out.op.inputs) == [two]
+        assert not _compat.in_control_flow(graph)
+        inside = []
+        was_v2 = tf.compat.v1.control_flow_v2_enabled()
+        tf.compat.v1.disable_control_flow_v2()  # a v1 cond: a control-flow context
+        try:
+            tf.cond(
+                tf.constant(True),
+                lambda: inside.append(_compat.in_control_flow(graph)) or one,
+                lambda: two,
+            )
+        finally:
+            if was_v2:
+                tf.compat.v1.enable_control_flow_v2()
+        assert inside == [True]
+        with tf.compat.v1.Session(graph=graph) as session:
+            assert session.run(out).tolist() == [2.0]
+
+
 def test_the_key_maps_tensorflow_private_members_exist():
     from npu_rec._kernels import _key_map
 
