@@ -13,7 +13,8 @@ evaluator evaluates each new checkpoint. Each task prints `FINISHED <task> <resu
 * the workers stop `SOLO` steps before the end, so the chief's last steps run
   alone: at its end the ps state is what its final checkpoint saves;
 * the chief writes `<dir>/chief.json`: the step it resumed from, the device of
-  every table resource and of every dense variable, and one batch of
+  every table resource and of every dense variable, the names of the tensors
+  crossing between tasks in its first step, and one batch of
   features with the probabilities the cluster computes for them at its end;
 * rows are numbered (`NumberedSource`, stream `row`): the training op counts
   how often each row was trained in a variable `rows_trained` of the checkpoint.
@@ -163,11 +164,35 @@ class _StopBefore(tf.compat.v1.train.SessionRunHook):
             run_context.request_stop()
 
 
+def _task(device: bytes) -> str:
+    return device.decode().split("/device:")[0]
+
+
 class _Probe(tf.compat.v1.train.SessionRunHook):
-    """The chief's report: placement, and the cluster's predictions at its end."""
+    """The chief's report: placement, what crosses between tasks in a step, and the
+    cluster's predictions at its end."""
 
     def __init__(self, directory, start):
         self.path, self.start = os.path.join(directory, "chief.json"), start
+        self.crossing = None
+
+    def before_run(self, run_context):
+        if self.crossing is not None:
+            return None
+        options = tf.compat.v1.RunOptions(output_partition_graphs=True)
+        return tf.compat.v1.train.SessionRunArgs(None, options=options)
+
+    def after_run(self, run_context, run_values):
+        graphs = run_values.run_metadata.partition_graphs
+        if self.crossing is None and graphs:
+            # The tensors crossing between tasks: a `_Recv` in the receiving partition.
+            self.crossing = [
+                node.attr["tensor_name"].s.decode()
+                for graph in graphs
+                for node in graph.node
+                if node.op in ("_Recv", "_HostRecv")
+                and _task(node.attr["send_device"].s) != _task(node.attr["recv_device"].s)
+            ]
 
     def begin(self):
         graph = tf.compat.v1.get_default_graph()
@@ -189,6 +214,7 @@ class _Probe(tf.compat.v1.train.SessionRunHook):
             "probabilities": values[0].tolist(),
             "features": {n: v.tolist() for n, v in zip(FEATURES + DENSE, values[1:], strict=True)},
             "step": int(session.run(tf.compat.v1.train.get_global_step())),
+            "crossing": self.crossing,
         }
         with open(self.path, "w") as f:
             json.dump(report, f)

@@ -123,6 +123,12 @@ def test_ps_route_trains_places_tables_on_ps_survives_a_lost_worker_and_restores
             assert set(state.values()) == {f"/job:ps/task:{shard}"}, state
     dense = [d for n, d in devices.items() if not n.startswith("npu_rec_table_")]
     assert dense and all(d.startswith("/job:ps/task:") for d in dense)
+    # A step's table tensors cross merged over the tables (keys, rows, gradients and
+    # completions per ps task); nothing of a lookup or of a shard's lock crosses alone.
+    crossing = report["crossing"]
+    assert any(n.startswith("edge_") and "npu_rec_ps_batch/" in n for n in crossing), crossing
+    alone = [n for n in crossing if "sparse_lookup" in n or "critical_section" in n]
+    assert not alone, alone
 
     # One process: the checkpoint restores and predicts what the cluster predicted.
     import tensorflow as tf
