@@ -21,6 +21,12 @@ rows of a lookup whose ids come from another lookup's rows go in a later
 batch). `batch` must run before a session first runs the graph: the route's
 trainers call it when they open their session (`npu_rec.estimator._ps`).
 
+A merged tensor couples the ops that read it: a run that needs one piece
+computes every piece's sending side (e.g. an update's gradients need all the
+tables' lookups). The route merges the graph of one training step, whose train
+op needs every piece anyway; a graph with several train ops run apart should
+not be merged.
+
 Only plain v1 graph code is registered (not a `tf.function`, not inside a v1
 `tf.cond` / `tf.while_loop`); `send` there is a plain identity on the receiving
 device.
