@@ -14,6 +14,7 @@ records the counts.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import socket
 
@@ -142,9 +143,9 @@ def _program(on_ps: bool):
     """Tables of every kind of update, and a training step over them.
 
     `on_ps`: tables on the 2 ps tasks and the step on the trainer (else one process).
-    Returns (tables, ids and times placeholders, the train op, an eviction op).
+    Returns (tables, ids and times placeholders, the train op, an update of ids' rows).
     """
-    place = _ps.table_placement if on_ps else lambda n: _nothing()
+    place = _ps.table_placement if on_ps else lambda n: contextlib.nullcontext()
     with place(2):
         a = npu_rec.create_table("a", 4, optimizer=Adagrad(0.1))
         # Admission after two sightings (keys without a row read zeros), eviction on.
@@ -154,8 +155,11 @@ def _program(on_ps: bool):
         e = npu_rec.create_table("e", 2, optimizer=SGD(0.3))
     with place(1):  # one shard on ps:0
         c = npu_rec.create_table("c", 5, optimizer=Ftrl(0.2))
-    trainer = tf.compat.v1.device(_TRAINER) if on_ps else _nothing()
-    with trainer:
+
+    def trainer():
+        return tf.compat.v1.device(_TRAINER) if on_ps else contextlib.nullcontext()
+
+    with trainer():
         ids = tf.compat.v1.placeholder(tf.int64, [4, 3])
         times = tf.compat.v1.placeholder(tf.int64, [4])
         emb_a = npu_rec.sparse_lookup(a, ids, timestamps=times)  # per-id times
@@ -177,22 +181,16 @@ def _program(on_ps: bool):
         train = npu_rec.apply_recorded_gradients(records, grads)
     if on_ps:
         _ps.batch_transfers()
-    return [a, b, c, e], (ids, times), train
-
-
-class _nothing:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
+    with trainer():  # run apart from the step (its tensors are not merged with the step's)
+        extra = b.apply_gradients(ids, tf.fill([4, 3, 3], 0.25))  # rows found by key
+    return [a, b, c, e], (ids, times), train, extra
 
 
 def _train(on_ps: bool, servers) -> dict:
     npu_rec.shutdown()
     try:
         with tf.Graph().as_default():
-            tables, (ids, times), train = _program(on_ps)
+            tables, (ids, times), train, extra = _program(on_ps)
             target = servers[("worker", 0)].target if on_ps else ""
             with tf.compat.v1.Session(target) as sess:
                 sess.run(
@@ -202,6 +200,7 @@ def _train(on_ps: bool, servers) -> dict:
                     sess.run(train, {ids: batch, times: stamps})
                     if step == 1:  # b's keys 1 and 3, last seen at 100, are idle longer than 15 s
                         assert tables[1].evict(now=120, session=sess) == 2
+                sess.run(extra, {ids: _STEPS[0][0]})
                 return {t.name: t.read_state(session=sess) for t in tables}
     finally:
         npu_rec.shutdown()
