@@ -100,6 +100,10 @@ class WorkerShardedTable(SparseTable):
         local_cfg = dataclasses.replace(
             config, name=f"{config.name}_worker{exchange.rank}", num_shards=1
         )
+        if config.memory_rows is not None:  # tiered: divided as between one process's shards
+            local_cfg = dataclasses.replace(
+                local_cfg, memory_rows=-(-config.memory_rows // exchange.num_workers)
+            )
         with _tf_private.outside_strategy():
             self.local = SingleShardTable(local_cfg, backend, register=False, seed_name=config.name)
         if self._graph_mode:

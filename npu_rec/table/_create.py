@@ -169,7 +169,7 @@ def create_table(
 
     backend = select_backend()  # stock ops or the compiled kernels, for the table's life
     if config.tiered:
-        return _tiered_table(config, backend)
+        backend = _tiered_backend(config, backend)  # every shard, in every worker, tiered
     table = table_for_strategy(config, backend)  # sharded across workers (multi-worker strategy)
     if table is None:
         table = table_for_ps(
@@ -183,25 +183,20 @@ def create_table(
     return table
 
 
-def _tiered_table(config: TableConfig, backend) -> SparseTable:
-    """A tiered table in this process (`npu_rec.table._tier`)."""
+def _tiered_backend(config: TableConfig, backend):
+    """The tiered backend over `backend` (`npu_rec.table._tier`), or the refusal of ps tasks."""
     from npu_rec.distribute._ps import placed_num_ps  # noqa: PLC0415
-    from npu_rec.distribute._strategy import current_exchange  # noqa: PLC0415
     from npu_rec.table._tier import tiered_backend  # noqa: PLC0415
 
-    if placed_num_ps() or current_exchange() is not None:
+    if placed_num_ps():
         raise ConfigError(
-            f"Tiered table {config.name!r}: a table with `memory_rows` and `ssd_path` lives "
-            "in one process for now (no parameter servers, no multi-worker strategy). "
-            f"Received: memory_rows={config.memory_rows}, ssd_path={list(config.ssd_path)}"
+            f"Tiered table {config.name!r}: a table with `memory_rows` and `ssd_path` cannot "
+            "be placed on parameter servers: its disk tier is kept by the process that builds "
+            "the training graph (the segment files' bookkeeping runs in Python inside the "
+            "table's ops), while a ps task runs the table's ops for every trainer's graph. "
+            "Use the Keras front end's multi-worker strategy (each worker's shard is tiered) "
+            "or one process. Received: "
+            f"memory_rows={config.memory_rows}, ssd_path={list(config.ssd_path)}, "
+            f"ps tasks={placed_num_ps()}"
         )
-    if config.not_admitted != "zeros":
-        raise ConfigError(
-            f"Tiered table {config.name!r}: not_admitted='hashed' is not available with a "
-            "disk tier yet; use not_admitted='zeros' there. Received: "
-            f"not_admitted={config.not_admitted!r}, memory_rows={config.memory_rows}"
-        )
-    backend = tiered_backend(backend)
-    if config.num_shards > 1:
-        return ShardedTable(config, backend)
-    return SingleShardTable(config, backend)
+    return tiered_backend(backend)

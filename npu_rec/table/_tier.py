@@ -99,6 +99,13 @@ class TierState(ShardState):
         ]
 
 
+#: The row an inference lookup reports for a cold key: not a row in memory (it is read
+#: from disk without promotion), but >= 0, so the key is not taken for one without a row
+#: (whose fallback row `not_admitted="hashed"` fills in); a sharded table's `row * S + s`
+#: stays >= 0 up to 2**22 shards or workers.
+COLD_ROW = 1 << 40
+
+
 def _np_dtype(dtype: tf.DType):
     return dtype.as_numpy_dtype
 
@@ -400,7 +407,12 @@ class TierMixin:
 
         cold = tf.numpy_function(read, [tf.boolean_mask(locs, have)], tf.float32, stateful=True)
         cold = tf.reshape(cold, [-1, shard.dim])
-        emb = tf.tensor_scatter_nd_update(emb, tf.boolean_mask(miss_pos, have)[:, None], cold)
+        at = tf.boolean_mask(miss_pos, have)[:, None]
+        emb = tf.tensor_scatter_nd_update(emb, at, cold)
+        # A cold key has a row (on disk): not "no row", which reads the fallback.
+        rows = tf.tensor_scatter_nd_update(
+            rows, at, tf.fill(tf.shape(at)[:1], tf.constant(COLD_ROW, tf.int64))
+        )
         return rows, emb
 
     def find_rows(self, shard, keys) -> tf.Tensor:
