@@ -190,12 +190,9 @@ class TierMixin:
             lambda: tf.unique(tf.concat([st.protected.read_value(), keys], 0))[0],
             lambda: tf.identity(keys),
         )
-        # A table looked up again and again without an optimizer step: the batch only.
-        prot = tf.cond(
-            tf.size(prot, out_type=tf.int64) > max(st.memory_rows, 1),
-            lambda: tf.identity(keys),
-            lambda: prot,
-        )
+        # Never capped: a row handed out since the last step is that step's, whatever
+        # `memory_rows` says (lookups of several batches, or of one table twice, before
+        # the optimizer step hold all their rows until it).
         ops = [
             st.protected.assign(prot, read_value=False),
             st.protected_step.assign(step, read_value=False),
