@@ -22,6 +22,10 @@ Inside a replica step (`model.fit` under `MultiWorkerMirroredStrategy`):
 
 A row id handed out (in `LookupRecord.rows`) is `local_row * W + owner`.
 
+A tiered table (`memory_rows`, `ssd_path`) has a tiered `.local` on every
+worker, with `ceil(memory_rows / W)` rows in memory: the owner's lookups
+promote and demote (`npu_rec.table._tier`) as one process's do.
+
 With `not_admitted="hashed"` every worker keeps a copy of the table's
 fallback (`npu_rec.table._fallback`, plain variables): a key without a row
 reads its fallback row on the worker that looked it up, and the owner admits

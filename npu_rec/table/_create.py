@@ -111,7 +111,11 @@ def create_table(
         training lookup sees their keys (docs/design.md "Tiered tables"). Its
         key count is bounded by the disk, not by `capacity`. Its cold rows keep
         their `value_dtype` bits and the optimizer's slots (row-wise ones
-        included) unchanged. None = every row in memory.
+        included) unchanged; a `not_admitted="hashed"` fallback stays in
+        memory. Under a multi-worker strategy each worker's shard is tiered
+        (`memory_rows` divided between the workers, its files in its own
+        subdirectories of `ssd_path`); refused on parameter servers. None =
+        every row in memory.
       ssd_path: A directory, or a list of directories the disk tier spreads its
         files over (each table uses its own subdirectory).
 
@@ -127,7 +131,8 @@ def create_table(
 
     Raises:
       ValueError: an argument is out of range, eviction is on without admission,
-        or a table of this name exists.
+        a table of this name exists, or a tiered table is placed on parameter
+        servers (`ConfigError`).
       TypeError: wrong argument type.
     """
     if dynamic_expansion is None:

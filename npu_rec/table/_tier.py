@@ -47,7 +47,9 @@ Inference lookups read cold rows from disk without promoting them;
 `find_rows` (`apply_gradients` of ids not looked up) promotes.
 
 Limits: the optimizer (its slots) must be known when the table is made; the
-store lives in the process (no parameter-server or multi-worker tables).
+store lives in the process that builds the table's ops (its bookkeeping runs in
+`tf.numpy_function`): a worker of a multi-worker strategy tiers its own shard,
+but a shard on a parameter server cannot be tiered (`create_table` refuses it).
 """
 
 from __future__ import annotations
