@@ -62,7 +62,7 @@ import tensorflow as tf
 from npu_rec._kernels import _ops
 from npu_rec._kernels._key_map import KeyMap
 from npu_rec._validation import ConfigError
-from npu_rec.table import _tier_store
+from npu_rec.table import _lookup, _tier_store
 from npu_rec.table._base import NO_NOW
 from npu_rec.table._fused import KernelBackend
 from npu_rec.table._key_index import KeyIndex
@@ -192,9 +192,18 @@ class TierMixin:
             lambda: tf.unique(tf.concat([st.protected.read_value(), keys], 0))[0],
             lambda: tf.identity(keys),
         )
-        # Never capped: a row handed out since the last step is that step's, whatever
-        # `memory_rows` says (lookups of several batches, or of one table twice, before
-        # the optimizer step hold all their rows until it).
+        if tf.executing_eagerly() and not _lookup.recording():
+            # An eager lookup nobody records: no update takes its rows by row id (one by
+            # ids finds them again), so a table looked up again and again without an
+            # optimizer step keeps up to `memory_rows` of those keys, then the batch only.
+            # Elsewhere (recorded, a graph, a function: the exchange's owner lookups)
+            # every key since the last step stays: a step looking one table up twice
+            # with more keys than `memory_rows` must not demote the first lookup's rows.
+            prot = tf.cond(
+                tf.size(prot, out_type=tf.int64) > max(st.memory_rows, 1),
+                lambda: tf.identity(keys),
+                lambda: prot,
+            )
         ops = [
             st.protected.assign(prot, read_value=False),
             st.protected_step.assign(step, read_value=False),
