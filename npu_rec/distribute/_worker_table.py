@@ -22,6 +22,10 @@ Inside a replica step (`model.fit` under `MultiWorkerMirroredStrategy`):
 
 A row id handed out (in `LookupRecord.rows`) is `local_row * W + owner`.
 
+A tiered table (`memory_rows`, `ssd_path`) has a tiered `.local` on every
+worker, with `ceil(memory_rows / W)` rows in memory: the owner's lookups
+promote and demote (`npu_rec.table._tier`) as one process's do.
+
 With `not_admitted="hashed"` every worker keeps a copy of the table's
 fallback (`npu_rec.table._fallback`, plain variables): a key without a row
 reads its fallback row on the worker that looked it up, and the owner admits
@@ -100,6 +104,10 @@ class WorkerShardedTable(SparseTable):
         local_cfg = dataclasses.replace(
             config, name=f"{config.name}_worker{exchange.rank}", num_shards=1
         )
+        if config.memory_rows is not None:  # tiered: divided as between one process's shards
+            local_cfg = dataclasses.replace(
+                local_cfg, memory_rows=-(-config.memory_rows // exchange.num_workers)
+            )
         with _tf_private.outside_strategy():
             self.local = SingleShardTable(local_cfg, backend, register=False, seed_name=config.name)
         if self._graph_mode:

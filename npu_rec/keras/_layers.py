@@ -101,8 +101,9 @@ class SparseEmbedding(keras.layers.Layer):
       **table_kwargs: `npu_rec.create_table` arguments (`optimizer`,
         `initializer`, `capacity`, `access_threshold`, `eviction_threshold`,
         `key_dtype`, `dynamic_expansion`, `max_pending_keys`, `num_shards`,
-        `value_dtype` (the rows' storage dtype; the layer still returns float32):
-        every field of `npu_rec.TableConfig` but `name` and `dim`) when a name
+        `value_dtype` (the rows' storage dtype; the layer still returns float32),
+        `memory_rows` and `ssd_path` (a tiered table, also under a multi-worker
+        strategy): every field of `npu_rec.TableConfig` but `name` and `dim`) when a name
         is given, plus the Keras layer arguments `name` and `trainable`.
 
     Call args:

@@ -111,7 +111,11 @@ def create_table(
         training lookup sees their keys (docs/design.md "Tiered tables"). Its
         key count is bounded by the disk, not by `capacity`. Its cold rows keep
         their `value_dtype` bits and the optimizer's slots (row-wise ones
-        included) unchanged. None = every row in memory.
+        included) unchanged; a `not_admitted="hashed"` fallback stays in
+        memory. Under a multi-worker strategy each worker's shard is tiered
+        (`memory_rows` divided between the workers, its files in its own
+        subdirectories of `ssd_path`); refused on parameter servers. None =
+        every row in memory.
       ssd_path: A directory, or a list of directories the disk tier spreads its
         files over (each table uses its own subdirectory).
 
@@ -127,7 +131,8 @@ def create_table(
 
     Raises:
       ValueError: an argument is out of range, eviction is on without admission,
-        or a table of this name exists.
+        a table of this name exists, or a tiered table is placed on parameter
+        servers (`ConfigError`).
       TypeError: wrong argument type.
     """
     if dynamic_expansion is None:
@@ -169,7 +174,7 @@ def create_table(
 
     backend = select_backend()  # stock ops or the compiled kernels, for the table's life
     if config.tiered:
-        return _tiered_table(config, backend)
+        backend = _tiered_backend(config, backend)  # every shard, in every worker, tiered
     table = table_for_strategy(config, backend)  # sharded across workers (multi-worker strategy)
     if table is None:
         table = table_for_ps(
@@ -183,25 +188,20 @@ def create_table(
     return table
 
 
-def _tiered_table(config: TableConfig, backend) -> SparseTable:
-    """A tiered table in this process (`npu_rec.table._tier`)."""
+def _tiered_backend(config: TableConfig, backend):
+    """The tiered backend over `backend` (`npu_rec.table._tier`), or the refusal of ps tasks."""
     from npu_rec.distribute._ps import placed_num_ps  # noqa: PLC0415
-    from npu_rec.distribute._strategy import current_exchange  # noqa: PLC0415
     from npu_rec.table._tier import tiered_backend  # noqa: PLC0415
 
-    if placed_num_ps() or current_exchange() is not None:
+    if placed_num_ps():
         raise ConfigError(
-            f"Tiered table {config.name!r}: a table with `memory_rows` and `ssd_path` lives "
-            "in one process for now (no parameter servers, no multi-worker strategy). "
-            f"Received: memory_rows={config.memory_rows}, ssd_path={list(config.ssd_path)}"
+            f"Tiered table {config.name!r}: a table with `memory_rows` and `ssd_path` cannot "
+            "be placed on parameter servers: its disk tier is kept by the process that builds "
+            "the training graph (the segment files' bookkeeping runs in Python inside the "
+            "table's ops), while a ps task runs the table's ops for every trainer's graph. "
+            "Use the Keras front end's multi-worker strategy (each worker's shard is tiered) "
+            "or one process. Received: "
+            f"memory_rows={config.memory_rows}, ssd_path={list(config.ssd_path)}, "
+            f"ps tasks={placed_num_ps()}"
         )
-    if config.not_admitted != "zeros":
-        raise ConfigError(
-            f"Tiered table {config.name!r}: not_admitted='hashed' is not available with a "
-            "disk tier yet; use not_admitted='zeros' there. Received: "
-            f"not_admitted={config.not_admitted!r}, memory_rows={config.memory_rows}"
-        )
-    backend = tiered_backend(backend)
-    if config.num_shards > 1:
-        return ShardedTable(config, backend)
-    return SingleShardTable(config, backend)
+    return tiered_backend(backend)

@@ -47,7 +47,9 @@ Inference lookups read cold rows from disk without promoting them;
 `find_rows` (`apply_gradients` of ids not looked up) promotes.
 
 Limits: the optimizer (its slots) must be known when the table is made; the
-store lives in the process (no parameter-server or multi-worker tables).
+store lives in the process that builds the table's ops (its bookkeeping runs in
+`tf.numpy_function`): a worker of a multi-worker strategy tiers its own shard,
+but a shard on a parameter server cannot be tiered (`create_table` refuses it).
 """
 
 from __future__ import annotations
@@ -60,7 +62,7 @@ import tensorflow as tf
 from npu_rec._kernels import _ops
 from npu_rec._kernels._key_map import KeyMap
 from npu_rec._validation import ConfigError
-from npu_rec.table import _tier_store
+from npu_rec.table import _lookup, _tier_store
 from npu_rec.table._base import NO_NOW
 from npu_rec.table._fused import KernelBackend
 from npu_rec.table._key_index import KeyIndex
@@ -97,6 +99,13 @@ class TierState(ShardState):
             self.protected,
             self.protected_step,
         ]
+
+
+#: The row an inference lookup reports for a cold key: not a row in memory (it is read
+#: from disk without promotion), but >= 0, so the key is not taken for one without a row
+#: (whose fallback row `not_admitted="hashed"` fills in); a sharded table's `row * S + s`
+#: stays >= 0 up to 2**22 shards or workers.
+COLD_ROW = 1 << 40
 
 
 def _np_dtype(dtype: tf.DType):
@@ -183,12 +192,18 @@ class TierMixin:
             lambda: tf.unique(tf.concat([st.protected.read_value(), keys], 0))[0],
             lambda: tf.identity(keys),
         )
-        # A table looked up again and again without an optimizer step: the batch only.
-        prot = tf.cond(
-            tf.size(prot, out_type=tf.int64) > max(st.memory_rows, 1),
-            lambda: tf.identity(keys),
-            lambda: prot,
-        )
+        if tf.executing_eagerly() and not _lookup.recording():
+            # An eager lookup nobody records: no update takes its rows by row id (one by
+            # ids finds them again), so a table looked up again and again without an
+            # optimizer step keeps up to `memory_rows` of those keys, then the batch only.
+            # Elsewhere (recorded, a graph, a function: the exchange's owner lookups)
+            # every key since the last step stays: a step looking one table up twice
+            # with more keys than `memory_rows` must not demote the first lookup's rows.
+            prot = tf.cond(
+                tf.size(prot, out_type=tf.int64) > max(st.memory_rows, 1),
+                lambda: tf.identity(keys),
+                lambda: prot,
+            )
         ops = [
             st.protected.assign(prot, read_value=False),
             st.protected_step.assign(step, read_value=False),
@@ -400,7 +415,12 @@ class TierMixin:
 
         cold = tf.numpy_function(read, [tf.boolean_mask(locs, have)], tf.float32, stateful=True)
         cold = tf.reshape(cold, [-1, shard.dim])
-        emb = tf.tensor_scatter_nd_update(emb, tf.boolean_mask(miss_pos, have)[:, None], cold)
+        at = tf.boolean_mask(miss_pos, have)[:, None]
+        emb = tf.tensor_scatter_nd_update(emb, at, cold)
+        # A cold key has a row (on disk): not "no row", which reads the fallback.
+        rows = tf.tensor_scatter_nd_update(
+            rows, at, tf.fill(tf.shape(at)[:1], tf.constant(COLD_ROW, tf.int64))
+        )
         return rows, emb
 
     def find_rows(self, shard, keys) -> tf.Tensor:

@@ -35,6 +35,23 @@ def _run(args, timeout):
     assert proc.returncode == 0, proc.stdout.decode()[-3000:] + proc.stderr.decode()[-3000:]
 
 
+def run_scenario(script: str, out, workers: int = 2, timeout: int = 200) -> None:
+    """Runs `script out` in one process, then on `workers` workers through `npu_rec.launch`.
+
+    Each run must succeed; the single run gets `timeout` seconds, the launch 1.5 times that.
+    """
+    _run([script, str(out)], timeout=timeout)
+    log = io.BytesIO()
+    code = launch.run(
+        [sys.executable, script, str(out)],
+        workers=workers,
+        timeout_secs=timeout * 3 // 2,
+        out=log,
+        env=_env(),
+    )
+    assert code == 0, log.getvalue().decode()[-6000:]
+
+
 class _Runs(tuple):
     """(one-process results, [worker 0, worker 1] results), and `.directory` of the files."""
 
@@ -47,10 +64,5 @@ class _Runs(tuple):
 @pytest.fixture(scope="session")
 def runs(tmp_path_factory):
     out = tmp_path_factory.mktemp("fit")
-    _run([_WORKER, str(out)], timeout=200)
-    log = io.BytesIO()
-    code = launch.run(
-        [sys.executable, _WORKER, str(out)], workers=2, timeout_secs=300, out=log, env=_env()
-    )
-    assert code == 0, log.getvalue().decode()[-6000:]
+    run_scenario(_WORKER, out)
     return _Runs(np.load(out / "single.npz"), [np.load(out / f"{r}.npz") for r in (0, 1)], out)

@@ -386,19 +386,6 @@ def test_bad_tier_arguments_are_refused_naming_them(kwargs, match):
         npu_rec.create_table("bad", 4, **kwargs)
 
 
-def test_what_the_disk_tier_cannot_hold_yet_is_refused_naming_it(tmp_path):
-    with pytest.raises(npu_rec.ConfigError, match="not_admitted='hashed'"):
-        npu_rec.create_table(
-            "c",
-            DIM,
-            optimizer=npu_rec.optimizers.Adagrad(0.1),
-            not_admitted="hashed",
-            access_threshold=2,
-            memory_rows=4,
-            ssd_path=str(tmp_path),
-        )
-
-
 def test_the_disk_tier_records_take_each_slot_at_its_width_and_rows_in_their_dtype():
     bf16 = tf.bfloat16.as_numpy_dtype
     wide = _tier_store.record_dtype(16, np.float32, [16], np.float32).itemsize
