@@ -14,12 +14,13 @@
 // keys would pass `max_load_factor`, the array grows by `growth_factor`:
 // 2 keeps power-of-two sizes and the home bucket `key & mask` (the table's key
 // index); another factor sizes the array exactly (at least
-// `keys / max_load_factor` buckets) with the home bucket `(key * buckets) >> 64`
-// (the high half of the 128-bit product), which bounds the bytes per key by
-// 12 * growth / max_load (the tiered table's cold index). An insert reuses the first tombstone of its probe chain; when
-// live keys plus tombstones would pass (1 + max_load_factor) / 2 of the array,
-// it is rehashed at the same size (dropping the tombstones), so a probe always
-// meets an empty bucket. `ReserveTotal` sizes the array once for a known count.
+// `keys / max_load_factor` buckets) with the home bucket `(h * buckets) >> 64`
+// (the high half of the 128-bit product, h = key times an odd constant), which
+// bounds the bytes per key by 12 * growth / max_load (the tiered table's cold
+// index). An insert reuses the first tombstone of its probe chain; when live
+// keys plus tombstones would pass (1 + max_load_factor) / 2 of the array, it is
+// rehashed at the same size (dropping the tombstones), so a probe always meets
+// an empty bucket. `ReserveTotal` sizes the array once for a known count.
 //
 // Locks: finds take the map's lock shared, inserts / removes / imports /
 // exports exclusively. Export copies the array (keys and values [buckets, 1],
