@@ -145,7 +145,10 @@ def _fill(tf, npu_rec, table, tiered, chunk=1_000_000):
         admit(tf.constant(raw_keys(np.arange(start, min(first, start + chunk)))))
     if not tiered:
         return
-    st.cold_index.reserve(n - first)
+    # Sized once for every key of the table (cold keys never pass it; a step's
+    # demotions enter before its promotions leave, so the cold keys alone would
+    # grow it at the first step).
+    st.cold_index.reserve(n)
     names = list(st.rows.slots)
     for start in range(first, n, chunk):
         c = _chunk(tf, table, start, min(n, start + chunk))
