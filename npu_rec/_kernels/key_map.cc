@@ -28,6 +28,46 @@ namespace {
 // growth load), so every probe chain ends at an empty bucket.
 inline double FullLoad(double max_load) { return (1.0 + max_load) / 2.0; }
 
+// The finds of a batch, with the array's shape in locals (stores to `out` cannot
+// alias them) and the home rule fixed at compile time: the power-of-two probe is
+// the mask's, unchanged; the exact-size one NpuRecKeyMap::Home's.
+template <bool kPow2>
+struct Probe {
+  const NpuRecKeyMap::Bucket* b;
+  uint64_t n;
+  int64_t empty;
+
+  uint64_t Home(int64_t key) const {
+    const uint64_t k = static_cast<uint64_t>(key);
+    if (kPow2) return k & (n - 1);
+    return static_cast<uint64_t>(
+        (static_cast<unsigned __int128>(k * NpuRecKeyMap::kHomeMul) * n) >> 64);
+  }
+  uint64_t Next(uint64_t i) const {
+    if (kPow2) return (i + 1) & (n - 1);
+    return i + 1 == n ? 0 : i + 1;
+  }
+  void FindAll(const int64_t* keys, int64_t count, int64_t* out, int64_t missing) const {
+    for (int64_t i = 0; i < std::min(count, kAhead); ++i) __builtin_prefetch(b + Home(keys[i]));
+    for (int64_t i = 0; i < count; ++i) {
+      if (i + kAhead < count) __builtin_prefetch(b + Home(keys[i + kAhead]));
+      const int64_t key = keys[i];
+      uint64_t at = Home(key);
+      int64_t found = missing;
+      for (uint64_t step = 0; step < n; ++step) {
+        const NpuRecKeyMap::Bucket& bucket = b[at];
+        if (bucket.key == key) {
+          found = bucket.value;
+          break;
+        }
+        if (bucket.key == empty) break;
+        at = Next(at);
+      }
+      out[i] = found;
+    }
+  }
+};
+
 }  // namespace
 
 NpuRecKeyMap::NpuRecKeyMap(OpKernelContext* ctx, OpKernel* kernel) {
@@ -151,17 +191,6 @@ absl::Status NpuRecKeyMap::Reserve(int64_t extra) {
   return absl::OkStatus();
 }
 
-int64_t NpuRecKeyMap::FindLocked(int64_t key, int64_t missing) const {
-  uint64_t i = Home(key);
-  for (int64_t step = 0; step < num_buckets_; ++step) {
-    const Bucket& b = buckets_[i];
-    if (b.key == key) return b.value;
-    if (b.key == empty_key_) return missing;
-    i = Next(i);
-  }
-  return missing;
-}
-
 void NpuRecKeyMap::InsertLocked(int64_t key, int64_t wide) {
   const int32_t value = static_cast<int32_t>(wide);  // CheckValues passed
   uint64_t i = Home(key);
@@ -210,11 +239,11 @@ absl::Status NpuRecKeyMap::CheckKeys(const int64_t* keys, int64_t n) const {
 void NpuRecKeyMap::FindBatch(const int64_t* keys, int64_t n, int64_t* out,
                              int64_t missing) const {
   tf_shared_lock lock(mu_);
-  const Bucket* b = buckets_.get();
-  for (int64_t i = 0; i < std::min(n, kAhead); ++i) __builtin_prefetch(b + Home(keys[i]));
-  for (int64_t i = 0; i < n; ++i) {
-    if (i + kAhead < n) __builtin_prefetch(b + Home(keys[i + kAhead]));
-    out[i] = FindLocked(keys[i], missing);
+  const uint64_t buckets = static_cast<uint64_t>(num_buckets_);
+  if (pow2_) {
+    Probe<true>{buckets_.get(), buckets, empty_key_}.FindAll(keys, n, out, missing);
+  } else {
+    Probe<false>{buckets_.get(), buckets, empty_key_}.FindAll(keys, n, out, missing);
   }
 }
 

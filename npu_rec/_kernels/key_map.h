@@ -49,6 +49,9 @@ class NpuRecKeyMap : public ::tensorflow::lookup::LookupInterface {
   };
 #pragma pack(pop)
   static_assert(sizeof(Bucket) == 12, "12-byte buckets");
+  // Exact sizes: a key is multiplied by this odd constant before its home bucket
+  // is taken from the high bits (see Home).
+  static constexpr uint64_t kHomeMul = 0x9E3779B97F4A7C15ULL;
 
   // The creator of LookupTableOp: attributes and the empty/deleted keys of
   // `kernel`'s node; errors go to ctx->SetStatus.
@@ -96,7 +99,6 @@ class NpuRecKeyMap : public ::tensorflow::lookup::LookupInterface {
  private:
   ~NpuRecKeyMap() override = default;
 
-  int64_t FindLocked(int64_t key, int64_t missing) const TF_SHARED_LOCKS_REQUIRED(mu_);
   void InsertLocked(int64_t key, int64_t value) TF_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Room for `extra` more keys in new buckets: grow or rehash first if needed.
   // Each returns ResourceExhausted, leaving the map unchanged, when the new
@@ -109,7 +111,7 @@ class NpuRecKeyMap : public ::tensorflow::lookup::LookupInterface {
     if (pow2_) return k & static_cast<uint64_t>(num_buckets_ - 1);
     // Multiplied by an odd constant first, so that keys crowded in a part of the
     // 64-bit range (e.g. only positive ones, unmixed) still spread over all buckets.
-    const uint64_t h = k * 0x9E3779B97F4A7C15ULL;
+    const uint64_t h = k * kHomeMul;
     return static_cast<uint64_t>((static_cast<unsigned __int128>(h) * num_buckets_) >> 64);
   }
   inline uint64_t Next(uint64_t i) const TF_SHARED_LOCKS_REQUIRED(mu_) {
