@@ -12,7 +12,7 @@ steps so that other load on a shared machine hits both alike.
 Reported per table: steps/s, and for the tiered one its ratio to the
 in-memory table, the hit rate of the timed steps (unique keys found in
 memory), promotions, demotions and bytes read/written per step, disk bytes
-per cold key, `cold_index` bytes per cold key, the RSS growth while the table
+per cold key, RAM per cold key (`cold_index` plus liveness), the RSS growth while the table
 was made and filled (the tiered table first, alone) against its memory rows
 plus both key indexes, and the process's RSS after the steps and at peak.
 `--compact`: bfloat16 rows + RowWiseAdagrad. `--skip_memory`: the tiered
@@ -145,7 +145,10 @@ def _fill(tf, npu_rec, table, tiered, chunk=1_000_000):
         admit(tf.constant(raw_keys(np.arange(start, min(first, start + chunk)))))
     if not tiered:
         return
-    st.cold_index.reserve(n - first)
+    # Sized once for every key of the table (cold keys never pass it; a step's
+    # demotions enter before its promotions leave, so the cold keys alone would
+    # grow it at the first step).
+    st.cold_index.reserve(n)
     names = list(st.rows.slots)
     for start in range(first, n, chunk):
         c = _chunk(tf, table, start, min(n, start + chunk))
@@ -170,12 +173,6 @@ def _peak_rss(field: str = "VmHWM") -> int:
             if line.startswith(field + ":"):
                 return int(line.split()[1]) * 1024
     return 0
-
-
-def _cold_index_bytes(cold_keys: int) -> int:
-    """`cold_index`'s bucket arrays (16 B a bucket, a power of two below 80% load)."""
-    need = max(1, cold_keys) / 0.8
-    return 16 * max(1024, 2 ** int(np.ceil(np.log2(need) - 1e-9)))
 
 
 def _interleaved(cases, batches, steps, warmup, block=5):
@@ -290,8 +287,11 @@ def _run(tf, npu_rec, tables, batches, fill, growth, ssd):
                     "compactions": after["compactions"],
                     "cold_keys": after["cold_keys"],
                     "disk_bytes_per_cold_key": after["disk_bytes_per_key"],
-                    "cold_index_gib": _cold_index_bytes(cold) / 2**30,
-                    "cold_index_bytes_per_cold_key": _cold_index_bytes(cold) / max(cold, 1),
+                    "cold_index_gib": after["cold_index_bytes"] / 2**30,
+                    "cold_index_bytes_per_cold_key": after["cold_index_bytes"]
+                    / max(after["cold_keys"], 1),
+                    # The cold index plus the store's liveness bytes, per cold key.
+                    "ram_bytes_per_cold_key": after["ram_bytes_per_cold_key"],
                     "rss_after_steps_gib": rss_trained / 2**30,
                     # The segment pages the reads mapped count in RSS (page cache,
                     # reclaimable); the anonymous part is the process's own.
@@ -328,8 +328,9 @@ def _run(tf, npu_rec, tables, batches, fill, growth, ssd):
         )
     tier = results[0]
     print(
-        f"tiered: peak RSS {tier['peak_rss_gib']:.2f} GiB, cold_index "
-        f"{tier['cold_index_bytes_per_cold_key']:.1f} B per cold key"
+        f"tiered: peak RSS {tier['peak_rss_gib']:.2f} GiB, RAM per cold key "
+        f"{tier['ram_bytes_per_cold_key']:.1f} B (cold_index "
+        f"{tier['cold_index_bytes_per_cold_key']:.1f} B)"
         + (
             f", after restore {tier['steps_per_s_after_restore']:.2f} steps/s"
             if "steps_per_s_after_restore" in tier

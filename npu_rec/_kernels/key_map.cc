@@ -3,6 +3,7 @@
 #include "key_map.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <new>
 #include <vector>
@@ -27,6 +28,46 @@ namespace {
 // growth load), so every probe chain ends at an empty bucket.
 inline double FullLoad(double max_load) { return (1.0 + max_load) / 2.0; }
 
+// The finds of a batch, with the array's shape in locals (stores to `out` cannot
+// alias them) and the home rule fixed at compile time: the power-of-two probe is
+// the mask's, unchanged; the exact-size one NpuRecKeyMap::Home's.
+template <bool kPow2>
+struct Probe {
+  const NpuRecKeyMap::Bucket* b;
+  uint64_t n;
+  int64_t empty;
+
+  uint64_t Home(int64_t key) const {
+    const uint64_t k = static_cast<uint64_t>(key);
+    if (kPow2) return k & (n - 1);
+    return static_cast<uint64_t>(
+        (static_cast<unsigned __int128>(k * NpuRecKeyMap::kHomeMul) * n) >> 64);
+  }
+  uint64_t Next(uint64_t i) const {
+    if (kPow2) return (i + 1) & (n - 1);
+    return i + 1 == n ? 0 : i + 1;
+  }
+  void FindAll(const int64_t* keys, int64_t count, int64_t* out, int64_t missing) const {
+    for (int64_t i = 0; i < std::min(count, kAhead); ++i) __builtin_prefetch(b + Home(keys[i]));
+    for (int64_t i = 0; i < count; ++i) {
+      if (i + kAhead < count) __builtin_prefetch(b + Home(keys[i + kAhead]));
+      const int64_t key = keys[i];
+      uint64_t at = Home(key);
+      int64_t found = missing;
+      for (uint64_t step = 0; step < n; ++step) {
+        const NpuRecKeyMap::Bucket& bucket = b[at];
+        if (bucket.key == key) {
+          found = bucket.value;
+          break;
+        }
+        if (bucket.key == empty) break;
+        at = Next(at);
+      }
+      out[i] = found;
+    }
+  }
+};
+
 }  // namespace
 
 NpuRecKeyMap::NpuRecKeyMap(OpKernelContext* ctx, OpKernel* kernel) {
@@ -38,7 +79,8 @@ NpuRecKeyMap::NpuRecKeyMap(OpKernelContext* ctx, OpKernel* kernel) {
        {GetNodeAttr(def, "key_dtype", &key_type), GetNodeAttr(def, "value_dtype", &value_type),
         GetNodeAttr(def, "value_shape", &value_shape),
         GetNodeAttr(def, "initial_num_buckets", &initial),
-        GetNodeAttr(def, "max_load_factor", &max_load_)}) {
+        GetNodeAttr(def, "max_load_factor", &max_load_),
+        GetNodeAttr(def, "growth_factor", &growth_)}) {
     if (!s.ok()) {
       ctx->SetStatus(s);
       return;
@@ -53,6 +95,11 @@ NpuRecKeyMap::NpuRecKeyMap(OpKernelContext* ctx, OpKernel* kernel) {
   if (!(max_load_ > 0.0f && max_load_ < 1.0f)) {
     ctx->SetStatus(absl::InvalidArgumentError(
         absl::StrCat("NpuRecKeyMap: `max_load_factor` must be in (0, 1). Received: ", max_load_)));
+    return;
+  }
+  if (!(growth_ > 1.0f && growth_ <= 4.0f)) {
+    ctx->SetStatus(absl::InvalidArgumentError(
+        absl::StrCat("NpuRecKeyMap: `growth_factor` must be in (1, 4]. Received: ", growth_)));
     return;
   }
   if (initial < 1) {
@@ -74,8 +121,13 @@ NpuRecKeyMap::NpuRecKeyMap(OpKernelContext* ctx, OpKernel* kernel) {
         "NpuRecKeyMap: `empty_key` and `deleted_key` must differ. Received: both ", empty_key_)));
     return;
   }
+  pow2_ = growth_ == 2.0f;
   int64_t buckets = 8;
-  while (buckets < initial) buckets *= 2;
+  if (pow2_) {
+    while (buckets < initial) buckets *= 2;
+  } else {
+    buckets = std::max<int64_t>(buckets, initial);
+  }
   initial_buckets_ = buckets;
   mutex_lock lock(mu_);
   const absl::Status status = Reset(buckets);
@@ -84,7 +136,13 @@ NpuRecKeyMap::NpuRecKeyMap(OpKernelContext* ctx, OpKernel* kernel) {
 
 int64_t NpuRecKeyMap::BucketsFor(int64_t keys) const {
   int64_t buckets = 8;
-  while (static_cast<double>(keys) > max_load_ * static_cast<double>(buckets)) buckets *= 2;
+  if (pow2_) {
+    while (static_cast<double>(keys) > max_load_ * static_cast<double>(buckets)) buckets *= 2;
+    return buckets;
+  }
+  buckets = std::max<int64_t>(
+      buckets, static_cast<int64_t>(std::ceil(static_cast<double>(keys) / max_load_)));
+  while (static_cast<double>(keys) > max_load_ * static_cast<double>(buckets)) ++buckets;
   return buckets;
 }
 
@@ -120,7 +178,11 @@ absl::Status NpuRecKeyMap::Rehash(int64_t buckets) {
 }
 
 absl::Status NpuRecKeyMap::Reserve(int64_t extra) {
-  const int64_t grown = std::max(num_buckets_, BucketsFor(live_ + extra));
+  int64_t grown = std::max(num_buckets_, BucketsFor(live_ + extra));
+  if (grown != num_buckets_ && !pow2_) {
+    // Grown by the factor at least, so a stream of inserts rehashes O(log n) times.
+    grown = std::max(grown, static_cast<int64_t>(std::ceil(growth_ * num_buckets_)));
+  }
   if (grown != num_buckets_) return Rehash(grown);
   if (static_cast<double>(live_ + deleted_ + extra) >
       FullLoad(max_load_) * static_cast<double>(num_buckets_)) {
@@ -129,22 +191,9 @@ absl::Status NpuRecKeyMap::Reserve(int64_t extra) {
   return absl::OkStatus();
 }
 
-int64_t NpuRecKeyMap::FindLocked(int64_t key, int64_t missing) const {
-  const uint64_t mask = static_cast<uint64_t>(num_buckets_) - 1;
-  uint64_t i = static_cast<uint64_t>(key) & mask;
-  for (int64_t step = 0; step < num_buckets_; ++step) {
-    const Bucket& b = buckets_[i];
-    if (b.key == key) return b.value;
-    if (b.key == empty_key_) return missing;
-    i = (i + 1) & mask;
-  }
-  return missing;
-}
-
 void NpuRecKeyMap::InsertLocked(int64_t key, int64_t wide) {
   const int32_t value = static_cast<int32_t>(wide);  // CheckValues passed
-  const uint64_t mask = static_cast<uint64_t>(num_buckets_) - 1;
-  uint64_t i = static_cast<uint64_t>(key) & mask;
+  uint64_t i = Home(key);
   int64_t tomb = -1;
   for (int64_t step = 0; step < num_buckets_; ++step) {
     Bucket& b = buckets_[i];
@@ -154,7 +203,7 @@ void NpuRecKeyMap::InsertLocked(int64_t key, int64_t wide) {
     }
     if (b.key == empty_key_) break;
     if (b.key == deleted_key_ && tomb < 0) tomb = static_cast<int64_t>(i);
-    i = (i + 1) & mask;
+    i = Next(i);
   }
   // Reserve() keeps an empty bucket on every chain, so the loop ended at one.
   if (tomb >= 0) {
@@ -169,8 +218,8 @@ absl::Status NpuRecKeyMap::CheckValues(const int64_t* values, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
     if (values[i] < INT32_MIN || values[i] > INT32_MAX) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "NpuRecKeyMap: value ", values[i], " is outside int32 (the map holds row numbers, ",
-          "below 2**31 per shard)"));
+          "NpuRecKeyMap: value ", values[i], " is outside int32 (the map holds row numbers ",
+          "or record locations, below 2**31 per shard)"));
     }
   }
   return absl::OkStatus();
@@ -190,14 +239,11 @@ absl::Status NpuRecKeyMap::CheckKeys(const int64_t* keys, int64_t n) const {
 void NpuRecKeyMap::FindBatch(const int64_t* keys, int64_t n, int64_t* out,
                              int64_t missing) const {
   tf_shared_lock lock(mu_);
-  const uint64_t mask = static_cast<uint64_t>(num_buckets_) - 1;
-  const Bucket* b = buckets_.get();
-  for (int64_t i = 0; i < std::min(n, kAhead); ++i) {
-    __builtin_prefetch(b + (static_cast<uint64_t>(keys[i]) & mask));
-  }
-  for (int64_t i = 0; i < n; ++i) {
-    if (i + kAhead < n) __builtin_prefetch(b + (static_cast<uint64_t>(keys[i + kAhead]) & mask));
-    out[i] = FindLocked(keys[i], missing);
+  const uint64_t buckets = static_cast<uint64_t>(num_buckets_);
+  if (pow2_) {
+    Probe<true>{buckets_.get(), buckets, empty_key_}.FindAll(keys, n, out, missing);
+  } else {
+    Probe<false>{buckets_.get(), buckets, empty_key_}.FindAll(keys, n, out, missing);
   }
 }
 
@@ -206,16 +252,26 @@ absl::Status NpuRecKeyMap::Prepare(int64_t extra) {
   return Reserve(extra);
 }
 
+absl::Status NpuRecKeyMap::ReserveTotal(int64_t keys) {
+  mutex_lock lock(mu_);
+  const int64_t grown = std::max(num_buckets_, BucketsFor(keys));
+  return grown == num_buckets_ ? absl::OkStatus() : Rehash(grown);
+}
+
+void NpuRecKeyMap::Counts(int64_t out[3]) const {
+  tf_shared_lock lock(mu_);
+  out[0] = num_buckets_;
+  out[1] = live_;
+  out[2] = deleted_;
+}
+
 absl::Status NpuRecKeyMap::InsertBatch(const int64_t* keys, const int64_t* values, int64_t n) {
   TF_RETURN_IF_ERROR(CheckKeys(keys, n));
   TF_RETURN_IF_ERROR(CheckValues(values, n));
   mutex_lock lock(mu_);
   TF_RETURN_IF_ERROR(Reserve(n));
-  const uint64_t mask = static_cast<uint64_t>(num_buckets_) - 1;
   for (int64_t i = 0; i < n; ++i) {
-    if (i + kAhead < n) {
-      __builtin_prefetch(buckets_.get() + (static_cast<uint64_t>(keys[i + kAhead]) & mask), 1);
-    }
+    if (i + kAhead < n) __builtin_prefetch(buckets_.get() + Home(keys[i + kAhead]), 1);
     InsertLocked(keys[i], values[i]);
   }
   return absl::OkStatus();
@@ -241,9 +297,8 @@ absl::Status NpuRecKeyMap::Remove(OpKernelContext* ctx, const Tensor& keys) {
   const int64_t* k = keys.flat<int64_t>().data();
   TF_RETURN_IF_ERROR(CheckKeys(k, n));
   mutex_lock lock(mu_);
-  const uint64_t mask = static_cast<uint64_t>(num_buckets_) - 1;
   for (int64_t j = 0; j < n; ++j) {
-    uint64_t i = static_cast<uint64_t>(k[j]) & mask;
+    uint64_t i = Home(k[j]);
     for (int64_t step = 0; step < num_buckets_; ++step) {
       Bucket& b = buckets_[i];
       if (b.key == empty_key_) break;
@@ -254,14 +309,14 @@ absl::Status NpuRecKeyMap::Remove(OpKernelContext* ctx, const Tensor& keys) {
         // A tombstone followed by an empty bucket ends no chain: empty it, and
         // the tombstones just before it.
         uint64_t at = i;
-        while (buckets_[(at + 1) & mask].key == empty_key_ && buckets_[at].key == deleted_key_) {
+        while (buckets_[Next(at)].key == empty_key_ && buckets_[at].key == deleted_key_) {
           buckets_[at].key = empty_key_;
           --deleted_;
-          at = (at - 1) & mask;
+          at = at == 0 ? static_cast<uint64_t>(num_buckets_) - 1 : at - 1;
         }
         break;
       }
-      i = (i + 1) & mask;
+      i = Next(i);
     }
   }
   return absl::OkStatus();
@@ -322,7 +377,11 @@ absl::Status NpuRecKeyMap::ImportValues(OpKernelContext* ctx, const Tensor& keys
     if (live) TF_RETURN_IF_ERROR(CheckValues(v + i, 1));
   }
   int64_t buckets = 8;
-  while (buckets < n) buckets *= 2;
+  if (pow2_) {
+    while (buckets < n) buckets *= 2;
+  } else {
+    buckets = std::max(buckets, n);
+  }
   mutex_lock lock(mu_);
   TF_RETURN_IF_ERROR(Reset(std::max(buckets, BucketsFor(held))));
   for (int64_t i = 0; i < n; ++i) {
@@ -349,6 +408,7 @@ REGISTER_OP("NpuRecKeyMap")
     .Attr("value_shape: shape = {}")
     .Attr("initial_num_buckets: int = 131072")
     .Attr("max_load_factor: float = 0.8")
+    .Attr("growth_factor: float = 2.0")
     .SetIsStateful()
     .SetShapeFn([](InferenceContext* c) {
       ShapeHandle key;
@@ -371,6 +431,68 @@ REGISTER_KERNEL_BUILDER(Name("NpuRecKeyMap")
                             .TypeConstraint<int64_t>("key_dtype")
                             .TypeConstraint<int64_t>("value_dtype"),
                         ::tensorflow::LookupTableOp<NpuRecKeyMap, int64_t, int64_t>);
+
+// NpuRecKeyMapReserve: grows the map so that `keys` keys in all fit without
+// growing again (`NpuRecKeyMap::ReserveTotal`).
+REGISTER_OP("NpuRecKeyMapReserve")
+    .Input("table_handle: resource")
+    .Input("keys: int64")
+    .SetIsStateful()
+    .SetShapeFn(::tensorflow::shape_inference::NoOutputs);
+
+// NpuRecKeyMapCounts: int64 [3] {buckets, live keys, tombstones}.
+REGISTER_OP("NpuRecKeyMapCounts")
+    .Input("table_handle: resource")
+    .Output("counts: int64")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) {
+      c->set_output(0, c->Vector(3));
+      return absl::OkStatus();
+    });
+
+// The map behind input 0, or an error naming the op when it is another map.
+absl::Status OwnMap(OpKernelContext* ctx, NpuRecKeyMap** map) {
+  ::tensorflow::lookup::LookupInterface* table = nullptr;
+  TF_RETURN_IF_ERROR(
+      ::tensorflow::LookupResource(ctx, ::tensorflow::HandleFromInput(ctx, 0), &table));
+  *map = dynamic_cast<NpuRecKeyMap*>(table);
+  if (*map == nullptr) {
+    const std::string held = table->DebugString();
+    table->Unref();
+    return absl::InvalidArgumentError(absl::StrCat(
+        ctx->op_kernel().type_string(), " takes an NpuRecKeyMap. Received: ", held));
+  }
+  return absl::OkStatus();
+}
+
+class KeyMapReserveOp : public OpKernel {
+ public:
+  using OpKernel::OpKernel;
+  void Compute(OpKernelContext* ctx) override {
+    NpuRecKeyMap* map = nullptr;
+    OP_REQUIRES_OK(ctx, OwnMap(ctx, &map));
+    ::tensorflow::core::ScopedUnref unref(map);
+    OP_REQUIRES_OK(ctx, map->ReserveTotal(ctx->input(1).scalar<int64_t>()()));
+  }
+};
+
+class KeyMapCountsOp : public OpKernel {
+ public:
+  using OpKernel::OpKernel;
+  void Compute(OpKernelContext* ctx) override {
+    NpuRecKeyMap* map = nullptr;
+    OP_REQUIRES_OK(ctx, OwnMap(ctx, &map));
+    ::tensorflow::core::ScopedUnref unref(map);
+    Tensor* out = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({3}), &out));
+    map->Counts(out->flat<int64_t>().data());
+  }
+};
+
+REGISTER_KERNEL_BUILDER(Name("NpuRecKeyMapReserve").Device(::tensorflow::DEVICE_CPU),
+                        KeyMapReserveOp);
+REGISTER_KERNEL_BUILDER(Name("NpuRecKeyMapCounts").Device(::tensorflow::DEVICE_CPU),
+                        KeyMapCountsOp);
 
 }  // namespace
 }  // namespace npu_rec

@@ -6,15 +6,21 @@
 // RemoveV2, SizeV2, ExportV2, ImportV2) and DenseHashTable's checkpoint format
 // work on it unchanged, while npu_rec's kernels probe it directly.
 //
-// Layout: one power-of-two array of 12-byte {int64 key, int32 value} buckets
-// (values are rows: a shard's rows stay below 2**31; an insert of a value
-// outside int32 is refused), linear probing from `key & mask` (keys arrive mixed by
-// KeyIndex, so the low bits are well spread), two reserved key values marking
-// empty and deleted buckets (refused as keys). The array doubles when the live
-// keys would pass `max_load_factor`; an insert reuses the first tombstone of
-// its probe chain; when live keys plus tombstones would pass
-// (1 + max_load_factor) / 2 of the array, it is rehashed at the same size
-// (dropping the tombstones), so a probe always meets an empty bucket.
+// Layout: one array of 12-byte {int64 key, int32 value} buckets (values are
+// rows or record locations, below 2**31 per shard; an insert of a value outside
+// int32 is refused), linear probing from the key's home bucket (keys arrive
+// mixed by KeyIndex, so all their bits are well spread), two reserved key
+// values marking empty and deleted buckets (refused as keys). When the live
+// keys would pass `max_load_factor`, the array grows by `growth_factor`:
+// 2 keeps power-of-two sizes and the home bucket `key & mask` (the table's key
+// index); another factor sizes the array exactly (at least
+// `keys / max_load_factor` buckets) with the home bucket `(h * buckets) >> 64`
+// (the high half of the 128-bit product, h = key times an odd constant), which
+// bounds the bytes per key by 12 * growth / max_load (the tiered table's cold
+// index). An insert reuses the first tombstone of its probe chain; when live
+// keys plus tombstones would pass (1 + max_load_factor) / 2 of the array, it is
+// rehashed at the same size (dropping the tombstones), so a probe always meets
+// an empty bucket. `ReserveTotal` sizes the array once for a known count.
 //
 // Locks: finds take the map's lock shared, inserts / removes / imports /
 // exports exclusively. Export copies the array (keys and values [buckets, 1],
@@ -43,6 +49,9 @@ class NpuRecKeyMap : public ::tensorflow::lookup::LookupInterface {
   };
 #pragma pack(pop)
   static_assert(sizeof(Bucket) == 12, "12-byte buckets");
+  // Exact sizes: a key is multiplied by this odd constant before its home bucket
+  // is taken from the high bits (see Home).
+  static constexpr uint64_t kHomeMul = 0x9E3779B97F4A7C15ULL;
 
   // The creator of LookupTableOp: attributes and the empty/deleted keys of
   // `kernel`'s node; errors go to ctx->SetStatus.
@@ -75,6 +84,11 @@ class NpuRecKeyMap : public ::tensorflow::lookup::LookupInterface {
   // Grows or rehashes now, under the exclusive lock, so that `extra` more keys
   // fit without allocating (ResourceExhausted, the map unchanged, if they cannot).
   absl::Status Prepare(int64_t extra);
+  // Grows the array (exactly, never shrinking) so that `keys` keys in all fit
+  // below the load factor: one allocation before a bulk insert of known size.
+  absl::Status ReserveTotal(int64_t keys);
+  // {buckets, live keys, tombstones}, under the shared lock.
+  void Counts(int64_t out[3]) const;
   // Inserts (or overwrites) keys[i] -> values[i] under the exclusive lock.
   absl::Status InsertBatch(const int64_t* keys, const int64_t* values, int64_t n);
   // The first reserved key among keys[0, n), as an error naming it, or OK.
@@ -85,14 +99,27 @@ class NpuRecKeyMap : public ::tensorflow::lookup::LookupInterface {
  private:
   ~NpuRecKeyMap() override = default;
 
-  int64_t FindLocked(int64_t key, int64_t missing) const TF_SHARED_LOCKS_REQUIRED(mu_);
   void InsertLocked(int64_t key, int64_t value) TF_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Room for `extra` more keys in new buckets: grow or rehash first if needed.
   // Each returns ResourceExhausted, leaving the map unchanged, when the new
   // bucket array cannot be allocated.
   absl::Status Reserve(int64_t extra) TF_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The home bucket of `key` among `num_buckets_` (its low bits when the array is
+  // a power of two, else the high half of h * buckets), and the bucket after `i`.
+  inline uint64_t Home(int64_t key) const TF_SHARED_LOCKS_REQUIRED(mu_) {
+    const uint64_t k = static_cast<uint64_t>(key);
+    if (pow2_) return k & static_cast<uint64_t>(num_buckets_ - 1);
+    // Multiplied by an odd constant first, so that keys crowded in a part of the
+    // 64-bit range (e.g. only positive ones, unmixed) still spread over all buckets.
+    const uint64_t h = k * kHomeMul;
+    return static_cast<uint64_t>((static_cast<unsigned __int128>(h) * num_buckets_) >> 64);
+  }
+  inline uint64_t Next(uint64_t i) const TF_SHARED_LOCKS_REQUIRED(mu_) {
+    return i + 1 == static_cast<uint64_t>(num_buckets_) ? 0 : i + 1;
+  }
   absl::Status Rehash(int64_t buckets) TF_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status Reset(int64_t buckets) TF_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Buckets holding `keys` below the load factor (a power of two when growth is 2).
   int64_t BucketsFor(int64_t keys) const;
 
   mutable ::tensorflow::mutex mu_;
@@ -103,6 +130,8 @@ class NpuRecKeyMap : public ::tensorflow::lookup::LookupInterface {
   int64_t empty_key_ = 0;
   int64_t deleted_key_ = 0;
   float max_load_ = 0.8f;
+  float growth_ = 2.0f;
+  bool pow2_ = true;  // growth 2: power-of-two sizes, home = the key's low bits
   int64_t initial_buckets_ = 8;
 };
 

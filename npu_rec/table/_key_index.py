@@ -95,6 +95,8 @@ class KeyIndex:
       name: Kernel resource name.
       map_class: The hash map: `tf.lookup.experimental.DenseHashTable` or a class
         with its API and checkpoint format (the kernels' `KeyMap`).
+      map_options: More keyword arguments of `map_class` (the kernels' `KeyMap`
+        takes `max_load_factor` and `growth_factor`).
     """
 
     def __init__(
@@ -102,8 +104,17 @@ class KeyIndex:
         capacity: int,
         name: str = "index",
         map_class=tf.lookup.experimental.DenseHashTable,
+        map_options: dict | None = None,
     ):
-        self.initial_buckets = buckets_for(min(capacity, START_KEYS))
+        options = map_options or {}
+        growth = options.get("growth_factor", 2.0)
+        start = min(capacity, START_KEYS)
+        # A map sized exactly (growth other than 2) starts exactly too.
+        self.initial_buckets = (
+            buckets_for(start)
+            if growth == 2.0
+            else max(8, -(-start * 1000 // round(1000 * options["max_load_factor"])))
+        )
         #: Bytes of one bucket: 16 in `DenseHashTable` (key and value arrays), 12 in
         #: the kernels' map ({int64 key, int32 row}).
         self.bucket_bytes = getattr(map_class, "BUCKET_BYTES", 16)
@@ -115,6 +126,7 @@ class KeyIndex:
             deleted_key=DELETED_KEY,
             initial_num_buckets=self.initial_buckets,
             name=name,
+            **options,
         )
         # Keys removed since the last reset: an upper bound on the tombstones.
         self.removed = tf.Variable(
@@ -243,13 +255,24 @@ class KeyIndex:
         return self._reset_mixed(_mix(keys), rows)
 
     def reserve(self, keys: int) -> tf.Operation:
-        """Re-inserts the held keys into a fresh array sized for `keys` keys in all.
+        """Sizes the array once for `keys` keys in all (the held ones included).
 
         For a bulk insert of known size: the array is allocated once at its
-        final size instead of doubling (and rehashing every key) at each power
-        of two on the way, which also leaves no outgrown arrays behind.
+        final size instead of growing (and rehashing every key) on the way,
+        which also leaves no outgrown arrays behind. The kernels' map grows in
+        place (`KeyMap.reserve`, exactly sized); `DenseHashTable`'s held keys
+        are re-inserted into a fresh power-of-two array.
         """
+        if hasattr(self.map, "reserve"):
+            return self.map.reserve(keys)
         return self._reset_mixed(*self.held_mixed(), buckets=buckets_for(keys))
+
+    def buckets(self) -> tf.Tensor:
+        """int64 scalar: buckets of the map's array (`bucket_bytes` each)."""
+        if hasattr(self.map, "counts"):
+            return self.map.counts()[0]
+        # `DenseHashTable`'s export hands out its live arrays (no copy).
+        return tf.size(self.map.export()[0], out_type=tf.int64)
 
     def _reset_mixed(self, mixed: tf.Tensor, rows: tf.Tensor, buckets: int = 0) -> tf.Operation:
         """`reset` for mixed keys (into at least `buckets` buckets).

@@ -7,8 +7,11 @@ The in-memory tier is the usual shard state (`RowStorage`, key index,
 pending counters); the disk tier is a `SegmentStore` (`_tier_store`: records
 of key, row, slots, count, last-seen and checksum in append-only segment
 files) and a second key index, `cold_index`, mapping each cold key to its
-record's location (a `DenseHashTable` on both paths, as locations outgrow
-int32: 16 B per bucket, the map's load factor on top).
+record's location: on the kernel path npu_rec's own map with 12-byte buckets
+and 32-bit locations (the store reuses freed segment numbers, so locations
+stay below 2**31 while a shard's records fit), sized exactly (`COLD_MAX_LOAD`,
+`COLD_GROWTH`: at most 12 * 1.4 / 0.85 = 19.8 B per cold key); on the stock
+path a `DenseHashTable` (16 B per bucket, a power of two below 80% load).
 
 Every training lookup first runs `prepare` on the batch's unique keys (in the
 shard's lock, before the in-memory lookup, which then runs unchanged):
@@ -70,6 +73,16 @@ from npu_rec.table._state import ShardState
 from npu_rec.table._stock import StockBackend
 from npu_rec.table._storage import decode_seen, encode_seen, saturated
 
+#: `cold_index` on the kernel path (npu_rec's map): it grows when the cold keys
+#: would pass this share of its buckets, by `COLD_GROWTH`, to an exact size, so
+#: it holds between 12 / 0.85 = 14.1 and 12 * 1.4 / 0.85 = 19.8 bytes per cold key.
+COLD_MAX_LOAD = 0.85
+COLD_GROWTH = 1.4
+#: Keys the kernel path's `cold_index` is first allocated for.
+COLD_START_KEYS = 1 << 12
+#: Record locations on the kernel path stay below this (the map's int32 values).
+COLD_MAX_LOCATIONS = 2**31
+
 
 @dataclasses.dataclass(eq=False)
 class TierState(ShardState):
@@ -120,9 +133,16 @@ class TierMixin:
         hot = dataclasses.replace(config, capacity=config.memory_rows, dynamic_expansion=True)
         st = TierState.create(hot, self.map_class(), graph_mode)
         st.memory_rows = config.memory_rows
-        # Stock map: record locations grow past int32 (the kernels' map holds int32 rows).
+        own = self.map_class() is KeyMap
         st.cold_index = KeyIndex(
-            config.capacity, name="cold_index", map_class=tf.lookup.experimental.DenseHashTable
+            # The kernels' map grows by 1.4 from a small array, so a table of few cold
+            # keys holds no array sized for many.
+            min(config.capacity, COLD_START_KEYS) if own else config.capacity,
+            name="cold_index",
+            map_class=self.map_class(),
+            map_options={"max_load_factor": COLD_MAX_LOAD, "growth_factor": COLD_GROWTH}
+            if own
+            else None,
         )
         st.protected = tf.Variable(
             tf.zeros([0], tf.int64), trainable=False, name="protected", shape=tf.TensorShape([None])
@@ -141,6 +161,8 @@ class TierMixin:
             _np_dtype(slot_dtype),
             segment_bytes=_tier_store.DEFAULT_SEGMENT_BYTES,
             slot_widths=[s.slot_dims[n] for n in s.slots],
+            # The kernels' map holds int32 values; `DenseHashTable` int64.
+            max_locations=COLD_MAX_LOCATIONS if own else None,
         )
         return st
 
@@ -447,7 +469,7 @@ class TierMixin:
             keys = tf.reshape(tf.numpy_function(idle, [now], tf.int64, stateful=True), [-1])
         ops = [st.cold_index.remove(keys), st.deleted.insert(keys, tf.ones_like(keys))]
         with tf.control_dependencies(ops):
-            rebuilt = st.cold_index.maybe_rebuild()
+            rebuilt = _rebuilt(st.cold_index)
         with tf.control_dependencies([rebuilt]):
             return hot + tf.size(keys, out_type=tf.int64)
 
@@ -563,7 +585,7 @@ class TierMixin:
         out["memory_rows"] = out["live_keys"]
         out["disk_rows"] = cold.size()
         out["live_keys"] = out["live_keys"] + cold.size()
-        out["index"] = out["index"] + tf.cast(tf.size(cold.map.export()[0]), tf.int64) * 16
+        out["index"] = out["index"] + cold.buckets() * cold.bucket_bytes
         return out
 
     def tier_stats(self, table) -> dict[str, float]:
@@ -720,18 +742,29 @@ def tiered_backend(base) -> TierMixin:
 def tier_stats(table) -> dict[str, float]:
     """Counters of a tiered table's shards, summed (see `SparseTable.tier_stats`)."""
     total: dict[str, float] = {}
-    cold = disk = hot = 0
+    cold = disk = hot = live_bytes = 0
     for shard in table.shards:
         store = shard.state.store
         for k, v in store.stats.items():
             total[k] = total.get(k, 0) + v
         cold += store.num_live()
         disk += store.disk_bytes()
+        live_bytes += store.ram_bytes()
     eager = tf.executing_eagerly() and not table._graph_mode
     hot = int(sum(int(s.state.rows.live_count()) for s in table.shards)) if eager else -1
+    index = -1
+    if eager:
+        index = sum(
+            int(s.state.cold_index.buckets()) * s.state.cold_index.bucket_bytes
+            for s in table.shards
+        )
     total["hit_rate"] = total["hits"] / total["lookups"] if total["lookups"] else 0.0
     total["cold_keys"] = cold
     total["memory_keys"] = hot
     total["disk_bytes"] = disk
     total["disk_bytes_per_key"] = disk / cold if cold else 0.0
+    total["cold_index_bytes"] = index
+    total["cold_liveness_bytes"] = live_bytes
+    ram = index + live_bytes if index >= 0 else -1
+    total["ram_bytes_per_cold_key"] = ram / cold if cold and ram >= 0 else 0.0
     return total

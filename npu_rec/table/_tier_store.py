@@ -18,7 +18,14 @@ addressed by its location `segment * records_per_segment + slot`.
 Files: `seg-<number>.npr` in `<dir>/<table name>.<pid>.<n>/` (one
 directory per store and process), segment `k` in `dirs[k % len(dirs)]`. A segment is preallocated (sparse) to
 `records_per_segment` records and filled front to back by one `pwrite` per
-demotion batch (sequential); full, it is sealed and the next one opened. Reads
+demotion batch (sequential); full, it is sealed and the next one opened. A
+segment number freed (its file deleted) is taken again by a later segment,
+the lowest free one first, so locations stay below the live records plus the
+segments' slack however long the table runs: `max_locations` (2**31 where the
+cold index holds 32-bit values) bounds them, and an append that would pass it
+fails, writing nothing, with an error naming the table and the limit. A number
+freed becomes free for reuse only at the next read of the store (the start of
+the next step or scan), once the cold index no longer points into it. Reads
 gather the records of a batch through a read-only map of each segment (one
 vectorised gather per segment, no call per key). Each record carries a
 checksum (a 64-bit weighted sum of its 8-byte words, offset so that a zeroed
@@ -57,6 +64,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import heapq
 import itertools
 import mmap
 import os
@@ -174,6 +182,8 @@ class SegmentStore:
       slot_names: The optimizer's slot names, in record order.
       segment_bytes: Size of one segment file.
       slot_widths: Width of each slot (default `dim` each).
+      max_locations: Locations stay below this (None: no bound); see module
+        docstring.
     """
 
     def __init__(
@@ -186,6 +196,7 @@ class SegmentStore:
         slot_dtype,
         segment_bytes: int = DEFAULT_SEGMENT_BYTES,
         slot_widths=None,
+        max_locations: int | None = None,
     ):
         self._kill_at = _kill_at()  # test-only (see module docstring)
         self.name = name
@@ -207,7 +218,10 @@ class SegmentStore:
         _OPEN.add(self)
         self.period = 0
         self._segments: dict[int, dict] = {}  # number -> {path, fd, map, live, used}
-        self._next_segment = 0
+        self._next_segment = 0  # the lowest number never used
+        self._free: list[int] = []  # numbers free for reuse (a heap)
+        self._freed: list[int] = []  # numbers freed since the last read (not yet reusable)
+        self.max_locations = max_locations
         self._active = -1
         self.stats = {
             "lookups": 0,
@@ -225,9 +239,43 @@ class SegmentStore:
         d = self.dirs[seg % len(self.dirs)]
         return os.path.join(d, f"{_SEGMENT_GLOB_PREFIX}{seg:08d}{_SEGMENT_SUFFIX}")
 
+    def _settle(self) -> None:
+        """Numbers freed before this read become reusable (the index has followed)."""
+        for seg in self._freed:
+            heapq.heappush(self._free, seg)
+        self._freed.clear()
+
+    def _new_numbers(self, m: int) -> list[int]:
+        """The numbers the next `m` new segments take (the lowest free ones first)."""
+        free = heapq.nsmallest(m, self._free)
+        return free + list(range(self._next_segment, self._next_segment + m - len(free)))
+
+    def _check_room(self, n: int) -> None:
+        """Raises, before anything is written, when `n` more records would pass `max_locations`."""
+        if self.max_locations is None or not n:
+            return
+        room = 0
+        if self._active >= 0:
+            room = self.per_segment - self._segments[self._active]["used"]
+        m = -(-(n - room) // self.per_segment) if n > room else 0
+        if m and (max(self._new_numbers(m)) + 1) * self.per_segment > self.max_locations:
+            live = self.num_live()
+            raise _ConfigError(
+                f"Tiered table {self.name!r}: its disk tier is full: record locations must stay "
+                f"below {self.max_locations} (the cold index holds 32-bit locations: "
+                f"{self.max_locations // self.per_segment} segments of {self.per_segment} "
+                f"records of {self.dtype.itemsize} bytes per shard), and {n} more records "
+                f"do not fit beside the {live} live ones. Split the table into more shards "
+                "(`num_shards`) or make its records smaller (a compact `value_dtype`, a "
+                "row-wise optimizer slot, a smaller `dim`)."
+            )
+
     def _open_segment(self) -> int:
-        seg = self._next_segment
-        self._next_segment += 1
+        if self._free:
+            seg = heapq.heappop(self._free)
+        else:
+            seg = self._next_segment
+            self._next_segment += 1
         path = self.path(seg)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
         size = self.per_segment * self.dtype.itemsize
@@ -261,6 +309,7 @@ class SegmentStore:
             pass
         os.close(info["fd"])
         os.remove(info["path"])
+        self._freed.append(seg)
         if seg == self._active:
             self._active = -1
 
@@ -329,6 +378,7 @@ class SegmentStore:
         words] uint64 or int64, as the kernels pack them).
         """
         recs = np.ascontiguousarray(recs)
+        self._check_room(len(recs))
         locs = np.empty(len(recs), np.int64)
         done = 0
         while done < len(recs):
@@ -354,6 +404,7 @@ class SegmentStore:
 
     def read(self, locs: np.ndarray, verify: bool = True) -> np.ndarray:
         """The records at `locs` (one gather per segment), checksums verified."""
+        self._settle()
         locs = np.asarray(locs, np.int64)
         words = np.empty((len(locs), self.words), np.uint64)
         out = words.view(self.dtype).reshape(-1)
@@ -386,6 +437,7 @@ class SegmentStore:
           (words int64 [n, words], segment int64 [n] (an index into paths),
           paths: the segment files read, in that order).
         """
+        self._settle()
         locs = np.asarray(locs, np.int64)
         words = np.empty((len(locs), self.words), np.uint64)
         segs = locs // self.per_segment
@@ -441,6 +493,7 @@ class SegmentStore:
 
     def live_records(self):
         """(records, locations) of every live record, checksums verified."""
+        self._settle()
         recs, locs = [], []
         for seg, info in sorted(self._segments.items()):
             at = np.nonzero(info["live"][: info["used"]])[0]
@@ -467,9 +520,14 @@ class SegmentStore:
         return sum(i["used"] for i in self._segments.values()) * self.dtype.itemsize
 
     def reset(self) -> None:
-        """Drops every segment (the cold tier becomes empty)."""
+        """Drops every segment (the cold tier becomes empty; the cold index is reset after)."""
         for seg in list(self._segments):
             self._drop_segment(seg)
+        self._next_segment, self._free, self._freed = 0, [], []
+
+    def ram_bytes(self) -> int:
+        """Bytes of memory the store keeps per record: the liveness bytes of its segments."""
+        return len(self._segments) * self.per_segment
 
     # ------------------------------------------------------------ compaction
     def compaction_candidate(self) -> int:
@@ -489,6 +547,7 @@ class SegmentStore:
         at = np.nonzero(info["live"][: info["used"]])[0]
         recs = self._scan(info)[at].copy()
         self._verify(recs, info["path"])
+        self._check_room(len(recs))  # before the segment goes
         self._drop_segment(seg)
         self.reached("compaction")  # the live records only in memory now
         if self._active < 0:

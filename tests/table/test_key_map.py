@@ -218,3 +218,127 @@ def test_concurrent_lookups_inserts_removes_exports_of_one_map():
         assert not any(t.is_alive() for t in threads)
         assert not errors, errors[0]
         assert sess.run(table.size()) == len(stable)
+
+
+# ---------------------------------------------------------------- exact sizes
+# The tiered table's cold index: growth by 1.4 to an exact size (no power of
+# two), home bucket = the high half of key * buckets.
+LOAD, GROWTH = 0.85, 1.4
+
+
+def _exact(buckets=8, name="kx"):
+    return KeyMap(
+        tf.int64,
+        tf.int64,
+        -1,
+        EMPTY_KEY,
+        DELETED_KEY,
+        buckets,
+        name=name,
+        max_load_factor=LOAD,
+        growth_factor=GROWTH,
+    )
+
+
+# Keys sharing their high bits share home buckets (chains collide), plus keys
+# that differ only in their high bits.
+_XKEY = st.one_of(
+    st.integers(0, 40).map(lambda k: (5 << 58) + k),
+    st.integers(0, 40),
+    st.integers(-40, -3).map(lambda k: k - (1 << 62)),
+)
+_XOP = st.one_of(
+    st.tuples(st.just("insert"), st.lists(_XKEY, min_size=1, max_size=30), st.integers(0, 99)),
+    st.tuples(st.just("remove"), st.lists(_XKEY, min_size=1, max_size=30), st.just(0)),
+    st.tuples(st.just("reserve"), st.just([]), st.integers(0, 300)),
+    st.tuples(st.just("reset"), st.just([]), st.just(0)),
+    st.tuples(st.just("roundtrip"), st.just([]), st.just(0)),
+)
+
+
+@settings(max_examples=40, deadline=None, derandomize=True)
+@given(ops=st.lists(_XOP, min_size=1, max_size=25))
+def test_exact_sizes_random_ops_match_a_dict(ops):
+    table, ref = _exact(), {}
+    universe = _i64(sorted({k for _, keys, _ in ops for k in keys} | {1}))
+    for kind, keys, arg in ops:
+        before, held_before, _ = table.counts().numpy().tolist()
+        if kind == "insert":
+            values = [arg + i for i in range(len(keys))]
+            table.insert(_i64(keys), _i64(values))
+            ref.update(zip(keys, values, strict=True))
+        elif kind == "remove":
+            table.remove(_i64(keys))
+            for k in keys:
+                ref.pop(k, None)
+        elif kind == "reserve":
+            table.reserve(arg)
+            buckets = int(table.counts()[0])
+            # Exactly sized for `arg` keys below the load, never shrunk.
+            assert buckets == max(before, 8, int(np.ceil(arg / np.float32(LOAD))))
+        elif kind == "reset":  # as KeyIndex._reset_mixed clears the map
+            _import(table, tf.fill([8, 1], _i64(EMPTY_KEY)), tf.fill([8, 1], _i64(-1)))
+            ref.clear()
+        else:  # export into a fresh map (a checkpoint restore)
+            keys_t, values_t = table.export()
+            table = _exact(name="kx2")
+            _import(table, keys_t, values_t)
+            assert int(table.counts()[0]) == keys_t.shape[0]  # the same size, not rounded
+        found = table.lookup(universe).numpy()
+        np.testing.assert_array_equal(found, [ref.get(k, -1) for k in universe.numpy()])
+        buckets, live, tombs = table.counts().numpy().tolist()
+        assert live == len(ref) == int(table.size())
+        assert _held(table) == ref
+        assert len(ref) <= LOAD * buckets
+        assert live + tombs < buckets  # every probe meets an empty bucket
+        if kind == "insert" and buckets != before:
+            # Grown by the factor (or to the exact size of the keys held and
+            # inserted: an insert makes room for its whole batch), no more.
+            need = int(np.ceil((held_before + len(keys)) / np.float32(LOAD)))
+            assert buckets <= max(need, int(np.ceil(GROWTH * before))) + 1
+
+
+def test_exact_sizes_grow_by_the_factor_and_hold_at_most_19_8_bytes_per_key():
+    table = _exact(1205)
+    sizes, worst = [], 0.0
+    for start in range(0, 400_000, 12_000):  # the tier's inserts per step
+        mixed = np.arange(start, start + 12_000, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+        keys = (mixed >> np.uint64(1)).astype(np.int64)  # spread, never a reserved key
+        table.insert(_i64(keys), _i64(np.arange(start, start + 12_000)))
+        buckets, live, _ = table.counts().numpy().tolist()
+        worst = max(worst, 12 * buckets / live)
+        if not sizes or sizes[-1] != buckets:
+            sizes.append(buckets)
+    assert worst <= 12 * GROWTH / LOAD + 0.5  # 19.8 B, plus one step's keys
+    assert all(b < 1.5 * a for a, b in zip(sizes[1:], sizes[2:], strict=False))
+    assert any(b & (b - 1) for b in sizes)  # not powers of two
+    assert int(table.size()) == 408_000
+
+
+def test_reserve_sizes_the_array_once_before_a_bulk_insert():
+    table = _exact()
+    table.insert(_i64([1, 2, 3]), _i64([1, 2, 3]))
+    table.reserve(100_003)
+    buckets = int(table.counts()[0])
+    assert buckets == int(np.ceil(100_003 / np.float32(LOAD)))
+    keys = np.arange(4, 100_004, dtype=np.int64) << 20
+    table.insert(_i64(keys), _i64(np.arange(len(keys))))
+    assert int(table.counts()[0]) == buckets  # no growth on the way
+    assert 12 * buckets / int(table.size()) < 14.2
+    np.testing.assert_array_equal(table.lookup(_i64(keys[::997])), np.arange(len(keys))[::997])
+    # The power-of-two map (the table's key index) reserves to a power of two.
+    pow2 = _map()
+    pow2.reserve(1000)
+    assert int(pow2.counts()[0]) == 2048
+
+
+def test_reserve_and_counts_refuse_another_map():
+    dense = tf.lookup.experimental.DenseHashTable(tf.int64, tf.int64, -1, EMPTY_KEY, DELETED_KEY)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="takes an NpuRecKeyMap"):
+        _build.library().npu_rec_key_map_counts(table_handle=dense.resource_handle)
+
+
+@pytest.mark.parametrize("growth", [1.0, 4.5])
+def test_a_bad_growth_factor_is_refused_naming_it(growth):
+    with pytest.raises(ValueError, match="growth_factor"):
+        KeyMap(tf.int64, tf.int64, -1, EMPTY_KEY, DELETED_KEY, growth_factor=growth)

@@ -23,7 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import npu_rec
-from npu_rec._kernels import _build
+from npu_rec._kernels import _build, _key_map
 from npu_rec.checkpoint import TableCheckpointManager
 from npu_rec.table import _registry, _tier_store
 from tests.table.tier_driver import TablePair, assert_same_bits
@@ -511,3 +511,161 @@ def test_a_process_armed_at_a_point_is_killed_there_and_its_newest_version_resto
         ssd_path=str(ssd),
     )
     assert os.listdir(ssd) == [os.path.basename(again.state.store.dirs[0])]
+
+
+# ------------------------------------------------------------ record locations
+def _store(tmp_path, max_locations=None):
+    """A store of 8 records per segment (600-byte segments of 72-byte records)."""
+    store = _tier_store.SegmentStore(
+        [str(tmp_path / "s")],
+        "loc",
+        DIM,
+        np.float32,
+        ["acc"],
+        np.float32,
+        segment_bytes=600,
+        max_locations=max_locations,
+    )
+    assert store.per_segment == 8
+    return store
+
+
+def _recs(store, keys):
+    keys = np.asarray(keys, np.int64)
+    rows = np.repeat(keys[:, None], DIM, 1).astype(np.float32)
+    return store.make_records(keys, rows, rows, keys, keys, keys)
+
+
+@settings(max_examples=30, deadline=None, derandomize=True)
+@given(
+    ops=st.lists(
+        st.one_of(
+            st.tuples(st.just("demote"), st.integers(1, 20)),
+            st.tuples(st.just("promote"), st.integers(1, 20)),
+            st.tuples(st.just("compact"), st.just(0)),
+        ),
+        min_size=1,
+        max_size=40,
+    )
+)
+def test_recycled_segment_numbers_never_alias_a_live_record(tmp_path_factory, ops):
+    """A store driven as the tier drives it (read, append, kill, compact, then the
+    index follows), against a dict of key -> location: every key's location
+    holds its record, and locations stay below the records the segments hold."""
+    store = _store(tmp_path_factory.mktemp("alias"))
+    index, next_key, peak = {}, 0, 0
+    rng = np.random.default_rng(len(ops))
+    try:
+        for kind, n in ops:
+            if kind == "demote":
+                keys = np.arange(next_key, next_key + n)
+                next_key += n
+                index.update(
+                    zip(keys.tolist(), store.append(_recs(store, keys)).tolist(), strict=True)
+                )
+            elif kind == "promote" and index:
+                keys = rng.choice(sorted(index), min(n, len(index)), replace=False)
+                locs = np.array([index[k] for k in keys], np.int64)
+                np.testing.assert_array_equal(store.read(locs)["key"], keys)
+                store.kill(locs)
+                for k in keys.tolist():
+                    del index[k]
+            elif kind == "compact":
+                seg = store.compaction_candidate()
+                if seg >= 0:
+                    keys, locs = store.relocate(seg)
+                    index.update(zip(keys.tolist(), locs.tolist(), strict=True))
+            # The index has followed: every key reads its own record.
+            if index:
+                keys = np.array(sorted(index), np.int64)
+                locs = np.array([index[k] for k in keys.tolist()], np.int64)
+                assert len(set(locs.tolist())) == len(locs)
+                np.testing.assert_array_equal(store.read(locs)["key"], keys)
+            assert store.num_live() == len(index)
+            # Numbers are reused: no segment number past the most segments held at
+            # once (plus the one a compaction frees before it appends).
+            peak = max(peak, store.ram_bytes() // store.per_segment)
+            assert max(index.values(), default=0) // store.per_segment <= peak
+        recs, _ = store.live_records()
+        assert sorted(recs["key"].tolist()) == sorted(index)
+    finally:
+        store.close()
+
+
+def test_a_freed_segment_number_is_taken_again_only_after_a_read(tmp_path):
+    store = _store(tmp_path)
+    try:
+        first = store.append(_recs(store, range(16)))  # segments 0 and 1 (0 sealed)
+        store.append(_recs(store, range(16, 20)))  # segment 2, open
+        store.kill(first[:8])  # segment 0 empty: deleted
+        assert not os.path.exists(store.path(0))
+        more = store.append(_recs(store, range(20, 32)))  # fills 2, opens a new one
+        assert (more // 8).max() == 3  # not 0: the index may still point into it
+        store.read(more[:1])  # the next step: the index has followed
+        again = store.append(_recs(store, range(32, 44)))
+        assert 0 in (again // 8).tolist()
+        np.testing.assert_array_equal(store.read(again)["key"], np.arange(32, 44))
+    finally:
+        store.close()
+
+
+def test_a_shard_at_the_location_limit_refuses_clearly_and_writes_nothing(tmp_path):
+    store = _store(tmp_path, max_locations=3 * 8)  # 3 segments
+    try:
+        locs = store.append(_recs(store, range(20)))
+        assert locs.max() < 24
+        files = sorted(os.listdir(store.dirs[0]))
+        with pytest.raises(ValueError, match=r"'loc'.*below 24.*num_shards"):
+            store.append(_recs(store, range(20, 25)))  # 4 fit in segment 2, 1 does not
+        assert store.num_live() == 20 and sorted(os.listdir(store.dirs[0])) == files
+        store.append(_recs(store, range(20, 24)))  # what fits still does
+        store.kill(locs[:8])  # segment 0 freed: its number is taken again
+        store.read(locs[8:9])
+        again = store.append(_recs(store, range(24, 32)))
+        assert again.max() < 24 and set((again // 8).tolist()) == {0}
+        np.testing.assert_array_equal(store.read(again)["key"], np.arange(24, 32))
+    finally:
+        store.close()
+
+
+@pytest.mark.skipif(not HAVE_CXX, reason="no compiler")
+def test_a_tiered_kernel_table_past_its_location_limit_names_the_table(tmp_path, monkeypatch):
+    """The kernel path's cold index holds 32-bit locations: a shard whose records
+    would pass them fails the step with an error naming the table and the remedy,
+    never a wrong location."""
+    from npu_rec.table import _tier
+
+    monkeypatch.setattr(_tier, "COLD_MAX_LOCATIONS", 4 * 8)
+    with _build.forced(True):
+        table = _tiered(tmp_path, "lim")
+        store = table.state.store
+        assert isinstance(table.state.cold_index.map, _key_map.KeyMap)
+        assert store.max_locations == 32 and store.per_segment == 8
+        with pytest.raises(
+            (ValueError, tf.errors.InvalidArgumentError), match=r"'lim'.*num_shards"
+        ):
+            for i in range(40):
+                npu_rec.sparse_lookup(table, tf.constant([2 * i, 2 * i + 1], tf.int64))
+        # What the store wrote before is still read back right.
+        recs, locs = store.live_records()
+        assert locs.max() < 32
+        got = table.state.cold_index.lookup(tf.constant(recs["key"])).numpy()
+        np.testing.assert_array_equal(got, locs)
+
+
+@pytest.mark.skipif(not HAVE_CXX, reason="no compiler")
+def test_the_kernel_paths_cold_index_takes_at_most_20_bytes_per_cold_key(tmp_path):
+    with _build.forced(True):
+        table = _tiered(tmp_path, "ram", memory_rows=100)
+        ids = np.arange(30_000, dtype=np.int64) * 7919
+        for chunk in np.array_split(ids, 10):
+            npu_rec.sparse_lookup(table, tf.constant(chunk))
+        stats = table.tier_stats()
+        assert stats["cold_keys"] + stats["memory_keys"] == 30_000 and stats["cold_keys"] > 20_000
+        per_key = stats["cold_index_bytes"] / stats["cold_keys"]
+        assert 12 / 0.85 <= per_key <= 12 * 1.4 / 0.85
+        assert stats["ram_bytes_per_cold_key"] == pytest.approx(
+            (stats["cold_index_bytes"] + stats["cold_liveness_bytes"]) / stats["cold_keys"]
+        )
+        memory = table.memory_stats()
+        assert memory["disk_rows"] == stats["cold_keys"]
