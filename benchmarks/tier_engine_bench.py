@@ -740,8 +740,12 @@ def _summary(runs) -> dict:
     return out
 
 
-def _print(n, record_bytes, rows):
-    print(f"\n{n} records x {record_bytes} B, {rows[0]['promotions']} promotions/step, medians")
+def _print(n, record_bytes, entry):
+    rows = entry["median"]
+    print(
+        f"\n{n} records x {record_bytes} B, {entry['promotions_per_step']} promotions/step, "
+        f"medians of {entry['repetitions']}"
+    )
     print(
         f"{'engine':15} {'load s':>7} {'read ms':>8} {'del ms':>7} {'write ms':>8} "
         f"{'comp ms':>7} {'step ms':>8} {'marsh ms':>8} {'rd krec/s':>9} {'wr krec/s':>9} "
@@ -796,17 +800,22 @@ def main(argv):
                             flush=True,
                         )
                         runs[e].append(r)
-                rows = [_summary(runs[e]) | {"promotions": runs[e][0]["promotions_per_step"]}
-                        for e in engines]  # fmt: skip
-                _print(n, rb, rows)
-                entries[f"{n}x{rb}"] = {
-                    "keys": n,
-                    "record_bytes": rb,
-                    "median": rows,
-                    "runs": [r for e in engines for r in runs[e]],
-                }
+                    rows = [_summary(runs[e]) for e in engines]
+                    entries[f"{n}x{rb}"] = {
+                        "keys": n,
+                        "record_bytes": rb,
+                        "promotions_per_step": runs[order[0]][0]["promotions_per_step"],
+                        "repetitions": rep + 1,
+                        "median": rows,
+                        "runs": [r for e in engines for r in runs[e]],
+                    }
+                    _write(entries)  # after each repetition: a cut-short run keeps its figures
+                _print(n, rb, entries[f"{n}x{rb}"])
     finally:
         shutil.rmtree(data_dir, ignore_errors=True)
+
+
+def _write(entries) -> None:
     old = {}
     if os.path.exists(_JSON.value):
         with open(_JSON.value) as f, contextlib.suppress(ValueError):
