@@ -628,6 +628,9 @@ def _child(engine: str, n: int, record_bytes: int, path: str) -> dict:
         "write_records_per_s": p * steps / spent["write"],
         "cold_read_ms": 1e3 * cold_s / _COLD.value if _COLD.value else None,
         "cold_disk_mb_per_read": cold_read / 1e6 / _COLD.value if _COLD.value else None,
+        "disk_mb_read_per_step": (io1.get("read_bytes", 0) - io0.get("read_bytes", 0))
+        / 1e6
+        / steps,
         "disk_mb_written_per_step": (io1.get("write_bytes", 0) - io0.get("write_bytes", 0))
         / 1e6
         / steps,
@@ -724,8 +727,8 @@ def _run_child(python, engine, n, record_bytes, data_dir) -> dict:
 _MEDIAN_FIELDS = (
     "load_s", "load_records_per_s", "read_ms", "delete_ms", "write_ms", "maintain_ms",
     "marshal_ms", "step_ms", "read_records_per_s", "write_records_per_s", "cold_read_ms",
-    "cold_disk_mb_per_read", "disk_mb_written_per_step", "disk_bytes_per_key_loaded",
-    "disk_bytes_per_key_after_steps", "index_bytes_per_key", "rss_growth_mib_loaded",
+    "cold_disk_mb_per_read", "disk_mb_read_per_step", "disk_mb_written_per_step",
+    "disk_bytes_per_key_loaded", "disk_bytes_per_key_after_steps", "index_bytes_per_key", "rss_growth_mib_loaded",
     "rss_growth_mib", "anon_growth_mib", "peak_rss_mib",
 )  # fmt: skip
 
