@@ -1,4 +1,4 @@
-"""Tiered table (memory + disk) against the same table all in memory, in one run.
+"""Tiered table (memory + disk) against the same table all in memory, in one invocation.
 
 Both tables get every live key a chunk at a time (`_fill`): the in-memory
 table and the tiered table's `--memory_fraction` of memory rows by training
@@ -6,18 +6,24 @@ lookups (admission), the tiered table's other keys by a bulk import of
 generated rows (rows, Adagrad accumulators, counts) appended straight to its
 segment files under `--ssd_path`. Then both train on the same
 Zipf-distributed batches of `--batch` x `--fields` raw int64 ids (lookup +
-Adagrad update, one `tf.function` step), timed in alternating blocks of 5
-steps so that other load on a shared machine hits both alike.
+Adagrad update, one `tf.function` step). Below 20M keys (`--processes=one`)
+both tables live in this process, timed in alternating blocks of 5 steps so
+that other load on a shared machine hits both alike; from 20M keys
+(`--processes=each`) each table runs in a child process of its own, the
+in-memory one first, so that it does not take the page cache the tiered
+table's records are read from (both in the same invocation).
 
 Reported per table: steps/s, and for the tiered one its ratio to the
 in-memory table, the hit rate of the timed steps (unique keys found in
 memory), promotions, demotions and bytes read/written per step, disk bytes
-per cold key, RAM per cold key (`cold_index` plus liveness), the RSS growth while the table
-was made and filled (the tiered table first, alone) against its memory rows
-plus both key indexes, and the process's RSS after the steps and at peak.
+per cold key, RAM per cold key (`cold_index` plus liveness), the RSS growth (in
+all and anonymous) while the table was made and filled (the tiered table first,
+alone) and, in a process of its own, until after the timed steps, against
+its memory rows plus both key indexes, and the process's RSS after the steps
+and at peak.
 `--compact`: bfloat16 rows + RowWiseAdagrad. `--skip_memory`: the tiered
-table alone (sizes whose in-memory table does not fit). `--save_restore=FILE`:
-then save the tiered table, restore the file into a new one and time the
+table alone (sizes whose in-memory table does not fit). `--save_restore=FILE`
+(one process): then save the tiered table, restore the file into a new one and time the
 steps again. The segment files (and FILE) are deleted at the end, also on
 failure.
 
@@ -35,6 +41,7 @@ import json
 import os
 import platform
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -67,6 +74,18 @@ _SAVE = flags.DEFINE_string(
     "After the timed steps: save the tiered table to this file, restore it into a new "
     "tiered table and time `--steps` steps again (the file is deleted at the end).",
 )
+_PROCESSES = flags.DEFINE_enum(
+    "processes",
+    "auto",
+    ["auto", "one", "each"],
+    "one: both tables in this process, timed in alternating blocks; each: each table in a "
+    "child process of its own, one after the other (the in-memory table does not take the "
+    "page cache the tiered table reads from); auto: each from 20M keys.",
+)
+_VARIANT = flags.DEFINE_enum(
+    "variant", None, ["memory", "tiered"], "Internal (--processes=each): this table only."
+)
+_CHILD_OUT = flags.DEFINE_string("child_out", None, "Internal: where a child writes its result.")
 _JSON = flags.DEFINE_string(
     "json",
     os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "tier_bench.json"),
@@ -190,8 +209,51 @@ def _interleaved(cases, batches, steps, warmup, block=5):
     return spent
 
 
+def _memory() -> dict[str, int]:
+    """The process's resident bytes: in all, and anonymous (its own, no file pages)."""
+    return {"total": _peak_rss("VmRSS"), "anon": _peak_rss("RssAnon")}
+
+
+def _batches(tf):
+    rng = np.random.default_rng(0)
+    ids_per_batch = _BATCH.value * _FIELDS.value
+    return [
+        (
+            tf.constant(
+                raw_keys(_zipf_ranks(rng, _KEYS.value, ids_per_batch)).reshape(
+                    _BATCH.value, _FIELDS.value
+                )
+            ),
+        )
+        for _ in range(16)
+    ]
+
+
+def _step_fn(tf, npu_rec, table):
+    @tf.function
+    def train_step(ids):
+        with tf.GradientTape() as tape, npu_rec.record_lookups(tape) as recs:
+            loss = tf.reduce_sum(tf.square(npu_rec.sparse_lookup(table, ids)))
+        grads = tape.gradient(loss, [r.embeddings for r in recs])
+        npu_rec.apply_recorded_gradients(recs, grads)
+        return loss
+
+    return train_step
+
+
+def _separate() -> bool:
+    """Whether each table runs in its own process (`--processes`)."""
+    if _SKIP_MEMORY.value or _PROCESSES.value == "one":
+        return False
+    return _PROCESSES.value == "each" or _KEYS.value >= 20_000_000
+
+
 def main(argv):
     del argv
+    if _VARIANT.value:
+        return _child(_VARIANT.value)
+    if _separate():
+        return _parent()
     import tensorflow as tf
 
     import npu_rec
@@ -199,138 +261,227 @@ def main(argv):
     tf.config.threading.set_intra_op_parallelism_threads(_THREADS.value)
     tf.config.threading.set_inter_op_parallelism_threads(_THREADS.value)
     ssd = _SSD.value or tempfile.mkdtemp(prefix="tier_bench_")
-    n = _KEYS.value
-    rng = np.random.default_rng(0)
-    ids_per_batch = _BATCH.value * _FIELDS.value
-    batches = [
-        (
-            tf.constant(
-                raw_keys(_zipf_ranks(rng, n, ids_per_batch)).reshape(_BATCH.value, _FIELDS.value)
-            ),
-        )
-        for _ in range(16)
-    ]
+    batches = _batches(tf)
     tables, fill, growth = {}, {}, {}
     kinds = (("tiered", True),) if _SKIP_MEMORY.value else (("tiered", True), ("memory", False))
     try:
         for name, tiered in kinds:  # tiered first: its RSS growth is measured alone
-            rss0 = rss()
+            m0 = _memory()
             t0 = time.perf_counter()
             tables[name] = _make_table(tf, npu_rec, name, tiered, ssd)
             _fill(tf, npu_rec, tables[name], tiered)
             fill[name] = time.perf_counter() - t0
             gc.collect()
-            growth[name] = rss() - rss0
+            m1 = _memory()
+            growth[name] = {k: m1[k] - m0[k] for k in m0}
             print(
-                f"{name}: filled in {fill[name]:.1f} s, RSS +{growth[name] / 2**30:.2f} GiB",
+                f"{name}: filled in {fill[name]:.1f} s, RSS +{growth[name]['total'] / 2**30:.2f} "
+                f"GiB (anonymous +{growth[name]['anon'] / 2**30:.2f})",
                 flush=True,
             )
         _run(tf, npu_rec, tables, batches, fill, growth, ssd)
     finally:
-        for t in tables.values():
-            for shard in t.shards:
-                store = getattr(shard.state, "store", None)
-                if store is not None:
-                    store.close()
+        _close(tables.values())
         if _SAVE.value and os.path.exists(_SAVE.value):
             os.remove(_SAVE.value)
         if _SSD.value is None:
             shutil.rmtree(ssd, ignore_errors=True)
 
 
-def _run(tf, npu_rec, tables, batches, fill, growth, ssd):
-    n = _KEYS.value
-    tier_table = tables["tiered"]
-    cold = int(tier_table.tier_stats()["cold_keys"])
-    hot_bytes = {k: int(v) for k, v in tier_table.memory_stats().items()} if cold < 10**8 else {}
+def _close(tables):
+    for t in tables:
+        for shard in t.shards:
+            store = getattr(shard.state, "store", None)
+            if store is not None:
+                store.close()
 
-    def step_fn(table):
-        @tf.function
-        def train_step(ids):
-            with tf.GradientTape() as tape, npu_rec.record_lookups(tape) as recs:
-                loss = tf.reduce_sum(tf.square(npu_rec.sparse_lookup(table, ids)))
-            grads = tape.gradient(loss, [r.embeddings for r in recs])
-            npu_rec.apply_recorded_gradients(recs, grads)
-            return loss
 
-        return train_step
+def _parent():
+    """Each table in a child process of its own, the in-memory one first, then the tiered one.
 
-    cases = {name: step_fn(t) for name, t in tables.items()}
+    At 50M keys the in-memory table (~9 GiB) beside the tiered one would take
+    the page cache the tiered table's records (7 GiB) are read from: alone,
+    each child times its table as a process with only that table would run.
+    """
+    results, machine = [], None
+    with tempfile.TemporaryDirectory(prefix="tier_bench_children_") as tmp:
+        for name in ("memory", "tiered"):
+            out = os.path.join(tmp, f"{name}.json")
+            argv = [a for a in sys.argv[1:] if not a.startswith(("--json", "--processes"))]
+            cmd = [sys.executable, os.path.abspath(__file__), *argv]
+            cmd += [f"--variant={name}", f"--child_out={out}", "--processes=one"]
+            print(f"{name}: own process, load average {os.getloadavg()}", flush=True)
+            subprocess.run(cmd, check=True)
+            with open(out) as f:
+                child = json.load(f)
+            results.append(child["result"])
+            machine = child["machine"]
+    mem, tier = results
+    tier["ratio_to_memory"] = tier["steps_per_s"] / mem["steps_per_s"]
+    _report([tier, mem], machine, has_memory=True)
+
+
+def _child(name):
+    """One table in this process: filled, trained, its result written to `--child_out`."""
+    import tensorflow as tf
+
+    import npu_rec
+
+    tf.config.threading.set_intra_op_parallelism_threads(_THREADS.value)
+    tf.config.threading.set_inter_op_parallelism_threads(_THREADS.value)
+    ssd = _SSD.value or tempfile.mkdtemp(prefix="tier_bench_")
+    tiered = name == "tiered"
+    batches = _batches(tf)
+    table = None
+    try:
+        m0 = _memory()
+        t0 = time.perf_counter()
+        table = _make_table(tf, npu_rec, name, tiered, ssd)
+        _fill(tf, npu_rec, table, tiered)
+        fill = time.perf_counter() - t0
+        gc.collect()
+        m1 = _memory()
+        growth = {k: m1[k] - m0[k] for k in m0}
+        print(
+            f"{name}: filled in {fill:.1f} s, RSS +{growth['total'] / 2**30:.2f} GiB "
+            f"(anonymous +{growth['anon'] / 2**30:.2f})",
+            flush=True,
+        )
+        hot_bytes = _hot_bytes(table) if tiered else {}
+        fn = _step_fn(tf, npu_rec, table)
+        spent, d, after = _timed(table, {name: fn}, batches, tiered)
+        m2 = _memory()
+        r = _result(name, table, _STEPS.value / spent[name], fill, growth, d, after, hot_bytes)
+        r["rss_growth_after_steps_gib"] = (m2["total"] - m0["total"]) / 2**30
+        r["rss_anon_growth_after_steps_gib"] = (m2["anon"] - m0["anon"]) / 2**30
+        r["load_average"] = os.getloadavg()
+        with open(_CHILD_OUT.value, "w") as f:
+            json.dump({"result": r, "machine": _machine(tf)}, f)
+    finally:
+        if table is not None:
+            _close([table])
+        if _SSD.value is None:
+            shutil.rmtree(ssd, ignore_errors=True)
+
+
+def _hot_bytes(table):
+    cold = int(table.tier_stats()["cold_keys"])
+    return {k: int(v) for k, v in table.memory_stats().items()} if cold < 10**8 else {}
+
+
+def _timed(tier_table, cases, batches, tiered):
+    """Warm-up, then the timed steps: (seconds per table, tier counter deltas, counters after)."""
     for fn in cases.values():  # warm-up: trace, and let the hot set settle
         for i in range(_WARMUP.value):
             fn(*batches[i % len(batches)])
-    before = tier_table.tier_stats()
+    before = tier_table.tier_stats() if tiered else {}
     spent = _interleaved(cases, batches, _STEPS.value, 0)
-    after = tier_table.tier_stats()
-    steps = _STEPS.value
+    after = tier_table.tier_stats() if tiered else {}
     d = {k: after[k] - before[k] for k in before if isinstance(before[k], int)}
-    rss_trained = rss()
-    results = []
-    for name, table in tables.items():
-        r = {
-            "table": name,
-            "keys": n,
-            "memory_rows": table.config.memory_rows or n,
-            "steps_per_s": steps / spent[name],
-            "fill_s": fill[name],
-            "rss_growth_gib": growth[name] / 2**30,
-            "size": int(table.size()),
+    return spent, d, after
+
+
+def _result(name, table, steps_per_s, fill, growth, d, after, hot_bytes):
+    steps = _STEPS.value
+    r = {
+        "table": name,
+        "keys": _KEYS.value,
+        "memory_rows": table.config.memory_rows or _KEYS.value,
+        "steps_per_s": steps_per_s,
+        "fill_s": fill,
+        "rss_growth_gib": growth["total"] / 2**30,
+        "rss_anon_growth_gib": growth["anon"] / 2**30,
+        "size": int(table.size()),
+    }
+    if name != "tiered":
+        return r
+    cold = int(after["cold_keys"])
+    r.update(
+        {
+            "hit_rate": d["hits"] / max(d["lookups"], 1),
+            "promotions_per_step": d["promotions"] / steps,
+            "demotions_per_step": d["demotions"] / steps,
+            "mb_read_per_step": d["bytes_read"] / steps / 1e6,
+            "mb_written_per_step": d["bytes_written"] / steps / 1e6,
+            "compactions": after["compactions"],
+            "cold_keys": after["cold_keys"],
+            "disk_bytes_per_cold_key": after["disk_bytes_per_key"],
+            "cold_index_gib": after["cold_index_bytes"] / 2**30,
+            "cold_index_bytes_per_cold_key": after["cold_index_bytes"] / max(cold, 1),
+            # The cold index plus the store's liveness bytes, per cold key.
+            "ram_bytes_per_cold_key": after["ram_bytes_per_cold_key"],
+            "rss_after_steps_gib": rss() / 2**30,
+            # Page cache mapped by the process would count in RSS; the anonymous
+            # part is the process's own.
+            "rss_anon_after_steps_gib": _peak_rss("RssAnon") / 2**30,
+            "peak_rss_gib": _peak_rss() / 2**30,
         }
-        if name == "tiered":
-            r.update(
-                {
-                    "hit_rate": d["hits"] / max(d["lookups"], 1),
-                    "promotions_per_step": d["promotions"] / steps,
-                    "demotions_per_step": d["demotions"] / steps,
-                    "mb_read_per_step": d["bytes_read"] / steps / 1e6,
-                    "mb_written_per_step": d["bytes_written"] / steps / 1e6,
-                    "compactions": after["compactions"],
-                    "cold_keys": after["cold_keys"],
-                    "disk_bytes_per_cold_key": after["disk_bytes_per_key"],
-                    "cold_index_gib": after["cold_index_bytes"] / 2**30,
-                    "cold_index_bytes_per_cold_key": after["cold_index_bytes"]
-                    / max(after["cold_keys"], 1),
-                    # The cold index plus the store's liveness bytes, per cold key.
-                    "ram_bytes_per_cold_key": after["ram_bytes_per_cold_key"],
-                    "rss_after_steps_gib": rss_trained / 2**30,
-                    # The segment pages the reads mapped count in RSS (page cache,
-                    # reclaimable); the anonymous part is the process's own.
-                    "rss_anon_after_steps_gib": _peak_rss("RssAnon") / 2**30,
-                    "peak_rss_gib": _peak_rss() / 2**30,
-                }
-            )
-            if hot_bytes:
-                # The bound of the acceptance: memory rows (values, slots, metadata)
-                # plus both key indexes, plus 1 GiB.
-                held = hot_bytes["rows"] + hot_bytes["slots"] + hot_bytes["metadata"]
-                r["memory_rows_plus_index_gib"] = (held + hot_bytes["index"]) / 2**30
-            if "memory" in spent:
-                r["ratio_to_memory"] = spent["memory"] / spent["tiered"]
-        results.append(r)
+    )
+    if hot_bytes:
+        # The bound of the acceptance: memory rows (values, slots, metadata)
+        # plus both key indexes, plus 1 GiB.
+        held = hot_bytes["rows"] + hot_bytes["slots"] + hot_bytes["metadata"]
+        r["memory_rows_plus_index_gib"] = (held + hot_bytes["index"]) / 2**30
+    return r
+
+
+def _machine(tf):
+    return {
+        "platform": platform.platform(),
+        "cpus": os.cpu_count(),
+        "load_average": os.getloadavg(),
+        "python": platform.python_version(),
+        "tensorflow": tf.__version__,
+    }
+
+
+def _run(tf, npu_rec, tables, batches, fill, growth, ssd):
+    tier_table = tables["tiered"]
+    hot_bytes = _hot_bytes(tier_table)
+    cases = {name: _step_fn(tf, npu_rec, t) for name, t in tables.items()}
+    spent, d, after = _timed(tier_table, cases, batches, True)
+    results = [
+        _result(name, t, _STEPS.value / spent[name], fill[name], growth[name], d, after, hot_bytes)
+        for name, t in tables.items()
+    ]
+    if "memory" in spent:
+        results[0]["ratio_to_memory"] = spent["memory"] / spent["tiered"]
     if _SAVE.value:
+        step_fn = lambda t: _step_fn(tf, npu_rec, t)  # noqa: E731
         results[0].update(_save_restore(tf, npu_rec, tier_table, batches, step_fn, ssd))
+    _report(results, _machine(tf), has_memory="memory" in spent)
+
+
+def _report(results, machine, has_memory):
+    """Prints the table and writes the JSON (`results[0]`: the tiered table)."""
+    n, steps = _KEYS.value, _STEPS.value
     print(
         f"{n} keys, dim {_DIM.value}, batch {_BATCH.value} x {_FIELDS.value}, "
         f"Zipf {_ZIPF.value}, {steps} timed steps"
+        + (", each table in its own process" if _separate() else "")
     )
     print(
         f"{'table':8} {'mem rows':>10} {'steps/s':>8} {'ratio':>6} {'hit':>6} "
-        f"{'prom/st':>8} {'MB r/w per step':>16} {'RSS GiB':>8}"
+        f"{'prom/st':>8} {'MB r/w per step':>16} {'RSS GiB':>8} {'anon':>6}"
     )
     for r in results:
-        ratio = r.get("ratio_to_memory", 1.0 if "memory" in spent else float("nan"))
+        ratio = r.get("ratio_to_memory", 1.0 if has_memory else float("nan"))
         hit = r.get("hit_rate", 1.0)
         prom = r.get("promotions_per_step", 0.0)
         rw = f"{r.get('mb_read_per_step', 0):.1f}/{r.get('mb_written_per_step', 0):.1f}"
+        grown = r.get("rss_growth_after_steps_gib", r["rss_growth_gib"])
+        anon = r.get("rss_anon_growth_after_steps_gib", r["rss_anon_growth_gib"])
         print(
             f"{r['table']:8} {r['memory_rows']:>10} {r['steps_per_s']:>8.2f} {ratio:>6.2f} "
-            f"{hit:>6.3f} {prom:>8.0f} {rw:>16} {r['rss_growth_gib']:>8.2f}"
+            f"{hit:>6.3f} {prom:>8.0f} {rw:>16} {grown:>8.2f} {anon:>6.2f}"
         )
     tier = results[0]
+    bound = tier.get("memory_rows_plus_index_gib")
     print(
         f"tiered: peak RSS {tier['peak_rss_gib']:.2f} GiB, RAM per cold key "
         f"{tier['ram_bytes_per_cold_key']:.1f} B (cold_index "
         f"{tier['cold_index_bytes_per_cold_key']:.1f} B)"
+        + (f", memory rows + index {bound:.2f} GiB" if bound is not None else "")
         + (
             f", after restore {tier['steps_per_s_after_restore']:.2f} steps/s"
             if "steps_per_s_after_restore" in tier
@@ -338,19 +489,14 @@ def _run(tf, npu_rec, tables, batches, fill, growth, ssd):
         )
     )
     out = {
-        "machine": {
-            "platform": platform.platform(),
-            "cpus": os.cpu_count(),
-            "load_average": os.getloadavg(),
-            "python": platform.python_version(),
-            "tensorflow": tf.__version__,
-        },
+        "machine": machine,
         "command": " ".join(sys.argv),
         "batch": _BATCH.value,
         "fields": _FIELDS.value,
         "zipf_a": _ZIPF.value,
         "dim": _DIM.value,
         "steps": steps,
+        "separate_processes": _separate(),
         "results": results,
     }
     os.makedirs(os.path.dirname(os.path.abspath(_JSON.value)), exist_ok=True)

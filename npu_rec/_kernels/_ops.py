@@ -22,9 +22,10 @@ rounded as the stock path does); slots are float32.
 * `expand` = `tf.gather` of unique rows to the ids (axis 0, int64 [n]
   index), with `tf.gather`'s gradient (`tf.IndexedSlices` of the per-id
   gradients).
-* `tier_victims`, `tier_pack`, `tier_unpack` = the tiered table's NumPy
-  victim selection, record packing and verified unpacking
-  (`npu_rec.table._tier`, `_tier_store`).
+* `tier_read`, `tier_victims`, `tier_pack`, `tier_unpack` = the tiered
+  table's NumPy record reads (by `pread`, not through a map), victim
+  selection, record packing and verified unpacking (`npu_rec.table._tier`,
+  `_tier_store`).
 """
 
 from __future__ import annotations
@@ -142,8 +143,13 @@ def pad_rows(x: tf.Tensor, rows) -> tf.Tensor:
     return _build.library().npu_rec_pad_rows(input=x, rows=tf.cast(rows, tf.int64))
 
 
-def tier_victims(**args) -> tf.Tensor:
-    """int64 [k]: the rows a tiered table demotes (`NpuRecTierVictims`)."""
+def tier_read(**args) -> tf.Tensor:
+    """int64 [m, words]: records read from the segment files, unverified (`NpuRecTierRead`)."""
+    return _build.library().npu_rec_tier_read(**args)
+
+
+def tier_victims(**args):
+    """(int64 [k] rows a tiered table demotes, the hand's next position) (`NpuRecTierVictims`)."""
     return _build.library().npu_rec_tier_victims(**args)
 
 

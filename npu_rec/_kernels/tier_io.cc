@@ -3,9 +3,18 @@
 //
 // The segment files and their bookkeeping stay with the Python
 // `SegmentStore` (npu_rec/table/_tier_store.py: which segment is open, the
-// live bits, one `pwrite` per demotion, a gather from the segments' maps per
-// promotion); these kernels take the work per row out of Python:
+// live bits, one `pwrite` per demotion); these kernels take the work per row
+// out of Python:
 //
+//   NpuRecTierRead     record locations -> the records' raw words, read with
+//                      `pread`/`preadv` from the segment files' descriptors
+//                      (no map: the page cache is not counted in the
+//                      process's memory): sorted by file and offset,
+//                      neighbours within 4 KiB coalesced into one call,
+//                      and a large batch's calls issued from several
+//                      threads, so reads that miss the page cache reach the
+//                      disk several at a time. Unverified: NpuRecTierUnpack
+//                      checks every checksum.
 //   NpuRecTierVictims  the table's rows -> the `k` rows to demote: live rows
 //                      (count > 0) not held by this step, the lowest score
 //                      `last_seen + 1 - 1 / (1 + count)` first (ties: the lower
@@ -27,12 +36,18 @@
 // to kSeenBase) and always written to records as int64 absolute values.
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
+
+#include <sys/uio.h>
+#include <unistd.h>
 
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/op_kernel.h"
@@ -63,10 +78,31 @@ REGISTER_OP("NpuRecTierVictims")
     .Input("held_rows: int64")
     .Input("num_rows: int64")
     .Input("k: int64")
+    .Input("hand: int64")
     .Output("victims: int64")
+    .Output("next_hand: int64")
     .SetIsStateful()
     .SetShapeFn([](InferenceContext* c) {
       c->set_output(0, c->Vector(InferenceContext::kUnknownDim));
+      c->set_output(1, c->Scalar());
+      return absl::OkStatus();
+    });
+
+REGISTER_OP("NpuRecTierRead")
+    .Input("locations: int64")
+    .Input("segments: int64")
+    .Input("fds: int64")
+    .Input("paths: string")
+    .Input("dirs: string")
+    .Output("records: int64")
+    .Attr("words: int >= 2")
+    .Attr("per_segment: int >= 1")
+    .Attr("table: string")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) {
+      int64_t words;
+      TF_RETURN_IF_ERROR(c->GetAttr("words", &words));
+      c->set_output(0, c->Matrix(c->Dim(c->input(0), 0), words));
       return absl::OkStatus();
     });
 
@@ -157,6 +193,18 @@ inline uint64_t Checksum(const uint64_t* words, const uint64_t* weights, int64_t
   return s + kCheckOffset;
 }
 
+// Victim selection (`_tier.select_victims` is the NumPy reference: the same
+// rows, tested equal). Small tables, or `k` a large part of the rows: the
+// exact `k` lowest (score, row). Otherwise a CLOCK-like hand: a strided
+// sample of the eligible rows' scores gives a bound that about
+// kSpread * k rows pass, and the scan walks the rows from the hand (where
+// the previous selection stopped), wrapping at `num_rows`, taking the first
+// `k` rows at or under the bound; the hand moves past the last one taken.
+// A step so reads about num_rows / kSpread rows, not all of them; if a whole
+// turn finds fewer than `k`, the exact selection runs.
+constexpr int64_t kSample = 4096;
+constexpr int64_t kSpread = 16;
+
 class TierVictimsOp : public OpKernel {
  public:
   explicit TierVictimsOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
@@ -168,7 +216,8 @@ class TierVictimsOp : public OpKernel {
     const Tensor& held_t = ctx->input(2);
     const int64_t n = ctx->input(3).scalar<int64_t>()();
     const int64_t k_wanted = ctx->input(4).scalar<int64_t>()();
-    std::vector<std::pair<double, int64_t>> cand;
+    int64_t hand = ctx->input(5).scalar<int64_t>()();
+    std::vector<int64_t> picked;
     {
       VarLocks locks({counts.get(), seen.get()});
       const Tensor& c_t = *counts->tensor();
@@ -178,55 +227,222 @@ class TierVictimsOp : public OpKernel {
       OP_REQUIRES(ctx, n >= 0 && n <= c_t.dim_size(0) && n <= s_t.dim_size(0),
                   absl::InvalidArgumentError("npu_rec kernel: num_rows " + std::to_string(n) +
                                              " is outside the table's rows"));
-      std::vector<char> held(n, 0);
+      if (n > 0 && (hand < 0 || hand >= n)) hand = 0;
+      std::vector<uint64_t> held((n + 63) / 64, 0);  // a bit per row
       const int64_t* h = held_t.flat<int64_t>().data();
       for (int64_t i = 0; i < held_t.NumElements(); ++i) {
-        if (h[i] >= 0 && h[i] < n) held[h[i]] = 1;
+        if (h[i] >= 0 && h[i] < n) held[h[i] >> 6] |= uint64_t{1} << (h[i] & 63);
       }
       const IntColumn cnt(&c_t), last(&s_t, kSeenBase);
-      auto eligible = [&](int64_t r) { return cnt[r] > 0 && !held[r]; };
+      auto eligible = [&](int64_t r) {
+        return cnt[r] > 0 && !((held[r >> 6] >> (r & 63)) & 1);
+      };
       auto score = [&](int64_t r) {
         return static_cast<double>(last[r]) + 1.0 - 1.0 / (1.0 + static_cast<double>(cnt[r]));
       };
-      // When the victims are a small part of the rows, a strided sample's
-      // quantile bounds their scores from above, so the scan keeps only the
-      // rows at or below it (a few times k, not n); if fewer than k pass, the
-      // scan is repeated without the bound. The selection stays exact.
-      double bound = std::numeric_limits<double>::infinity();
-      constexpr int64_t kSample = 4096;
-      if (n > 4 * kSample && k_wanted < n / 4) {
+      bool exact = true;
+      if (k_wanted > 0 && n > 4 * kSample && k_wanted < n / 4) {
         const int64_t stride = n / kSample;
         std::vector<double> sample;
         for (int64_t r = 0; r < n; r += stride) {
           if (eligible(r)) sample.push_back(score(r));
         }
-        const int64_t j = (k_wanted * 3 / 2) / stride + 16;
+        const int64_t j = (kSpread * k_wanted) / stride + 16;
         if (j < static_cast<int64_t>(sample.size())) {
           std::nth_element(sample.begin(), sample.begin() + j, sample.end());
-          bound = sample[j];
+          const double bound = sample[j];
+          picked.reserve(k_wanted);
+          int64_t r = hand;
+          for (int64_t step = 0; step < n && static_cast<int64_t>(picked.size()) < k_wanted;
+               ++step) {
+            if (eligible(r) && score(r) <= bound) picked.push_back(r);
+            if (++r == n) r = 0;
+          }
+          if (static_cast<int64_t>(picked.size()) == k_wanted) {
+            exact = false;
+            hand = picked.back() + 1 == n ? 0 : picked.back() + 1;
+          }
         }
       }
-      for (int pass = 0; pass < 2; ++pass) {
-        cand.clear();
+      if (exact) {
+        std::vector<std::pair<double, int64_t>> cand;
         for (int64_t r = 0; r < n; ++r) {
-          if (!eligible(r)) continue;
-          const double sc = score(r);
-          if (sc <= bound) cand.emplace_back(sc, r);
+          if (eligible(r)) cand.emplace_back(score(r), r);
         }
-        if (static_cast<int64_t>(cand.size()) >= k_wanted || std::isinf(bound)) break;
-        bound = std::numeric_limits<double>::infinity();
+        const int64_t k = std::max<int64_t>(0, std::min<int64_t>(k_wanted, cand.size()));
+        if (k < static_cast<int64_t>(cand.size())) {
+          std::nth_element(cand.begin(), cand.begin() + k, cand.end());
+        }
+        picked.resize(k);
+        for (int64_t i = 0; i < k; ++i) picked[i] = cand[i].second;
       }
     }
-    const int64_t k = std::max<int64_t>(0, std::min<int64_t>(k_wanted, cand.size()));
-    if (k < static_cast<int64_t>(cand.size())) {
-      std::nth_element(cand.begin(), cand.begin() + k, cand.end());
-    }
+    const int64_t k = picked.size();
     Tensor* out = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({k}), &out));
     int64_t* v = out->flat<int64_t>().data();
-    for (int64_t i = 0; i < k; ++i) v[i] = cand[i].second;
+    std::copy(picked.begin(), picked.end(), v);
     std::sort(v, v + k);  // row order: the gathers that follow walk memory forward
+    Tensor* hand_out = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({}), &hand_out));
+    hand_out->scalar<int64_t>()() = hand;
   }
+};
+
+// Reads of one batch of records (NpuRecTierRead). Records closer than
+// kMaxGap bytes in one file are read by one `preadv` (the bytes between them
+// into a scratch buffer); a batch of more than kThreadedRuns calls is split
+// into contiguous ranges of calls, one thread each (at most kMaxThreads):
+// reads that miss the page cache then wait on the disk side by side.
+constexpr int64_t kMaxGap = 4096;
+constexpr int64_t kMaxRunRecords = 480;  // 2 iovecs a record, under IOV_MAX (1024)
+constexpr int64_t kThreadedRuns = 64;
+constexpr int64_t kRunsPerThread = 32;
+constexpr int64_t kMaxThreads = 16;
+
+class TierReadOp : public OpKernel {
+ public:
+  explicit TierReadOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("words", &words_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("per_segment", &per_segment_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("table", &table_));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& locs_t = ctx->input(0);
+    const Tensor& segs_t = ctx->input(1);
+    const Tensor& fds_t = ctx->input(2);
+    const Tensor& paths_t = ctx->input(3);
+    const Tensor& dirs_t = ctx->input(4);
+    const int64_t m = locs_t.NumElements(), ns = segs_t.NumElements();
+    OP_REQUIRES(ctx, fds_t.NumElements() == ns && paths_t.NumElements() == ns,
+                absl::InvalidArgumentError("npu_rec kernel: one descriptor and path per segment"));
+    Tensor* out = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({m, words_}), &out));
+    if (m == 0) return;
+    const int64_t rec_bytes = 8 * words_;
+    char* base = reinterpret_cast<char*>(out->flat<int64_t>().data());
+    const int64_t* locs = locs_t.flat<int64_t>().data();
+    const int64_t* segs = segs_t.flat<int64_t>().data();
+    const int64_t* fds = fds_t.flat<int64_t>().data();
+    // (segment index, offset, output row), in file and offset order.
+    struct Item {
+      int64_t seg, offset, out;
+    };
+    std::vector<Item> items(m);
+    for (int64_t i = 0; i < m; ++i) {
+      const int64_t seg = locs[i] >= 0 ? locs[i] / per_segment_ : -1;
+      const int64_t* at = std::lower_bound(segs, segs + ns, seg);
+      if (seg < 0 || at == segs + ns || *at != seg) {
+        std::string name = "seg-?";
+        if (seg >= 0 && dirs_t.NumElements() > 0) {
+          char file[32];
+          std::snprintf(file, sizeof file, "seg-%08lld.npr", static_cast<long long>(seg));
+          name = std::string(dirs_t.flat<tstring>()(seg % dirs_t.NumElements())) + "/" + file;
+        }
+        ctx->SetStatus(absl::DataLossError("SegmentCorruptedError: Tiered table '" + table_ +
+                                           "': segment file '" + name +
+                                           "' is missing but holds live records."));
+        return;
+      }
+      items[i] = {at - segs, (locs[i] - seg * per_segment_) * rec_bytes, i};
+    }
+    std::sort(items.begin(), items.end(), [](const Item& a, const Item& b) {
+      return a.seg != b.seg ? a.seg < b.seg : a.offset != b.offset ? a.offset < b.offset
+                                                                  : a.out < b.out;
+    });
+    // One location asked for twice: read once, copied after.
+    std::vector<std::pair<int64_t, int64_t>> copies;  // (to, from)
+    std::vector<Item> uniq;
+    uniq.reserve(m);
+    for (const Item& it : items) {
+      if (!uniq.empty() && uniq.back().seg == it.seg && uniq.back().offset == it.offset) {
+        copies.emplace_back(it.out, uniq.back().out);
+      } else {
+        uniq.push_back(it);
+      }
+    }
+    // Runs: [begin, end) of `uniq` read by one call.
+    std::vector<std::pair<int64_t, int64_t>> runs;
+    for (int64_t i = 0; i < static_cast<int64_t>(uniq.size()); ++i) {
+      if (!runs.empty()) {
+        const Item& prev = uniq[i - 1];
+        const auto& run = runs.back();
+        if (uniq[i].seg == prev.seg && uniq[i].offset - (prev.offset + rec_bytes) <= kMaxGap &&
+            i - run.first < kMaxRunRecords) {
+          ++runs.back().second;
+          continue;
+        }
+      }
+      runs.emplace_back(i, i + 1);
+    }
+    const int64_t nruns = runs.size();
+    const int64_t nthreads =
+        nruns < kThreadedRuns ? 1 : std::min<int64_t>(kMaxThreads, nruns / kRunsPerThread);
+    // The first failed run of each thread: (run, message).
+    std::vector<std::pair<int64_t, std::string>> errors(nthreads, {-1, ""});
+    auto work = [&](int64_t t) {
+      std::vector<char> scratch(kMaxGap);
+      std::vector<struct iovec> iov;
+      const int64_t lo = nruns * t / nthreads, hi = nruns * (t + 1) / nthreads;
+      for (int64_t r = lo; r < hi; ++r) {
+        const auto [b, e] = runs[r];
+        const int fd = static_cast<int>(fds[uniq[b].seg]);
+        iov.clear();
+        int64_t total = 0;
+        for (int64_t i = b; i < e; ++i) {
+          if (i > b) {
+            const int64_t gap = uniq[i].offset - (uniq[i - 1].offset + rec_bytes);
+            if (gap > 0) iov.push_back({scratch.data(), static_cast<size_t>(gap)});
+            total += gap;
+          }
+          iov.push_back({base + uniq[i].out * rec_bytes, static_cast<size_t>(rec_bytes)});
+          total += rec_bytes;
+        }
+        ssize_t got;
+        do {
+          got = preadv(fd, iov.data(), static_cast<int>(iov.size()), uniq[b].offset);
+        } while (got < 0 && errno == EINTR);
+        if (got == total) continue;
+        // A short or failed call: each record on its own, to the end of the file.
+        for (int64_t i = b; i < e; ++i) {
+          char* dst = base + uniq[i].out * rec_bytes;
+          int64_t done = 0;
+          while (done < rec_bytes) {
+            const ssize_t n = pread(fd, dst + done, rec_bytes - done, uniq[i].offset + done);
+            if (n < 0 && errno == EINTR) continue;
+            if (n <= 0) {
+              errors[t] = {r, n < 0 ? std::strerror(errno) : "end of file"};
+              return;
+            }
+            done += n;
+          }
+        }
+      }
+    };
+    if (nthreads == 1) {
+      work(0);
+    } else {
+      std::vector<std::thread> pool;
+      for (int64_t t = 0; t < nthreads; ++t) pool.emplace_back(work, t);
+      for (auto& th : pool) th.join();
+    }
+    for (const auto& [run, why] : errors) {
+      if (run < 0) continue;
+      const std::string path(paths_t.flat<tstring>()(uniq[runs[run].first].seg));
+      ctx->SetStatus(absl::DataLossError("SegmentCorruptedError: Tiered table '" + table_ +
+                                         "': segment file '" + path + "' cannot be read (" +
+                                         why + "). Restore the newest checkpoint."));
+      return;
+    }
+    for (const auto& [to, from] : copies) {
+      std::memcpy(base + to * rec_bytes, base + from * rec_bytes, rec_bytes);
+    }
+  }
+
+ private:
+  int64_t words_, per_segment_;
+  std::string table_;
 };
 
 class TierPackOp : public OpKernel {
@@ -395,6 +611,7 @@ class TierUnpackOp : public OpKernel {
 };
 
 REGISTER_KERNEL_BUILDER(Name("NpuRecTierVictims").Device(DEVICE_CPU), TierVictimsOp);
+REGISTER_KERNEL_BUILDER(Name("NpuRecTierRead").Device(DEVICE_CPU), TierReadOp);
 REGISTER_KERNEL_BUILDER(Name("NpuRecTierPack").Device(DEVICE_CPU), TierPackOp);
 REGISTER_KERNEL_BUILDER(Name("NpuRecTierUnpack").Device(DEVICE_CPU), TierUnpackOp);
 

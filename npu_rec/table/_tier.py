@@ -18,10 +18,13 @@ shard's lock, before the in-memory lookup, which then runs unchanged):
 
 1. the batch's keys without a row in memory are probed in `cold_index`;
 2. if the memory rows plus those keys would pass `memory_rows`, that many
-   victims are demoted: the live rows with the oldest last-seen time (ties:
-   the fewest sightings; one O(n) selection over those two columns), never a row of a key looked up since the last
-   optimizer step (its gradient is still to come); their records are written
-   by one sequential append and their keys move to `cold_index`;
+   victims are demoted (`select_victims`): rows with an old last-seen time
+   (ties: the fewest sightings), found by a CLOCK-like hand that scans the
+   rows from where it stopped for rows under a bound taken from a sample (a
+   small table, or many victims: the exact oldest), never a row of a key
+   looked up since the last optimizer step (its gradient is still to come);
+   their records are written by one sequential append and their keys move
+   to `cold_index`;
 3. the batch's cold keys are promoted: one batched read, rows allocated and
    written back exactly as they were (values, slots, counts, saved counts,
    last-seen), keys moved to the in-memory index;
@@ -123,6 +126,70 @@ COLD_ROW = 1 << 40
 
 def _np_dtype(dtype: tf.DType):
     return dtype.as_numpy_dtype
+
+
+#: Victim selection (`select_victims`, `NpuRecTierVictims`): rows sampled for
+#: the bound, and about how many times the victims' number pass it.
+_SAMPLE = 4096
+_SPREAD = 16
+
+
+def select_victims(counts, seen, held, k, hand):
+    """The rows to demote and where the next selection starts (the NumPy reference).
+
+    The kernel path's `NpuRecTierVictims` chooses the same rows. A row is
+    eligible when live (`counts > 0`) and not in `held`; its score is
+    `seen + 1 - 1 / (1 + count)` (older first, then fewer sightings). In a
+    table of more than `4 * _SAMPLE` rows where `k` is under a quarter of
+    them, a strided sample of the eligible rows' scores gives a bound that
+    about `_SPREAD * k` rows pass, and the rows are scanned from `hand`
+    (wrapping at the end) for the first `k` at or under it: a step looks at
+    about `n / _SPREAD` rows, and successive steps sweep the table as a
+    CLOCK hand does. Otherwise (or if a whole turn finds fewer than `k`), the
+    exact `k` lowest (score, row).
+
+    Args:
+      counts: int [n] sighting counts of the rows handed out so far.
+      seen: int64 [n] their absolute last-seen times.
+      held: int64 rows never chosen now (entries < 0 are ignored).
+      k: Victims wanted.
+      hand: Where the scan starts.
+
+    Returns:
+      (int64 [<= k] rows in ascending order, the next hand).
+    """
+    counts = np.asarray(counts, np.int64)
+    n, k, hand = len(counts), int(k), int(hand)
+    if n and not 0 <= hand < n:
+        hand = 0
+    held = np.asarray(held, np.int64)
+    eligible = counts > 0
+    eligible[held[(held >= 0) & (held < n)]] = False
+    score = np.where(
+        eligible,
+        np.asarray(seen, np.int64).astype(np.float64) + 1.0 - 1.0 / (1.0 + counts),
+        np.inf,
+    )
+    if k > 0 and n > 4 * _SAMPLE and k < n // 4:
+        stride = n // _SAMPLE
+        sample = score[::stride][eligible[::stride]]
+        j = (_SPREAD * k) // stride + 16
+        if j < len(sample):
+            bound = np.partition(sample, j)[j]
+            passing = np.nonzero(score <= bound)[0]
+            order = np.concatenate([passing[passing >= hand], passing[passing < hand]])
+            if len(order) >= k:
+                picked = order[:k]
+                nxt = int(picked[-1]) + 1
+                return np.sort(picked), 0 if nxt == n else nxt
+    rows = np.nonzero(eligible)[0]
+    take = min(max(k, 0), len(rows))
+    if take < len(rows):
+        sc = score[rows]
+        kth = np.partition(sc, take - 1)[take - 1] if take else -np.inf
+        below = rows[sc < kth]
+        rows = np.concatenate([below, rows[sc == kth][: take - len(below)]])
+    return np.sort(rows).astype(np.int64), hand
 
 
 class TierMixin:
@@ -248,30 +315,19 @@ class TierMixin:
         st = shard.state
         s = st.rows
         store = st.store
-        n = s.next_row.read_value()
-        upto = tf.range(n)
+        upto = tf.range(s.next_row.read_value())
         counts = tf.gather(s.counts, upto)
         seen = decode_seen(tf.gather(s.last_seen, upto))
-        prot_rows = tf.reshape(st.index.lookup(protected), [-1])
-        prot_rows = tf.boolean_mask(prot_rows, prot_rows >= 0)
-        held = tf.scatter_nd(
-            prot_rows[:, None], tf.ones_like(prot_rows, tf.int32), tf.reshape(n, [1])
-        )
-        eligible = (counts > 0) & tf.equal(held, 0)
-        c = tf.cast(counts, tf.float64)
-        score = tf.where(
-            eligible,
-            tf.cast(seen, tf.float64) + 1.0 - 1.0 / (1.0 + c),
-            tf.constant(np.inf, tf.float64),
-        )
-        k = tf.minimum(excess, tf.math.count_nonzero(eligible, dtype=tf.int64))
+        held = tf.reshape(st.index.lookup(protected), [-1])
 
-        def lowest(score, k):  # O(n) selection (TF's top_k sorts: ~4x slower at 200k rows)
-            if k >= len(score):
-                return np.arange(len(score), dtype=np.int64)
-            return np.argpartition(score, k)[:k].astype(np.int64)
+        def lowest(counts, seen, held, k):
+            victims, store.hand = select_victims(counts, seen, held, k, store.hand)
+            return victims
 
-        victims = tf.reshape(tf.numpy_function(lowest, [score, k], tf.int64), [-1])
+        victims = tf.reshape(
+            tf.numpy_function(lowest, [counts, seen, held, excess], tf.int64, stateful=True), [-1]
+        )
+        k = tf.size(victims, out_type=tf.int64)
         vkeys = tf.gather(s.row_keys, victims)
         values = tf.gather(s.values, victims)
         slots = self._gather_slots(shard, victims)
@@ -425,18 +481,12 @@ class TierMixin:
                 shard, keys, counts, times, training, from_feature, batch_time
             )
         st = shard.state
-        store = st.store
         rows = tf.reshape(st.index.lookup(keys), [-1])
         emb = self.gather(shard, rows)
         miss_pos = tf.where(rows < 0)[:, 0]
         locs = tf.reshape(st.cold_index.lookup(tf.gather(keys, miss_pos)), [-1])
         have = locs >= 0
-
-        def read(locs):  # float32 holds every bfloat16 / float16 value exactly
-            return store.read(locs)["row"].astype(np.float32)
-
-        cold = tf.numpy_function(read, [tf.boolean_mask(locs, have)], tf.float32, stateful=True)
-        cold = tf.reshape(cold, [-1, shard.dim])
+        cold = tf.reshape(self._cold_rows(shard, tf.boolean_mask(locs, have)), [-1, shard.dim])
         at = tf.boolean_mask(miss_pos, have)[:, None]
         emb = tf.tensor_scatter_nd_update(emb, at, cold)
         # A cold key has a row (on disk): not "no row", which reads the fallback.
@@ -444,6 +494,15 @@ class TierMixin:
             rows, at, tf.fill(tf.shape(at)[:1], tf.constant(COLD_ROW, tf.int64))
         )
         return rows, emb
+
+    def _cold_rows(self, shard, locs) -> tf.Tensor:
+        """float32 [m, dim]: the rows of the records at `locs`, verified (inference reads)."""
+        store = shard.state.store
+
+        def read(locs):  # float32 holds every bfloat16 / float16 value exactly
+            return store.read(locs)["row"].astype(np.float32)
+
+        return tf.numpy_function(read, [locs], tf.float32, stateful=True)
 
     def find_rows(self, shard, keys) -> tf.Tensor:
         def promote_then_find():
@@ -603,13 +662,15 @@ class TieredKernelBackend(TierMixin, KernelBackend):
     """The kernel backend with a disk tier (the fused lookup runs after `prepare`).
 
     Its `prepare` does the tier's work per row in the kernels of
-    `npu_rec/_kernels/tier_io.cc` (victim selection, packing records with
-    their checksums, verifying and unpacking the records read) and keeps the
-    store's bookkeeping, the `pwrite` and the gather from the segment maps in
-    two `numpy_function` calls per step (the NumPy path: four): read the
-    batch's cold records (before anything changes, so a corrupted record
-    fails the step with the table untouched); then append the victims'
-    records, mark the promoted ones dead and compact.
+    `npu_rec/_kernels/tier_io.cc` (reading the batch's cold records with
+    `pread`, victim selection, packing records with their checksums,
+    verifying and unpacking the records read) and keeps the store's
+    bookkeeping and the `pwrite` in two `numpy_function` calls per step (the
+    NumPy path: four): the segment files' descriptors, the period and the
+    victim hand; then append the victims' records, mark the promoted ones
+    dead and compact. The records are read and verified before anything
+    changes, so a corrupted record fails the step with the table untouched.
+    Inference reads go through the same read and unpack kernels.
     """
 
     name = "kernels+tier"
@@ -623,47 +684,33 @@ class TieredKernelBackend(TierMixin, KernelBackend):
         protected, miss, pkeys, plocs = self._cold_keys(shard, keys)
         n_miss = tf.size(miss, out_type=tf.int64)
         n_keys = tf.size(keys, out_type=tf.int64)
-        row_dtype, slot_dtype = self._read_outputs(shard)
 
-        def read(locs, n_keys, n_hot):
+        def start(n_keys, n_hot):
             if n_keys >= 0:
                 store.stats["steps"] += 1
                 store.stats["lookups"] += int(n_keys)
                 store.stats["hits"] += int(n_hot)
-            words, which, paths = store.read_words(locs)
-            names = np.array([p.encode() for p in paths], dtype=object)
-            return words, which, names, np.int64(store.period)
+            return (*store.segment_table(), np.int64(store.period), np.int64(store.hand))
 
-        words, which, paths, period = tf.numpy_function(
-            read,
-            [plocs, n_keys if count else tf.constant(-1, tf.int64), n_keys - n_miss],
-            [tf.int64, tf.int64, tf.string, tf.int64],
+        *table, period, hand = tf.numpy_function(
+            start,
+            [n_keys if count else tf.constant(-1, tf.int64), n_keys - n_miss],
+            [tf.int64, tf.int64, tf.string, tf.int64, tf.int64],
             stateful=True,
         )
-        period = tf.reshape(period, [])
-        weights = tf.constant(store.weights)
-        values, slots, counts, saved, seen = _ops.tier_unpack(
-            records=tf.reshape(words, [-1, store.words]),
-            weights=weights,
-            segment_of=tf.reshape(which, [-1]),
-            paths=tf.reshape(paths, [-1]),
-            period=period,
-            T=row_dtype,
-            S=slot_dtype,
-            dim=shard.dim,
-            slot_width=sum(store.slot_widths),
-            table=store.name,
-        )
+        period, hand = tf.reshape(period, []), tf.reshape(hand, [])
+        values, slots, counts, saved, seen = self._read(shard, plocs, table, period)
         excess = tf.maximum(s.live_count() + n_miss - st.memory_rows, 0)
 
         def pack():
             held = tf.reshape(st.index.lookup(protected), [-1])
-            victims = _ops.tier_victims(
+            victims, next_hand = _ops.tier_victims(
                 counts=s.counts.handle,
                 last_seen=s.last_seen.handle,
                 held_rows=held,
                 num_rows=s.next_row.read_value(),
                 k=excess,
+                hand=hand,
             )
             recs = _ops.tier_pack(
                 row_keys=s.row_keys.handle,
@@ -674,21 +721,23 @@ class TieredKernelBackend(TierMixin, KernelBackend):
                 slots=[v.handle for v in s.slots.values()],
                 rows=victims,
                 period=period,
-                weights=weights,
+                weights=tf.constant(store.weights),
                 dim=shard.dim,
                 slot_widths=list(store.slot_widths),
             )
-            return victims, recs
+            return victims, recs, next_hand
 
         def nothing():
-            return tf.zeros([0], tf.int64), tf.zeros([0, store.words], tf.int64)
+            return tf.zeros([0], tf.int64), tf.zeros([0, store.words], tf.int64), hand
 
         with tf.control_dependencies([values]):  # verified before anything changes
-            victims, recs = tf.cond(excess > 0, pack, nothing)
+            victims, recs, hand = tf.cond(excess > 0, pack, nothing)
 
-        def write(recs, plocs):
+        def write(recs, plocs, hand):
             # The victims' records appended, the promoted ones marked dead (their
             # rows are read into `values`), then a sparse sealed segment compacted.
+            store.hand = int(hand)
+            store.stats["bytes_read"] += len(plocs) * store.dtype.itemsize
             locs = store.append(recs)
             store.stats["demotions"] += len(recs)
             if len(recs):
@@ -703,7 +752,7 @@ class TieredKernelBackend(TierMixin, KernelBackend):
             return (locs, *store.relocate(seg))
 
         locs, ckeys, clocs = tf.numpy_function(
-            write, [recs, plocs], [tf.int64, tf.int64, tf.int64], stateful=True
+            write, [recs, plocs, hand], [tf.int64, tf.int64, tf.int64], stateful=True
         )
         demoted = self._moved_out(
             shard, recs[:, 0], tf.reshape(locs, [-1]), victims, tf.size(victims, out_type=tf.int64)
@@ -715,6 +764,57 @@ class TieredKernelBackend(TierMixin, KernelBackend):
             compacted = self._relocated(shard, ckeys, clocs)
         with tf.control_dependencies([compacted]):
             return tf.group(*[_rebuilt(i) for i in (st.index, st.cold_index)])
+
+    def _read(self, shard, locs, table, period):
+        """(values, slots, counts, saved counts, last-seen) of the records at `locs`, verified.
+
+        `table`: the store's `segment_table()` as tensors, taken in the same
+        step (the descriptors stay open until the store next changes).
+        """
+        store = shard.state.store
+        row_dtype, slot_dtype = self._read_outputs(shard)
+        segments, fds, paths = table
+        words = _ops.tier_read(
+            locations=locs,
+            segments=tf.reshape(segments, [-1]),
+            fds=tf.reshape(fds, [-1]),
+            paths=tf.reshape(paths, [-1]),
+            dirs=tf.constant(store.dirs, tf.string),
+            words=store.words,
+            per_segment=store.per_segment,
+            table=store.name,
+        )
+        return _ops.tier_unpack(
+            records=words,
+            weights=tf.constant(store.weights),
+            # Each record's file, named if its checksum fails.
+            segment_of=tf.searchsorted(
+                tf.reshape(segments, [-1]), locs // store.per_segment, out_type=tf.int64
+            ),
+            paths=tf.reshape(paths, [-1]),
+            period=period,
+            T=row_dtype,
+            S=slot_dtype,
+            dim=shard.dim,
+            slot_width=sum(store.slot_widths),
+            table=store.name,
+        )
+
+    def _cold_rows(self, shard, locs) -> tf.Tensor:
+        store = shard.state.store
+
+        def start(m):
+            store.stats["bytes_read"] += int(m) * store.dtype.itemsize
+            return (*store.segment_table(), np.int64(store.period))
+
+        *table, period = tf.numpy_function(
+            start,
+            [tf.size(locs, out_type=tf.int64)],
+            [tf.int64, tf.int64, tf.string, tf.int64],
+            stateful=True,
+        )
+        values = self._read(shard, locs, table, tf.reshape(period, []))[0]
+        return tf.cast(values, tf.float32)  # exact for bfloat16 / float16
 
     def fused_lookup(self, shard, ids, id_counts, times, from_feature: bool, batch_time):
         uniq = tf.unique(tf.reshape(ids, [-1]))[0] if id_counts is None else ids

@@ -25,9 +25,14 @@ segments' slack however long the table runs: `max_locations` (2**31 where the
 cold index holds 32-bit values) bounds them, and an append that would pass it
 fails, writing nothing, with an error naming the table and the limit. A number
 freed becomes free for reuse only at the next read of the store (the start of
-the next step or scan), once the cold index no longer points into it. Reads
-gather the records of a batch through a read-only map of each segment (one
-vectorised gather per segment, no call per key). Each record carries a
+the next step or scan), once the cold index no longer points into it. The
+kernel path reads a batch's records with `pread` from the files' descriptors
+(`segment_table`, the `NpuRecTierRead` kernel: no map, so the page cache is
+not counted in the process's memory); the NumPy path (`read`) gathers them
+through a read-only map of each segment, made on its first such read (one
+vectorised gather per segment, no call per key); whole-segment scans
+(compaction, export, eviction) read the written part of a segment with one
+`pread`. Each record carries a
 checksum (a 64-bit weighted sum of its 8-byte words, offset so that a zeroed
 record fails); a record that fails it raises `SegmentCorruptedError` naming
 the file, at the read that meets it (a promotion, an export, a save).
@@ -218,11 +223,14 @@ class SegmentStore:
         _OPEN.add(self)
         self.period = 0
         self._segments: dict[int, dict] = {}  # number -> {path, fd, map, live, used}
+        self._table = None  # `segment_table()`, until a segment is opened or dropped
         self._next_segment = 0  # the lowest number never used
         self._free: list[int] = []  # numbers free for reuse (a heap)
         self._freed: list[int] = []  # numbers freed since the last read (not yet reusable)
         self.max_locations = max_locations
         self._active = -1
+        #: Where the next victim selection's scan starts (`_tier.select_victims`).
+        self.hand = 0
         self.stats = {
             "lookups": 0,
             "hits": 0,
@@ -280,33 +288,57 @@ class SegmentStore:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
         size = self.per_segment * self.dtype.itemsize
         os.ftruncate(fd, size)
-        mm = mmap.mmap(fd, size, prot=mmap.PROT_READ)
-        # A step reads scattered records: without this, each page fault reads the
-        # device's read-ahead window around it (megabytes) once the file has left
-        # the page cache. Whole-segment scans ask for their pages (`_scan`).
-        mm.madvise(mmap.MADV_RANDOM)
         self._segments[seg] = {
             "path": path,
             "fd": fd,
-            "map": mm,
-            "records": np.frombuffer(mm, dtype=self.dtype),
-            # The same bytes as rows of 8-byte words: a gather of plain rows is a
-            # row copy, where one of the structured dtype copies field by field.
-            "words": np.frombuffer(mm, dtype=np.uint64).reshape(self.per_segment, self.words),
             "live": np.zeros(self.per_segment, bool),
             "n_live": 0,
             "used": 0,
         }
+        self._table = None
         self._active = seg
         return seg
 
+    def _words(self, info: dict) -> np.ndarray:
+        """A segment's records as rows of 8-byte words, through its map (made once; NumPy path)."""
+        if "words" not in info:
+            mm = mmap.mmap(info["fd"], self.per_segment * self.dtype.itemsize, prot=mmap.PROT_READ)
+            # A step reads scattered records: without this, each page fault reads the
+            # device's read-ahead window around it (megabytes) once the file has left
+            # the page cache.
+            mm.madvise(mmap.MADV_RANDOM)
+            info["map"] = mm
+            # Rows of plain words: a gather of them is a row copy, where one of the
+            # structured dtype copies field by field.
+            info["words"] = np.frombuffer(mm, dtype=np.uint64).reshape(self.per_segment, self.words)
+        return info["words"]
+
+    def segment_table(self):
+        """(segment numbers int64 [s] ascending, their descriptors int64 [s], paths bytes [s]).
+
+        What `NpuRecTierRead` reads the records through; valid until a segment
+        is opened or dropped (the caller reads before the store changes). The
+        kernel path's read of a step: numbers freed before it become reusable.
+        """
+        self._settle()
+        if self._table is None:
+            segs = sorted(self._segments)
+            self._table = (
+                np.array(segs, np.int64),
+                np.array([self._segments[g]["fd"] for g in segs], np.int64),
+                np.array([self._segments[g]["path"].encode() for g in segs], dtype=object),
+            )
+        return self._table
+
     def _drop_segment(self, seg: int) -> None:
         info = self._segments.pop(seg)
-        del info["records"], info["words"]
-        try:
-            info["map"].close()
-        except BufferError:  # a view is still alive; the map closes with it
-            pass
+        self._table = None
+        if "map" in info:
+            del info["words"]
+            try:
+                info["map"].close()
+            except BufferError:  # a view is still alive; the map closes with it
+                pass
         os.close(info["fd"])
         os.remove(info["path"])
         self._freed.append(seg)
@@ -420,45 +452,15 @@ class SegmentStore:
                     "missing but holds live records."
                 )
             if len(touched) == 1:
-                words[:] = info["words"][locs - seg * self.per_segment]
+                words[:] = self._words(info)[locs - seg * self.per_segment]
                 at = slice(None)
             else:
                 at = np.nonzero(segs == seg)[0]
-                words[at] = info["words"][locs[at] - seg * self.per_segment]
+                words[at] = self._words(info)[locs[at] - seg * self.per_segment]
             if verify:
                 self._verify(out[at], info["path"])
         self.stats["bytes_read"] += len(locs) * self.dtype.itemsize
         return out
-
-    def read_words(self, locs: np.ndarray):
-        """The records at `locs` as int64 words, unverified, for the kernels to check.
-
-        Returns:
-          (words int64 [n, words], segment int64 [n] (an index into paths),
-          paths: the segment files read, in that order).
-        """
-        self._settle()
-        locs = np.asarray(locs, np.int64)
-        words = np.empty((len(locs), self.words), np.uint64)
-        segs = locs // self.per_segment
-        touched = np.unique(segs)
-        paths = []
-        for seg in touched:
-            info = self._segments.get(int(seg))
-            if info is None:
-                raise SegmentCorruptedError(
-                    f"Tiered table {self.name!r}: segment file {self.path(int(seg))!r} is "
-                    "missing but holds live records."
-                )
-            paths.append(info["path"])
-            if len(touched) == 1:
-                words[:] = info["words"][locs - seg * self.per_segment]
-            else:
-                at = np.nonzero(segs == seg)[0]
-                words[at] = info["words"][locs[at] - seg * self.per_segment]
-        self.stats["bytes_read"] += len(locs) * self.dtype.itemsize
-        which = np.searchsorted(touched, segs).astype(np.int64)
-        return words.view(np.int64), which, paths
 
     @property
     def weights(self) -> np.ndarray:
@@ -497,7 +499,7 @@ class SegmentStore:
         recs, locs = [], []
         for seg, info in sorted(self._segments.items()):
             at = np.nonzero(info["live"][: info["used"]])[0]
-            r = self._scan(info)[at].copy()
+            r = self._scan(info)[at]
             self._verify(r, info["path"])
             recs.append(r)
             locs.append(at + seg * self.per_segment)
@@ -505,12 +507,20 @@ class SegmentStore:
             return np.zeros(0, self.dtype), np.zeros(0, np.int64)
         return np.concatenate(recs), np.concatenate(locs)
 
-    @staticmethod
-    def _scan(info: dict) -> np.ndarray:
-        """A segment's records, its pages asked for ahead (the map reads randomly)."""
-        if info["used"]:
-            info["map"].madvise(mmap.MADV_WILLNEED, 0, info["used"] * info["records"].itemsize)
-        return info["records"]
+    def _scan(self, info: dict) -> np.ndarray:
+        """The written records of a segment (a copy: one sequential `pread`)."""
+        out = np.empty(info["used"], self.dtype)
+        buf = out.view(np.uint8).reshape(-1)
+        done = 0
+        while done < buf.nbytes:
+            got = os.preadv(info["fd"], [buf[done:]], done)
+            if got <= 0:
+                raise SegmentCorruptedError(
+                    f"Tiered table {self.name!r}: segment file {info['path']!r} is "
+                    f"shorter than its {info['used']} records."
+                )
+            done += got
+        return out
 
     def num_live(self) -> int:
         return int(sum(i["n_live"] for i in self._segments.values()))
@@ -545,7 +555,7 @@ class SegmentStore:
         """
         info = self._segments[seg]
         at = np.nonzero(info["live"][: info["used"]])[0]
-        recs = self._scan(info)[at].copy()
+        recs = self._scan(info)[at]
         self._verify(recs, info["path"])
         self._check_room(len(recs))  # before the segment goes
         self._drop_segment(seg)
