@@ -442,9 +442,16 @@ class TierMixin:
         row_dtype, slot_dtype = self._read_outputs(shard)
 
         def cold(min_period):  # rows and slots in their stored dtypes, bits unchanged
-            recs, _ = store.live_records()
-            store.reached("save")
-            recs = recs[recs["count"] - store.saved_counts(recs) >= min_period]
+            if store.snapshot_to is not None and min_period == 0:
+                # A checkpoint's full save: sealed segments linked, not read (`snapshot`).
+                store.snapshot_manifest = store.snapshot(store.snapshot_to)
+                recs = np.zeros(0, store.dtype)
+            elif min_period > 0:  # a delta: only segments written this period
+                recs = store.changed_records(int(min_period))
+                store.reached("save")
+            else:
+                recs, _ = store.live_records()
+                store.reached("save")
             return (
                 recs["key"].copy(),
                 recs["row"].copy(),
@@ -495,11 +502,24 @@ class TierMixin:
 
         def write(keys, values, slots, counts, seen):
             store.reset()
+            found_keys, found_locs = [], []
+            src = store.restore_from  # a checkpoint's cold files (`npu_rec.checkpoint._cold`)
+            if src is not None:
+                store.period = max(store.period, int(src["period"]) + 1)
+                for f in src["files"]:
+                    k, loc = store.adopt(
+                        f["path"], src["dtype"], f["records"], f["live"], src["gone"], src["mine"]
+                    )
+                    found_keys.append(k)
+                    found_locs.append(loc)
             recs = store.make_records(keys, values, slots, counts, counts, seen)
-            return store.append(recs)
+            return (
+                np.concatenate([*found_keys, np.asarray(keys, np.int64)]),
+                np.concatenate([*found_locs, store.append(recs)]),
+            )
 
         with tf.control_dependencies([load_hot]):
-            locs = tf.numpy_function(
+            ckeys, locs = tf.numpy_function(
                 write,
                 [
                     ckeys,
@@ -510,10 +530,10 @@ class TierMixin:
                     tf.gather(counts, cold),
                     tf.gather(seen, cold),
                 ],
-                tf.int64,
+                [tf.int64, tf.int64],
                 stateful=True,
             )
-        reset = st.cold_index.reset(ckeys, tf.reshape(locs, [-1]))
+        reset = st.cold_index.reset(tf.reshape(ckeys, [-1]), tf.reshape(locs, [-1]))
         with tf.control_dependencies([reset]):
             return tf.group(
                 st.protected.assign(tf.zeros([0], tf.int64), read_value=False),
