@@ -268,6 +268,17 @@ def read_rows(cold: dict, gone: np.ndarray) -> dict[str, np.ndarray]:
     return out
 
 
+def read_keys(cold: dict) -> np.ndarray:
+    """int64: the keys of the live records of `table_files`' result (a file at a time)."""
+    out = [np.zeros(0, np.int64)]
+    for files in cold["files"]:
+        for f in files:
+            recs = np.memmap(f["path"], dtype=cold["dtype"], mode="r", shape=(f["records"],))
+            out.append(np.asarray(recs["key"])[f["live"]])
+            del recs
+    return np.concatenate(out)
+
+
 def plan(cold: dict, shard_stores, gone: np.ndarray) -> list[dict] | None:
     """Each store's `restore_from` (what its `load` adopts), or None where layouts differ.
 
