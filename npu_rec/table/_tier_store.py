@@ -540,8 +540,9 @@ class SegmentStore:
         keys to leave out (deleted or rewritten by later deltas); `shard_of`:
         None, or a function keys -> bool [n] (the keys this shard holds). A
         sealed segment of this store's layout whose records all belong here is
-        hard-linked (copied where a link fails) and kept as a sealed segment;
-        otherwise its records are converted and appended. Records are read a
+        copied whole (one sequential copy; not linked, so that damage to the
+        running table's files cannot reach the checkpoint) and kept as a sealed
+        segment; otherwise its live records are converted and appended. Records are read a
         file at a time and their checksums verified.
 
         Raises:
@@ -565,7 +566,9 @@ class SegmentStore:
             seg = self._next_segment
             self._next_segment += 1
             dest = self.path(seg)
-            link_or_copy(path, dest)
+            # Copied, not linked: the running table's files never share bytes with
+            # the version it started from, so damage to them cannot reach it.
+            shutil.copyfile(path, dest)
             fd = os.open(dest, os.O_RDONLY)
             mm = mmap.mmap(fd, size, prot=mmap.PROT_READ)
             mm.madvise(mmap.MADV_RANDOM)
