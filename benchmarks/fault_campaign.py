@@ -386,6 +386,10 @@ def leftovers(model_dir: str) -> list[str]:
             rel = name if rel_folder == "." else f"{rel_folder}/{name}"
             if TEMPORARY.match(name) or (PART.match(rel) and rel not in owned):
                 out.append(rel)
+            elif _cold.MARK in name and name in dirs:  # a tiered table's cold records
+                path = os.path.join(folder, name.split(_cold.MARK)[0] + ".nrc")
+                if not os.path.exists(path) or _cold.named(path) != os.path.join(folder, name):
+                    out.append(rel)
     return out
 
 
