@@ -582,7 +582,6 @@ class SegmentStore:
                 "n_live": 0,
                 "used": self.per_segment,
                 "period": -1,
-                "synced": True,
             }
             self._segments[seg] = info
             at = np.nonzero(live)[0]

@@ -22,7 +22,7 @@ import sys
 import numpy as np
 import pytest
 import tensorflow as tf
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import npu_rec
@@ -90,22 +90,32 @@ def _digests(paths) -> dict[str, str]:
     return {p: hashlib.sha256(open(p, "rb").read()).hexdigest() for p in paths}
 
 
+_FIXED = [[i, i + 20, i + 41] for i in range(12)]
 _batches = st.lists(
     st.lists(st.integers(0, 60), min_size=1, max_size=8, unique=True), min_size=3, max_size=10
 )
 
 
 @settings(
-    max_examples=4,
+    max_examples=3,
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
-@given(before=_batches, after=_batches, delta=st.booleans(), shards=st.sampled_from([1, 2]))
+@given(
+    before=_batches,
+    after=_batches,
+    delta=st.booleans(),
+    src_shards=st.sampled_from([1, 2]),
+    shards=st.sampled_from([1, 2]),
+)
+# Both ways files go to shards: whole files (same shard count) and filtered by key.
+@example(before=_FIXED, after=_FIXED[:4], delta=True, src_shards=2, shards=2)
+@example(before=_FIXED, after=_FIXED[:4], delta=False, src_shards=1, shards=2)
 def test_a_tiered_save_restores_into_tiered_and_in_memory_tables_and_back(
-    tmp_path_factory, before, after, delta, shards
+    tmp_path_factory, before, after, delta, src_shards, shards
 ):
     tmp = tmp_path_factory.mktemp("cold")
-    src = _table(tmp / "src")
+    src = _table(tmp / "src", shards=src_shards)
     manager = TableCheckpointManager(str(tmp / "ckpt"), [src])
     _train(src, before)
     manager.save(1)
@@ -115,9 +125,19 @@ def test_a_tiered_save_restores_into_tiered_and_in_memory_tables_and_back(
     want = src.export()
     files = _cold_files(str(tmp / "ckpt"))
     digests = _digests(files)
+
+    def other_segments():  # records appended, not whole files copied
+        size = _tier_store.DEFAULT_SEGMENT_BYTES
+        _tier_store.DEFAULT_SEGMENT_BYTES = 2 * size
+        try:
+            return _table(tmp / "t4")
+        finally:
+            _tier_store.DEFAULT_SEGMENT_BYTES = size
+
     targets = {
         "tiered": lambda: _table(tmp / "t1", shards=shards),
         "tiered, more memory": lambda: _table(tmp / "t2", memory_rows=50),
+        "tiered, other segment size": other_segments,
         "in memory": lambda: _table(tmp / "m", tiered=False, shards=shards),
     }
     for what, make in targets.items():
