@@ -529,6 +529,25 @@ def _cold_inodes(model_dir: str, chain) -> set[int]:
     return out
 
 
+def _refused_damaged(result: dict, log: VersionLog, v, found, damaged: set) -> bool:
+    """Whether `v` links a damaged segment file; if so, its version check must refuse it."""
+    if (
+        v.id in result["_refused_ids"]
+        or not _cold_inodes(log.directory, log.chain(v, found)) & damaged
+    ):
+        return v.id in result["_refused_ids"]
+    result["_refused_ids"].add(v.id)
+    try:
+        log.verify(log.chain(v, found))
+    except CheckpointCorruptedError as err:
+        result["versions_refused_damaged"] += 1
+        result["damaged_version_errors"].append(str(err)[:300])
+    else:  # damaged bytes that verify: undetected corruption
+        result["corrupt_or_inconsistent"] += 1
+        result["failed_restarts"].append(f"version {v.step}: damage not detected")
+    return True
+
+
 def newest_intact(model_dir: str) -> Version | None:
     """The version a restart restores: the newest whose chain verifies."""
     if not os.path.isdir(model_dir):
@@ -553,15 +572,7 @@ def check(result: dict, model_dir: str, ref_dir: str, expected: dict) -> None:
     # Segment files the campaign damaged, hard-linked into the versions saved meanwhile.
     damaged = set(result.pop("_damaged_inodes", []))
     for v in found:
-        if damaged and _cold_inodes(model_dir, log.chain(v, found)) & damaged:
-            try:
-                log.verify(log.chain(v, found))
-            except CheckpointCorruptedError as err:
-                result["versions_refused_damaged"] += 1
-                result["damaged_version_errors"].append(str(err)[:300])
-            else:  # damaged bytes that verify: undetected corruption
-                result["corrupt_or_inconsistent"] += 1
-                result["failed_restarts"].append(f"version {v.step}: damage not detected")
+        if damaged and _refused_damaged(result, log, v, found, damaged):
             continue
         try:
             chain = log.chain(v, found)
@@ -650,6 +661,11 @@ def tier_round(
     for what in plan:
         # The newest version whose files verify (after the damage, the versions
         # holding a damaged segment file are refused by name; see `check`).
+        if damaged:  # before a restart retires them: versions linking a damaged file
+            log = VersionLog(model_dir)
+            found = log.versions()
+            for v in found:
+                _refused_damaged(result, log, v, found, damaged)
         latest = newest_intact(model_dir)
         if what in KILL_POINTS:
             n = max(1, round(TIER_RATES[what] * rng.uniform(5, 12)))
@@ -671,7 +687,8 @@ def tier_round(
             files = hurt.get("files", [])
             result["segments_damaged"] += len(files)
             named = outcome == "failed" and any(os.path.basename(f) in err for f in files)
-            named = named and "SegmentCorruptedError" in err
+            # (a front end may print the message alone: "segment file '...' is corrupted")
+            named = named and ("SegmentCorruptedError" in err or "segment file '" in err)
             result["corruption_refused_by_name"] += named
             if not named:
                 result["failed_restarts"].append(
@@ -720,6 +737,7 @@ def tier_campaign(
         "corruption_refused_by_name": 0,
         "versions_after_corruption": 0,
         "versions_refused_damaged": 0,
+        "_refused_ids": set(),
         "damaged_version_errors": [],
         "corruption_errors": [],
         "failed_restarts": [],
@@ -744,6 +762,7 @@ def tier_campaign(
         ref.wait(timeout=30)
     result["seconds"] = round(time.monotonic() - start, 1)
     check(result, model_dir, ref_dir, expected)
+    del result["_refused_ids"]
     return result
 
 

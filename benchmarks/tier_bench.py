@@ -375,6 +375,9 @@ def _save_restore(tf, npu_rec, table, batches, step_fn, ssd):
     linked = sum(f["linked"] for s in cold for f in s["files"])
     for shard in table.shards:  # its segment files go before the restore writes new ones
         shard.state.store.close()
+        # and its cold index's buckets (GiBs) before the restore builds new ones
+        shard.state.cold_index.reset(tf.zeros([0], tf.int64), tf.zeros([0], tf.int64))
+    gc.collect()
     npu_rec.shutdown()  # forget the saved table: the new one takes its name
     again = _make_table(tf, npu_rec, "tiered", True, ssd)  # the name the file holds
     t0 = time.perf_counter()
