@@ -173,7 +173,11 @@ def verify(path: str, meta: dict | None = None) -> None:
     """
     from npu_rec.table._tier_store import verify_file  # noqa: PLC0415  (only tiered files)
 
-    meta = _file_format.read_meta(path) if meta is None else meta
+    if meta is None:
+        try:
+            meta = _file_format.read_meta(path)
+        except CheckpointCorruptedError:  # not a table file's header: it names no cold files
+            return
     if not meta.get("cold"):
         return
     folder = os.path.join(os.path.dirname(path), meta.get("cold_dir") or "")
