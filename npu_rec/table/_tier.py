@@ -40,8 +40,12 @@ Whole-table operations see both tiers: `size` (in memory + cold keys),
 compaction), `export` (in-memory rows, then the live records), `load` (the
 hottest `memory_rows` rows by last-seen and count into memory, the rest into
 a fresh log), `end_period` (a period counter; see `_tier_store`).
-Checkpoints therefore hold both tiers in the usual format: a tiered
-checkpoint restores into an in-memory table and the reverse.
+A checkpoint manager's full save sets the store's `snapshot_to`: `export`
+then returns the memory rows only and the store links its sealed segments
+into the version (`SegmentStore.snapshot`); a restore sets `restore_from`:
+`load` copies those files into the store and rebuilds `cold_index` from
+their records (`npu_rec.checkpoint._cold`). A tiered checkpoint restores into
+an in-memory table and the reverse.
 
 Inference lookups read cold rows from disk without promoting them;
 `find_rows` (`apply_gradients` of ids not looked up) promotes.

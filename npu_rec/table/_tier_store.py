@@ -30,8 +30,11 @@ clears it, and a segment holding no live record is deleted. A sealed
 segment less than a quarter live is compacted: its live records are appended to
 the open segment and the file deleted (`compaction_candidate` / `relocate`).
 
-The store is the process's cache of its cold rows, not a checkpoint:
-checkpoints hold both tiers in the usual format. A store deletes its files
+Checkpoints: a sealed segment is never written again (appends go to the
+open segment; liveness lives in memory), so a full save hard-links it into
+the version's directory (`snapshot`) and copies the open segment's live
+records; a restore copies a version's files in (`adopt`). The store's own
+directory is the process's: a store deletes its files
 when it is closed or collected and at the process's exit, and a new one
 deletes the directories of its table left by processes no longer alive
 (killed ones).
