@@ -503,19 +503,36 @@ class TierMixin:
         load_hot = super().load(shard, hot_state)
         ckeys = tf.gather(keys, cold)
         cslots = self._stack_slots(shard, state, cold)
+        cvalues = st.rows.stored(tf.gather(state["values"], cold))
+        if tf.executing_eagerly():  # a file at a time into an index sized once
+            store.reset()
+            total = int(tf.size(ckeys)) + sum(int(f["live"].sum()) for f in _files(store))
+            empty = tf.zeros([0], tf.int64)
+            st.cold_index.reset(empty, empty)
+            st.cold_index.reserve(total)
+            for k, loc in _adopted(store):
+                st.cold_index.insert(tf.constant(k), tf.constant(loc))
+                del k, loc
+            recs = store.make_records(
+                ckeys.numpy(),
+                cvalues.numpy(),
+                cslots.numpy(),
+                tf.gather(counts, cold).numpy(),
+                tf.gather(counts, cold).numpy(),
+                tf.gather(seen, cold).numpy(),
+            )
+            st.cold_index.insert(ckeys, tf.constant(store.append(recs)))
+            return tf.group(
+                st.protected.assign(tf.zeros([0], tf.int64), read_value=False),
+                st.protected_step.assign(tf.constant(-1, tf.int64), read_value=False),
+            )
 
         def write(keys, values, slots, counts, seen):
             store.reset()
             found_keys, found_locs = [], []
-            src = store.restore_from  # a checkpoint's cold files (`npu_rec.checkpoint._cold`)
-            if src is not None:
-                store.period = max(store.period, int(src["period"]) + 1)
-                for f in src["files"]:
-                    k, loc = store.adopt(
-                        f["path"], src["dtype"], f["records"], f["live"], src["gone"], src["mine"]
-                    )
-                    found_keys.append(k)
-                    found_locs.append(loc)
+            for k, loc in _adopted(store):
+                found_keys.append(k)
+                found_locs.append(loc)
             recs = store.make_records(keys, values, slots, counts, counts, seen)
             return (
                 np.concatenate([*found_keys, np.asarray(keys, np.int64)]),
@@ -529,7 +546,7 @@ class TierMixin:
                     ckeys,
                     # Rounded to nearest as the in-memory rows' `load` does (exact
                     # when the checkpoint holds the table's storage dtype).
-                    st.rows.stored(tf.gather(state["values"], cold)),
+                    cvalues,
                     cslots,
                     tf.gather(counts, cold),
                     tf.gather(seen, cold),
@@ -704,6 +721,23 @@ class TieredKernelBackend(TierMixin, KernelBackend):
         with tf.control_dependencies([prep]):
             ids = tf.identity(ids)
             return super().fused_lookup(shard, ids, id_counts, times, from_feature, batch_time)
+
+
+def _files(store) -> list[dict]:
+    """The checkpoint files a restore gives `store` (`restore_from`), or none."""
+    return [] if store.restore_from is None else store.restore_from["files"]
+
+
+def _adopted(store):
+    """(keys, locations) of each checkpoint file `store.adopt`s, a file at a time."""
+    src = store.restore_from  # a checkpoint's cold files (`npu_rec.checkpoint._cold`)
+    if src is None:
+        return
+    store.period = max(store.period, int(src["period"]) + 1)
+    for f in src["files"]:
+        yield store.adopt(
+            f["path"], src["dtype"], f["records"], f["live"], src["gone"], src["mine"]
+        )
 
 
 def _rebuilt(index: KeyIndex) -> tf.Tensor:
