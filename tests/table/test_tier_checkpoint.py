@@ -368,3 +368,22 @@ def test_inspect_counts_the_cold_keys_of_a_tiered_version(tmp_path):
     assert _checkpoints.table_sizes(str(model)) == {"c": int(table.size())}
     json.dumps(_checkpoints.table_sizes(str(model)))
     tdir.close()
+
+
+def test_segments_are_copied_where_a_hard_link_fails(tmp_path, monkeypatch):
+    table = _table(tmp_path)
+    _train(table, [[i, i + 40, i + 80] for i in range(20)])
+    want = table.export()
+
+    def no_link(src, dst):  # as across filesystems
+        raise OSError(18, "Invalid cross-device link")
+
+    monkeypatch.setattr(_tier_store.os, "link", no_link)
+    path = TableCheckpointManager(str(tmp_path / "ckpt"), [table]).save(1)
+    shard = npu_rec.checkpoint.read_file(path)[1]["cold"]["c"]["shards"][0]
+    files = _cold_files(str(tmp_path / "ckpt"))
+    assert files and all(s.st_nlink == 1 for s in files.values())
+    assert shard["bytes_copied"] == sum(s.st_size for s in files.values())
+    other = _table(tmp_path / "other")
+    TableCheckpointManager(str(tmp_path / "ckpt"), [other]).restore()
+    _assert_same(other.export(), want)
