@@ -230,7 +230,7 @@ class TableCheckpointManager:
             chain that does not start with a full save, or a missing table.
         """
         states: dict[str, dict] = {}
-        cold: dict[str, tuple] = {}  # a tiered full save's cold files, per table
+        cold: dict[str, dict] = {}  # a tiered full save's cold files, per table
         gone: dict[str, list] = {t.name: [] for t in self.tables}  # keys later files replace
         prev = None
         for i, path in enumerate(paths):
