@@ -86,7 +86,8 @@ def new_dir(path: str) -> tuple[str, str]:
 
 def stores(table) -> list | None:
     """The `SegmentStore` of each shard of a tiered table, or None."""
-    found = [getattr(getattr(s, "state", None), "store", None) for s in table.shards]
+    shards = getattr(table, "shards", None) or []  # stand-ins of tables have none
+    found = [getattr(getattr(s, "state", None), "store", None) for s in shards]
     return found if found and all(s is not None for s in found) else None
 
 
