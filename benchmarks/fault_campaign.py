@@ -98,7 +98,13 @@ from absl import app, flags
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from npu_rec.checkpoint import Version, VersionLog, read_file  # noqa: E402
+from npu_rec.checkpoint import (  # noqa: E402
+    CheckpointCorruptedError,
+    Version,
+    VersionLog,
+    _cold,  # noqa: E402
+    read_file,
+)
 from npu_rec.checkpoint._versions import PART, RETIRED, TEMPORARY, table_parts, unseal  # noqa: E402
 from npu_rec.table._tier_store import KILL_ENV, KILL_POINTS  # noqa: E402
 
@@ -307,6 +313,10 @@ def tables_at(model_dir: str, chain) -> dict:
         for name in meta["tables"]:
             rows = tables.setdefault(name, {}) if meta["kind"] == "delta" else {}
             tables[name] = rows
+            cold = _cold.table_files(os.path.join(model_dir, rel), meta, arrays, name)
+            if cold is not None:  # a tiered table's cold records, beside the file
+                got = _cold.read_rows(cold, np.zeros(0, np.int64))
+                rows.update(zip(got["keys"].tolist(), got["values"], strict=True))
             for key in arrays.get(f"tables/{name}/deleted_keys", np.zeros(0)).tolist():
                 rows.pop(key, None)
             keys = arrays[f"tables/{name}/keys"].tolist()
@@ -376,6 +386,10 @@ def leftovers(model_dir: str) -> list[str]:
             rel = name if rel_folder == "." else f"{rel_folder}/{name}"
             if TEMPORARY.match(name) or (PART.match(rel) and rel not in owned):
                 out.append(rel)
+            elif _cold.MARK in name and name in dirs:  # a tiered table's cold records
+                path = os.path.join(folder, name.split(_cold.MARK)[0] + ".nrc")
+                if not os.path.exists(path) or _cold.named(path) != os.path.join(folder, name):
+                    out.append(rel)
     return out
 
 
@@ -504,6 +518,46 @@ def one_round(
     return expected
 
 
+def _cold_inodes(model_dir: str, chain) -> set[int]:
+    """Inodes of the cold segment files (tiered tables) of `chain`'s table files."""
+    out = set()
+    for rel in table_parts(chain):
+        with contextlib.suppress(OSError, CheckpointCorruptedError):
+            folder = _cold.named(os.path.join(model_dir, rel))
+            for root, _, files in os.walk(folder or os.devnull):
+                out.update(os.stat(os.path.join(root, f)).st_ino for f in files)
+    return out
+
+
+def _refused_damaged(result: dict, log: VersionLog, v, found, damaged: set) -> bool:
+    """Whether `v` links a damaged segment file; if so, its version check must refuse it."""
+    if (
+        v.id in result["_refused_ids"]
+        or not _cold_inodes(log.directory, log.chain(v, found)) & damaged
+    ):
+        return v.id in result["_refused_ids"]
+    result["_refused_ids"].add(v.id)
+    try:
+        log.verify(log.chain(v, found))
+    except CheckpointCorruptedError as err:
+        result["versions_refused_damaged"] += 1
+        result["damaged_version_errors"].append(str(err)[:300])
+    else:  # damaged bytes that verify: undetected corruption
+        result["corrupt_or_inconsistent"] += 1
+        result["failed_restarts"].append(f"version {v.step}: damage not detected")
+    return True
+
+
+def newest_intact(model_dir: str) -> Version | None:
+    """The version a restart restores: the newest whose chain verifies."""
+    if not os.path.isdir(model_dir):
+        return None
+    try:
+        return VersionLog(model_dir).select()[0]
+    except CheckpointCorruptedError:
+        return None
+
+
 def check(result: dict, model_dir: str, ref_dir: str, expected: dict) -> None:
     log, ref_log = VersionLog(model_dir), VersionLog(ref_dir)
     found = log.versions()
@@ -515,7 +569,11 @@ def check(result: dict, model_dir: str, ref_dir: str, expected: dict) -> None:
             result["restarts_checked"] += 1
             result["resumed_from_newest"] += first_of[pid].origin == origin
     reference = {v.step: v for v in ref_log.versions()}
+    # Segment files the campaign damaged, hard-linked into the versions saved meanwhile.
+    damaged = set(result.pop("_damaged_inodes", []))
     for v in found:
+        if damaged and _refused_damaged(result, log, v, found, damaged):
+            continue
         try:
             chain = log.chain(v, found)
             log.verify(chain)
@@ -544,10 +602,12 @@ def check(result: dict, model_dir: str, ref_dir: str, expected: dict) -> None:
 TIER_RATES = {"promotion": 1.8, "demotion": 1.9, "compaction": 0.9, "save": 0.6}
 
 
-def flip_segments(ssd_dir: str, pid: int) -> list[str]:
+def flip_segments(ssd_dir: str, pid: int, inodes: set | None = None) -> list[str]:
     """Flips a bit of every written 8-byte word of process `pid`'s segment files.
 
-    Returns the files damaged (relative to `ssd_dir`). Only the words written so
+    Returns the files damaged (relative to `ssd_dir`); adds their inodes to
+    `inodes` (a full save hard-links sealed segments into its version, so
+    those versions hold the damaged bytes too). Only the words written so
     far (up to the file's last non-zero byte) change, in place, so records the
     process appends meanwhile stay as written.
     """
@@ -576,6 +636,8 @@ def flip_segments(ssd_dir: str, pid: int) -> list[str]:
                 damaged[::8] ^= 1
                 os.pwrite(fd, damaged.tobytes(), 0)
                 flipped.append(f"{entry}/{name}")
+                if inodes is not None:
+                    inodes.add(os.fstat(fd).st_ino)
             finally:
                 os.close(fd)
     return flipped
@@ -595,8 +657,16 @@ def tier_round(
     ssd_dir = model_dir.rstrip(os.sep) + "_ssd"
     expected: dict[int, str | None] = {}
     plan = [p for p in points for _ in range(kills)] + ["corrupt", "finish"]
+    damaged: set[int] = set()
     for what in plan:
-        latest = VersionLog(model_dir).latest() if os.path.isdir(model_dir) else None
+        # The newest version whose files verify (after the damage, the versions
+        # holding a damaged segment file are refused by name; see `check`).
+        if damaged:  # before a restart retires them: versions linking a damaged file
+            log = VersionLog(model_dir)
+            found = log.versions()
+            for v in found:
+                _refused_damaged(result, log, v, found, damaged)
+        latest = newest_intact(model_dir)
         if what in KILL_POINTS:
             n = max(1, round(TIER_RATES[what] * rng.uniform(5, 12)))
             outcome, pid, err = run(cmd, timeout, env={KILL_ENV: f"{what}:{n}"})
@@ -611,13 +681,14 @@ def tier_round(
 
             def damage_segments(pid, hurt=hurt):
                 hurt["seq"] = _seqs(model_dir)
-                hurt["files"] = flip_segments(ssd_dir, pid)
+                hurt["files"] = flip_segments(ssd_dir, pid, damaged)
 
             outcome, pid, err = run(cmd, timeout, after_commit=damage_segments)
             files = hurt.get("files", [])
             result["segments_damaged"] += len(files)
             named = outcome == "failed" and any(os.path.basename(f) in err for f in files)
-            named = named and "SegmentCorruptedError" in err
+            # (a front end may print the message alone: "segment file '...' is corrupted")
+            named = named and ("SegmentCorruptedError" in err or "segment file '" in err)
             result["corruption_refused_by_name"] += named
             if not named:
                 result["failed_restarts"].append(
@@ -638,6 +709,7 @@ def tier_round(
     if os.path.isdir(ssd_dir):
         left = [os.path.join(d, f) for d, _, fs in os.walk(ssd_dir) for f in fs]
     result["segment_leftovers"] += [os.path.relpath(f, ssd_dir) for f in left]
+    result["_damaged_inodes"] = sorted(damaged)
     return expected
 
 
@@ -664,6 +736,9 @@ def tier_campaign(
         "segments_damaged": 0,
         "corruption_refused_by_name": 0,
         "versions_after_corruption": 0,
+        "versions_refused_damaged": 0,
+        "_refused_ids": set(),
+        "damaged_version_errors": [],
         "corruption_errors": [],
         "failed_restarts": [],
         "restarts_checked": 0,
@@ -687,6 +762,7 @@ def tier_campaign(
         ref.wait(timeout=30)
     result["seconds"] = round(time.monotonic() - start, 1)
     check(result, model_dir, ref_dir, expected)
+    del result["_refused_ids"]
     return result
 
 
@@ -696,6 +772,7 @@ TIER_COLUMNS = [
     "kills",
     "corruption_refused_by_name",
     "versions_after_corruption",
+    "versions_refused_damaged",
     "restarts_checked",
     "resumed_from_newest",
     "versions_compared",

@@ -22,10 +22,11 @@ alone) and, in a process of its own, until after the timed steps, against
 its memory rows plus both key indexes, and the process's RSS after the steps
 and at peak.
 `--compact`: bfloat16 rows + RowWiseAdagrad. `--skip_memory`: the tiered
-table alone (sizes whose in-memory table does not fit). `--save_restore=FILE`
-(one process): then save the tiered table, restore the file into a new one and time the
-steps again. The segment files (and FILE) are deleted at the end, also on
-failure.
+table alone (sizes whose in-memory table does not fit). `--save_restore=DIR`
+(one process): then save the tiered table (a full save of `TableCheckpointManager` into the
+checkpoint directory DIR: memory rows in the file, sealed segments
+hard-linked), restore it into a new one and time the steps again. The segment
+files (and DIR) are deleted at the end, also on failure.
 
 Usage:
   python benchmarks/tier_bench.py                          # 1M keys, 20% in memory
@@ -71,8 +72,8 @@ _SKIP_MEMORY = flags.DEFINE_bool(
 _SAVE = flags.DEFINE_string(
     "save_restore",
     None,
-    "After the timed steps: save the tiered table to this file, restore it into a new "
-    "tiered table and time `--steps` steps again (the file is deleted at the end).",
+    "After the timed steps: save the tiered table into this checkpoint directory, restore "
+    "it into a new tiered table and time `--steps` steps again (deleted at the end).",
 )
 _PROCESSES = flags.DEFINE_enum(
     "processes",
@@ -282,8 +283,8 @@ def main(argv):
         _run(tf, npu_rec, tables, batches, fill, growth, ssd)
     finally:
         _close(tables.values())
-        if _SAVE.value and os.path.exists(_SAVE.value):
-            os.remove(_SAVE.value)
+        if _SAVE.value:
+            shutil.rmtree(_SAVE.value, ignore_errors=True)
         if _SSD.value is None:
             shutil.rmtree(ssd, ignore_errors=True)
 
@@ -483,7 +484,9 @@ def _report(results, machine, has_memory):
         f"{tier['cold_index_bytes_per_cold_key']:.1f} B)"
         + (f", memory rows + index {bound:.2f} GiB" if bound is not None else "")
         + (
-            f", after restore {tier['steps_per_s_after_restore']:.2f} steps/s"
+            f", saved in {tier['save_s']:.1f} s ({tier['save_bytes_written'] / 2**20:.0f} MiB "
+            f"written, {tier['save_files_linked']} segment files linked), restored in "
+            f"{tier['restore_s']:.1f} s, after restore {tier['steps_per_s_after_restore']:.2f} steps/s"
             if "steps_per_s_after_restore" in tier
             else ""
         )
@@ -505,19 +508,29 @@ def _report(results, machine, has_memory):
 
 
 def _save_restore(tf, npu_rec, table, batches, step_fn, ssd):
-    """Saves `table`, restores the file into a new tiered table, times steps on it."""
+    """Saves `table` (full), restores the version into a new tiered table, times steps on it."""
+    from npu_rec.checkpoint import TableCheckpointManager, read_file
+
+    shutil.rmtree(_SAVE.value, ignore_errors=True)
     t0 = time.perf_counter()
-    table.save(_SAVE.value)
+    path = TableCheckpointManager(_SAVE.value, [table]).save(1)
     save_s = time.perf_counter() - t0
-    file_bytes = os.path.getsize(_SAVE.value)
+    meta = read_file(path)[1]
+    file_bytes = os.path.getsize(path)
+    cold = [s for t in meta.get("cold", {}).values() for s in t["shards"]]
+    copied = sum(s["bytes_copied"] for s in cold)
+    linked = sum(f["linked"] for s in cold for f in s["files"])
     for shard in table.shards:  # its segment files go before the restore writes new ones
         shard.state.store.close()
+        # and its cold index's buckets (GiBs) before the restore builds new ones
+        shard.state.cold_index.reset(tf.zeros([0], tf.int64), tf.zeros([0], tf.int64))
+    gc.collect()
     npu_rec.shutdown()  # forget the saved table: the new one takes its name
     again = _make_table(tf, npu_rec, "tiered", True, ssd)  # the name the file holds
     t0 = time.perf_counter()
-    again.restore(_SAVE.value)
+    TableCheckpointManager(_SAVE.value, [again]).restore()
     restore_s = time.perf_counter() - t0
-    os.remove(_SAVE.value)
+    shutil.rmtree(_SAVE.value, ignore_errors=True)
     size = int(again.size())
     fn = step_fn(again)
     for i in range(_WARMUP.value):
@@ -531,7 +544,9 @@ def _save_restore(tf, npu_rec, table, batches, step_fn, ssd):
         shard.state.store.close()
     return {
         "save_s": save_s,
-        "checkpoint_gib": file_bytes / 2**30,
+        # Bytes a save wrote: the file (memory rows) and the open segments' records.
+        "save_bytes_written": file_bytes + copied,
+        "save_files_linked": linked,
         "restore_s": restore_s,
         "restored_size": size,
         "steps_per_s_after_restore": _STEPS.value / again_s,

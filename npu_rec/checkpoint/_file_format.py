@@ -144,6 +144,25 @@ def read_file(path: str) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     return arrays, header["meta"]
 
 
+def read_meta(path: str) -> dict[str, Any]:
+    """The `meta` of a file written by `write_file`, from its header alone (not verified).
+
+    Raises:
+      CheckpointCorruptedError: not a readable table checkpoint header (naming `path`).
+    """
+    with open(path, "rb") as f:
+        magic, raw_len = f.read(len(MAGIC)), f.read(8)
+        try:
+            if magic != MAGIC or len(raw_len) != 8:
+                raise ValueError("bad magic bytes")
+            (hlen,) = struct.unpack("<Q", raw_len)
+            return json.loads(f.read(hlen).decode("utf-8"))["meta"]
+        except (ValueError, KeyError, TypeError) as err:
+            raise CheckpointCorruptedError(
+                f"Checkpoint file {path!r} is corrupted (unreadable header: {err})."
+            ) from None
+
+
 def table_arrays(name: str, state: dict[str, Any]) -> dict[str, np.ndarray]:
     """Prefixes a table state's arrays with `tables/<name>/` for a file."""
     return {f"tables/{name}/{k}": np.asarray(v) for k, v in state.items()}

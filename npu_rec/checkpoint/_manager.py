@@ -8,19 +8,24 @@ sighted fewer than `recent_key_count_threshold` times in that period), the
 keys deleted (evicted) since then, and, in both kinds, the counters of
 not-yet-admitted keys and the table clocks. Every delta names its parent (the
 previous save), so a restore can check that its chain is complete.
+
+A tiered table's full save keeps its cold records as segment files in a
+directory beside the file, named in the file's header (hard links of the
+store's sealed segments: no cold record is rewritten or read; `_cold`).
 """
 
 from __future__ import annotations
 
 import os
 import re
+import shutil
 from collections.abc import Sequence
 from typing import NamedTuple
 
 import numpy as np
 
 from npu_rec import _log as logging
-from npu_rec.checkpoint import _file_format
+from npu_rec.checkpoint import _cold, _file_format
 
 _NAME = re.compile(r"^ckpt-(\d{12})\.(full|delta)\.nrc$")
 _ROW_FIELDS = ("keys", "values", "counts", "last_seen")
@@ -130,21 +135,48 @@ class TableCheckpointManager:
             delta = False
         kind = "delta" if delta else "full"
         min_period = max(1, self.recent_key_count_threshold) if delta else 0
-        arrays = {}
-        for t in self.tables:
-            arrays.update(_file_format.table_arrays(t.name, t.read_state(min_period, session)))
-        meta = {
-            "step": step,
-            "kind": kind,
-            "parent": self._last_step if delta else None,
-            "tables": {t.name: t.describe() for t in self.tables},
-            "recent_key_count_threshold": self.recent_key_count_threshold,
-        }
         path = os.path.join(self.directory, f"ckpt-{step:012d}.{kind}.nrc")
-        _file_format.write_file(path, arrays, meta)
+        tiered = {} if delta else {t.name: _cold.stores(t) for t in self.tables}
+        tiered = {name: found for name, found in tiered.items() if found}
+        final = tmp = None
+        if tiered:  # the stores put their cold records in a new directory of the version
+            final, tmp = _cold.new_dir(path)
+            for name, found in tiered.items():
+                for j, store in enumerate(found):
+                    store.snapshot_to = os.path.join(tmp, name, str(j))
+        arrays = {}
+        try:
+            for t in self.tables:
+                arrays.update(_file_format.table_arrays(t.name, t.read_state(min_period, session)))
+            meta = {
+                "step": step,
+                "kind": kind,
+                "parent": self._last_step if delta else None,
+                "tables": {t.name: t.describe() for t in self.tables},
+                "recent_key_count_threshold": self.recent_key_count_threshold,
+            }
+            if tiered:
+                meta["cold"], cold_arrays = _cold.collect(tiered, os.path.basename(final))
+                meta["cold_dir"] = os.path.basename(final)
+                arrays.update(cold_arrays)
+                _cold.publish(tmp, final)
+            _file_format.write_file(path, arrays, meta)  # publishes the version (and its folder)
+        except BaseException:
+            for d in (tmp, final):
+                if d is not None:
+                    shutil.rmtree(d, ignore_errors=True)
+            raise
+        finally:
+            for found in tiered.values():
+                for store in found:
+                    store.snapshot_to = store.snapshot_manifest = None
+        _cold.remove_unreferenced(path)  # a replaced file's directory
+        if tiered:
+            _cold.note(meta, path)
         other = os.path.join(self.directory, f"ckpt-{step:012d}.{'full' if delta else 'delta'}.nrc")
         if os.path.exists(other):
             os.remove(other)
+        _cold.remove_unreferenced(other)
         if commit is not None:
             commit(path)
         for t in self.tables:
@@ -198,6 +230,8 @@ class TableCheckpointManager:
             chain that does not start with a full save, or a missing table.
         """
         states: dict[str, dict] = {}
+        cold: dict[str, dict] = {}  # a tiered full save's cold files, per table
+        gone: dict[str, list] = {t.name: [] for t in self.tables}  # keys later files replace
         prev = None
         for i, path in enumerate(paths):
             arrays, meta = _file_format.read_file(path)
@@ -208,15 +242,50 @@ class TableCheckpointManager:
                     f"not continue the previous file of the chain (step {prev}): the chain is "
                     f"broken. Restore version={prev} or an earlier full save."
                 )
+            if i == 0 and meta.get("cold"):
+                _cold.verify(path, meta)
             for t in self.tables:
                 t.check_compatible(meta, path)
                 st = _file_format.table_state(t.name, arrays)
-                states[t.name] = st if kind == "full" else _merge(states[t.name], st)
+                if kind == "full":
+                    states[t.name] = st
+                    found = _cold.table_files(path, meta, arrays, t.name)
+                    if found is not None:
+                        cold[t.name] = found
+                else:
+                    states[t.name] = _merge(states[t.name], st)
+                    gone[t.name] += [st["deleted_keys"], st["keys"]]
             prev = int(meta["step"])
         for t in self.tables:
-            t.write_state(states[t.name], session)
+            self._write(t, states[t.name], cold.get(t.name), gone[t.name], session)
         self._last_step = prev
         return prev
+
+    @staticmethod
+    def _write(table, state: dict, cold, gone: list, session) -> None:
+        """Writes `state` into `table`, with the cold files of a tiered full save if any."""
+        if cold is None:
+            table.write_state(state, session)
+            return
+        gone = np.unique(np.concatenate([np.zeros(0, np.int64), *gone]).astype(np.int64))
+        found = _cold.stores(table)
+        plans = _cold.plan(cold, found, gone) if found else None
+        if plans is None:  # an in-memory table (or another record layout): rows in memory
+            rows = _cold.read_rows(cold, gone)
+            fields = [*_ROW_FIELDS, *[f"slot/{n}" for n in table.slot_names]]
+            state = dict(state)
+            order = np.argsort(np.concatenate([state["keys"], rows["keys"]]), kind="stable")
+            for f in fields:
+                state[f] = np.concatenate([state[f], rows[f].astype(state[f].dtype)])[order]
+            table.write_state(state, session)
+            return
+        try:
+            for store, p in zip(found, plans, strict=True):
+                store.restore_from = p
+            table.write_state(state, session)
+        finally:
+            for store in found:
+                store.restore_from = None
 
 
 def _merge(base: dict, delta: dict) -> dict:

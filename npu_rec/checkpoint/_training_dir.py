@@ -25,6 +25,7 @@ import socket
 import time
 
 from npu_rec import _log as logging
+from npu_rec.checkpoint import _cold
 from npu_rec.checkpoint._file_format import CheckpointCorruptedError
 from npu_rec.checkpoint._versions import (
     COMMITS,
@@ -300,6 +301,7 @@ class TrainingDir:
         orphans = sorted(rel for parts in orphans.values() for rel in parts)
         for path_rel in orphans:
             os.remove(os.path.join(self.directory, path_rel))
+        orphans += self._remove_cold_orphans()
         if orphans:
             logging.warning(
                 "npu_rec: removed %d files of uncommitted (interrupted or failed) saves in %s: %s",
@@ -307,6 +309,19 @@ class TrainingDir:
                 self.directory,
                 sorted(orphans)[:10],
             )
+
+    def _remove_cold_orphans(self) -> list[str]:
+        """Removes tiered tables' cold directories no table file names (interrupted saves)."""
+        tables = os.path.join(self.directory, "tables")
+        if not os.path.isdir(tables):
+            return []
+        files = {
+            os.path.join(tables, name.split(_cold.MARK)[0] + ".nrc")
+            for name in os.listdir(tables)
+            if _cold.MARK in name and not TEMPORARY.match(name)
+        }
+        gone = [d for path in sorted(files) for d in _cold.remove_unreferenced(path)]
+        return [os.path.relpath(d, self.directory) + "/" for d in gone]
 
     def _intact(self, parts: list[str], with_tables: bool) -> bool:
         """Whether `parts` (one step's) are a whole version whose files pass their checks."""
@@ -330,7 +345,13 @@ class TrainingDir:
         dest = os.path.join(
             self.directory, RETIRED, time.strftime("%Y%m%d-%H%M%S") + f"-uncommitted-step-{step}"
         )
-        for rel in parts:
+        cold = [
+            os.path.relpath(d, self.directory)
+            for rel in parts
+            if rel.endswith(".nrc")
+            for d in _cold.companions(self.log.path(rel))
+        ]
+        for rel in [*parts, *cold]:
             os.makedirs(os.path.dirname(os.path.join(dest, rel)), exist_ok=True)
             os.replace(self.log.path(rel), os.path.join(dest, rel))
         logging.warning(
@@ -391,6 +412,8 @@ class TrainingDir:
                     os.remove(path)
                 except OSError:
                     pass
+            if rel not in owned and rel.endswith(".nrc"):
+                _cold.remove_unreferenced(path)
 
 
 __all__ = ["CheckpointDirLockedError", "RETIRED", "TrainingDir", "TrainingLock"]

@@ -39,6 +39,7 @@ import zipfile
 
 from npu_rec import _log as logging
 from npu_rec._paths import fsync_path, write_json_atomic  # re-exported
+from npu_rec.checkpoint import _cold
 from npu_rec.checkpoint._file_format import CheckpointCorruptedError
 
 COMMITS = "commits"
@@ -135,7 +136,7 @@ def check_part(path: str) -> None:
     if name.endswith(".nrc"):
         from npu_rec.checkpoint._file_format import read_file
 
-        read_file(path)
+        _cold.verify(path, read_file(path)[1])
     elif name.endswith(".npz"):
         try:
             with zipfile.ZipFile(path) as z:
@@ -284,6 +285,8 @@ class VersionLog:
                 f"Checkpoint file {path!r} is corrupted (SHA-256 checksum mismatch "
                 "with its commit record)."
             )
+        if path.endswith(".nrc"):  # a tiered table's cold segment files, named by the file
+            _cold.verify(path)
 
     def select(
         self, step: int | None = None, fallback: bool = True
@@ -402,6 +405,8 @@ class VersionLog:
             for rel in v.parts:
                 if rel not in keep and os.path.exists(self.path(rel)):
                     os.remove(self.path(rel))
+                if rel not in keep and rel.endswith(".nrc"):
+                    _cold.remove_unreferenced(self.path(rel))
 
     def retire(self, versions: list[Version], reason: str) -> str | None:
         """Moves `versions` (records and parts) aside to `retired/<time>-<seq>/`; returns it."""
@@ -411,7 +416,14 @@ class VersionLog:
             self.directory, RETIRED, time.strftime("%Y%m%d-%H%M%S") + f"-from-seq-{versions[0].seq}"
         )
         for v in versions:
-            for rel in [f"{COMMITS}/version-{v.seq:012d}.json", *v.parts]:
+            moved = [f"{COMMITS}/version-{v.seq:012d}.json", *v.parts]
+            moved += [
+                os.path.relpath(d, self.directory)
+                for rel in v.parts
+                if rel.endswith(".nrc")
+                for d in _cold.companions(self.path(rel))
+            ]
+            for rel in moved:
                 if os.path.exists(self.path(rel)):
                     os.makedirs(os.path.dirname(os.path.join(dest, rel)), exist_ok=True)
                     os.replace(self.path(rel), os.path.join(dest, rel))

@@ -20,6 +20,7 @@ from npu_rec.checkpoint import (
     CheckpointCorruptedError,
     TableCheckpointManager,
     VersionLog,
+    _cold,
     read_file,
 )
 from npu_rec.checkpoint._versions import (
@@ -93,11 +94,19 @@ def table_memory(model_dir: str) -> dict[str, dict | None]:
 
 def _rows_of_chain(model_dir: str, chain) -> dict[str, int]:
     keys: dict[str, set] = {}
-    for rel in table_parts(chain):
-        arrays, meta = read_file(os.path.join(model_dir, rel))
+    parts = table_parts(chain)
+    for rel in parts:
+        path = os.path.join(model_dir, rel)
+        arrays, meta = read_file(path)
         for name in meta["tables"]:
             new = arrays.get(f"tables/{name}/keys", np.zeros(0, np.int64))
-            if meta["kind"] == "full":
+            cold = _cold.table_files(path, meta, arrays, name)
+            if cold is not None and len(parts) == 1:  # a tiered full save: its cold keys counted
+                live = sum(int(f["live"].sum()) for fs in cold["files"] for f in fs)
+                keys[name] = range(len(new) + live)
+            elif cold is not None:  # a delta follows: the cold keys read
+                keys[name] = set(new.tolist()) | set(_cold.read_keys(cold).tolist())
+            elif meta["kind"] == "full":
                 keys[name] = set(new.tolist())
             else:
                 gone = arrays.get(f"tables/{name}/deleted_keys", np.zeros(0, np.int64))

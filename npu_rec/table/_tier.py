@@ -46,8 +46,12 @@ Whole-table operations see both tiers: `size` (in memory + cold keys),
 compaction), `export` (in-memory rows, then the live records), `load` (the
 hottest `memory_rows` rows by last-seen and count into memory, the rest into
 a fresh log), `end_period` (a period counter; see `_tier_store`).
-Checkpoints therefore hold both tiers in the usual format: a tiered
-checkpoint restores into an in-memory table and the reverse.
+A checkpoint manager's full save sets the store's `snapshot_to`: `export`
+then returns the memory rows only and the store links its sealed segments
+into the version (`SegmentStore.snapshot`); a restore sets `restore_from`:
+`load` copies those files into the store and rebuilds `cold_index` from
+their records (`npu_rec.checkpoint._cold`). A tiered checkpoint restores into
+an in-memory table and the reverse.
 
 Inference lookups read cold rows from disk without promoting them;
 `find_rows` (`apply_gradients` of ids not looked up) promotes.
@@ -543,9 +547,16 @@ class TierMixin:
         row_dtype, slot_dtype = self._read_outputs(shard)
 
         def cold(min_period):  # rows and slots in their stored dtypes, bits unchanged
-            recs, _ = store.live_records()
-            store.reached("save")
-            recs = recs[recs["count"] - store.saved_counts(recs) >= min_period]
+            if store.snapshot_to is not None and min_period == 0:
+                # A checkpoint's full save: sealed segments linked, not read (`snapshot`).
+                store.snapshot_manifest = store.snapshot(store.snapshot_to)
+                recs = np.zeros(0, store.dtype)
+            elif min_period > 0:  # a delta: only segments written this period
+                recs = store.changed_records(int(min_period))
+                store.reached("save")
+            else:
+                recs, _ = store.live_records()
+                store.reached("save")
             return (
                 recs["key"].copy(),
                 recs["row"].copy(),
@@ -593,28 +604,58 @@ class TierMixin:
         load_hot = super().load(shard, hot_state)
         ckeys = tf.gather(keys, cold)
         cslots = self._stack_slots(shard, state, cold)
+        cvalues = st.rows.stored(tf.gather(state["values"], cold))
+        if tf.executing_eagerly():  # a file at a time into an index sized once
+            store.reset()
+            total = int(tf.size(ckeys)) + sum(int(f["live"].sum()) for f in _files(store))
+            empty = tf.zeros([0], tf.int64)
+            st.cold_index.reset(empty, empty)
+            st.cold_index.reserve(total)
+            for k, loc in _adopted(store):
+                st.cold_index.insert(tf.constant(k), tf.constant(loc))
+                del k, loc
+            recs = store.make_records(
+                ckeys.numpy(),
+                cvalues.numpy(),
+                cslots.numpy(),
+                tf.gather(counts, cold).numpy(),
+                tf.gather(counts, cold).numpy(),
+                tf.gather(seen, cold).numpy(),
+            )
+            st.cold_index.insert(ckeys, tf.constant(store.append(recs)))
+            return tf.group(
+                st.protected.assign(tf.zeros([0], tf.int64), read_value=False),
+                st.protected_step.assign(tf.constant(-1, tf.int64), read_value=False),
+            )
 
         def write(keys, values, slots, counts, seen):
             store.reset()
+            found_keys, found_locs = [], []
+            for k, loc in _adopted(store):
+                found_keys.append(k)
+                found_locs.append(loc)
             recs = store.make_records(keys, values, slots, counts, counts, seen)
-            return store.append(recs)
+            return (
+                np.concatenate([*found_keys, np.asarray(keys, np.int64)]),
+                np.concatenate([*found_locs, store.append(recs)]),
+            )
 
         with tf.control_dependencies([load_hot]):
-            locs = tf.numpy_function(
+            ckeys, locs = tf.numpy_function(
                 write,
                 [
                     ckeys,
                     # Rounded to nearest as the in-memory rows' `load` does (exact
                     # when the checkpoint holds the table's storage dtype).
-                    st.rows.stored(tf.gather(state["values"], cold)),
+                    cvalues,
                     cslots,
                     tf.gather(counts, cold),
                     tf.gather(seen, cold),
                 ],
-                tf.int64,
+                [tf.int64, tf.int64],
                 stateful=True,
             )
-        reset = st.cold_index.reset(ckeys, tf.reshape(locs, [-1]))
+        reset = st.cold_index.reset(tf.reshape(ckeys, [-1]), tf.reshape(locs, [-1]))
         with tf.control_dependencies([reset]):
             return tf.group(
                 st.protected.assign(tf.zeros([0], tf.int64), read_value=False),
@@ -822,6 +863,23 @@ class TieredKernelBackend(TierMixin, KernelBackend):
         with tf.control_dependencies([prep]):
             ids = tf.identity(ids)
             return super().fused_lookup(shard, ids, id_counts, times, from_feature, batch_time)
+
+
+def _files(store) -> list[dict]:
+    """The checkpoint files a restore gives `store` (`restore_from`), or none."""
+    return [] if store.restore_from is None else store.restore_from["files"]
+
+
+def _adopted(store):
+    """(keys, locations) of each checkpoint file `store.adopt`s, a file at a time."""
+    src = store.restore_from  # a checkpoint's cold files (`npu_rec.checkpoint._cold`)
+    if src is None:
+        return
+    store.period = max(store.period, int(src["period"]) + 1)
+    for f in src["files"]:
+        yield store.adopt(
+            f["path"], src["dtype"], f["records"], f["live"], src["gone"], src["mine"]
+        )
 
 
 def _rebuilt(index: KeyIndex) -> tf.Tensor:

@@ -42,8 +42,11 @@ clears it, and a segment holding no live record is deleted. A sealed
 segment less than a quarter live is compacted: its live records are appended to
 the open segment and the file deleted (`compaction_candidate` / `relocate`).
 
-The store is the process's cache of its cold rows, not a checkpoint:
-checkpoints hold both tiers in the usual format. A store deletes its files
+Checkpoints: a sealed segment is never written again (appends go to the
+open segment; liveness lives in memory), so a full save hard-links it into
+the version's directory (`snapshot`) and copies the open segment's live
+records; a restore copies a version's files in (`adopt`). The store's own
+directory is the process's: a store deletes its files
 when it is closed or collected and at the process's exit, and a new one
 deletes the directories of its table left by processes no longer alive
 (killed ones).
@@ -80,6 +83,7 @@ import weakref
 
 import numpy as np
 
+from npu_rec._paths import fsync_path
 from npu_rec._validation import ConfigError as _ConfigError
 
 _CHECK_OFFSET = np.uint64(0x9E3779B97F4A7C15)
@@ -222,6 +226,12 @@ class SegmentStore:
             os.makedirs(d)
         _OPEN.add(self)
         self.period = 0
+        #: Set around a checkpoint save / restore (`npu_rec.checkpoint._cold`): the
+        #: directory a full save puts the live records in, the manifest it made, and
+        #: the checkpoint files the next `load` adopts.
+        self.snapshot_to: str | None = None
+        self.snapshot_manifest: dict | None = None
+        self.restore_from: dict | None = None
         self._segments: dict[int, dict] = {}  # number -> {path, fd, map, live, used}
         self._table = None  # `segment_table()`, until a segment is opened or dropped
         self._next_segment = 0  # the lowest number never used
@@ -278,12 +288,15 @@ class SegmentStore:
                 "row-wise optimizer slot, a smaller `dim`)."
             )
 
-    def _open_segment(self) -> int:
+    def _take_number(self) -> int:
+        """The number of a new segment: the lowest free one, else the next never used."""
         if self._free:
-            seg = heapq.heappop(self._free)
-        else:
-            seg = self._next_segment
-            self._next_segment += 1
+            return heapq.heappop(self._free)
+        self._next_segment += 1
+        return self._next_segment - 1
+
+    def _open_segment(self) -> int:
+        seg = self._take_number()
         path = self.path(seg)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
         size = self.per_segment * self.dtype.itemsize
@@ -294,6 +307,7 @@ class SegmentStore:
             "live": np.zeros(self.per_segment, bool),
             "n_live": 0,
             "used": 0,
+            "period": -1,
         }
         self._table = None
         self._active = seg
@@ -426,6 +440,7 @@ class SegmentStore:
                 raise OSError(f"short write to {info['path']!r}: {written} of {data.nbytes} bytes")
             info["live"][start : start + take] = True
             info["n_live"] += take
+            info["period"] = self.period  # the newest period written (delta saves)
             info["used"] = start + take
             locs[done : done + take] = self._active * self.per_segment + np.arange(
                 start, start + take
@@ -522,6 +537,186 @@ class SegmentStore:
             done += got
         return out
 
+    def changed_records(self, min_period: int) -> np.ndarray:
+        """Live records sighted `min_period` (>= 1) times this period, checksums verified.
+
+        Only segments written in the current period are read: a record of an
+        earlier period reads as saved at its count (see module docstring).
+        """
+        out = []
+        for _, info in sorted(self._segments.items()):
+            if info["period"] < self.period:
+                continue
+            at = np.nonzero(info["live"][: info["used"]])[0]
+            r = self._scan(info)[at].copy()
+            self._verify(r, info["path"])
+            out.append(r[r["count"] - self.saved_counts(r) >= min_period])
+        return np.concatenate(out) if out else np.zeros(0, self.dtype)
+
+    # ------------------------------------------------------ checkpoint files
+    def snapshot(self, dest: str) -> dict:
+        """Puts the live records into directory `dest` for a checkpoint; returns its manifest.
+
+        A sealed segment (full: never written again; liveness is kept in
+        memory) is hard-linked into `dest` (copied where a link fails, e.g.
+        another filesystem) after an fsync of its data; the open segment's live
+        records are copied (checksums verified). No record is read from a
+        sealed segment. The manifest lists, per file: `file`, `records` (in
+        the file), `live` (a bool array per record; the caller stores it) and
+        `linked`; plus the store's layout and `period`.
+        """
+        os.makedirs(dest, exist_ok=True)
+        files, copied, linked = [], 0, 0
+        todo = [info for _, info in sorted(self._segments.items()) if info["n_live"]]
+        for i, info in enumerate(todo):
+            if i == len(todo) // 2:
+                self.reached("save")  # test-only: some files of the save are in place
+            used = info["used"]
+            name = os.path.basename(info["path"])
+            target = os.path.join(dest, name)
+            if used == self.per_segment:  # sealed
+                if not info.get("synced"):
+                    os.fsync(info["fd"])
+                    info["synced"] = True
+                copied += link_or_copy(info["path"], target)
+                linked += 1
+                files.append(
+                    {"file": name, "records": used, "live": info["live"].copy(), "linked": True}
+                )
+            else:
+                at = np.nonzero(info["live"][:used])[0]
+                recs = self._scan(info)[at].copy()
+                self._verify(recs, info["path"])
+                write_records(target, recs)
+                copied += recs.nbytes
+                files.append(
+                    {
+                        "file": name,
+                        "records": len(at),
+                        "live": np.ones(len(at), bool),
+                        "linked": False,
+                    }
+                )
+        if not todo:
+            self.reached("save")
+        fsync_path(dest)
+        self.stats["snapshot_bytes_copied"] = self.stats.get("snapshot_bytes_copied", 0) + copied
+        return {
+            "files": files,
+            "period": self.period,
+            "per_segment": self.per_segment,
+            "bytes_copied": copied,
+            "files_linked": linked,
+        }
+
+    def adopt(self, path: str, src_dtype: np.dtype, records: int, live, gone, shard_of=None):
+        """Takes a checkpoint's cold file into the store; returns (keys, locations) of its records.
+
+        `live`: bool [records], the file's live records; `gone`: sorted int64
+        keys to leave out (deleted or rewritten by later deltas); `shard_of`:
+        None, or a function keys -> bool [n] (the keys this shard holds). A
+        sealed segment of this store's layout whose records all belong here is
+        copied whole (one sequential copy; not linked, so that damage to the
+        running table's files cannot reach the checkpoint) and kept as a sealed
+        segment; otherwise its live records are converted and appended. Records are read a
+        file at a time and their checksums verified.
+
+        Raises:
+          SegmentCorruptedError: a record fails its checksum (naming the file).
+        """
+        src_dtype = np.dtype(src_dtype)
+        size = os.path.getsize(path)
+        if size < records * src_dtype.itemsize:
+            raise SegmentCorruptedError(
+                f"Tiered table {self.name!r}: checkpoint segment file {path!r} is corrupted: "
+                f"{size} bytes, expected at least {records * src_dtype.itemsize}."
+            )
+        live = np.asarray(live, bool)[:records]
+        whole = (
+            src_dtype == self.dtype
+            and records == self.per_segment
+            and size == self.per_segment * self.dtype.itemsize
+            and shard_of is None
+            and (
+                self.max_locations is None
+                or (self._new_numbers(1)[0] + 1) * self.per_segment <= self.max_locations
+            )
+        )
+        if whole:
+            seg = self._take_number()
+            dest = self.path(seg)
+            # Copied, not linked: the running table's files never share bytes with
+            # the version it started from, so damage to them cannot reach it.
+            shutil.copyfile(path, dest)
+            fd = os.open(dest, os.O_RDONLY)
+            info = {
+                "path": dest,
+                "fd": fd,
+                "live": np.zeros(self.per_segment, bool),
+                "n_live": 0,
+                "used": self.per_segment,
+                "period": -1,
+            }
+            self._table = None
+            self._segments[seg] = info
+            at = np.nonzero(live)[0]
+            recs = self._scan(info)[at]
+            self._verify(recs, dest)
+            keys = recs["key"].copy()
+            keep = ~_isin_sorted(keys, gone)
+            at, keys = at[keep], keys[keep]
+            info["live"][at] = True
+            info["n_live"] = len(at)
+            if not len(at):
+                self._drop_segment(seg)
+            return keys, at + seg * self.per_segment
+        recs = np.fromfile(path, dtype=src_dtype, count=records)[live]
+        self._verify_as(recs, src_dtype, path)
+        keep = ~_isin_sorted(recs["key"], gone)
+        if shard_of is not None:
+            keep &= shard_of(recs["key"])
+        recs = recs[keep]
+        if src_dtype != self.dtype:
+            recs = self._convert(recs)
+        else:
+            recs = recs.copy()
+            recs["saved"] = recs["count"]
+            recs["period"] = self.period
+            recs["check"] = self._checksum(recs)
+        return recs["key"].copy(), self.append(recs)
+
+    def _verify_as(self, recs: np.ndarray, dtype: np.dtype, path: str) -> None:
+        """`_verify` of records in another layout (same checksum over its words)."""
+        if dtype == self.dtype:
+            self._verify(recs, path)
+            return
+        words = recs.view(np.uint64).reshape(len(recs), dtype.itemsize // 8)[:, :-1]
+        with np.errstate(over="ignore"):
+            s = (words * _weights(words.shape[1])).sum(axis=1, dtype=np.uint64)
+            s ^= s >> np.uint64(29)
+            s += _CHECK_OFFSET
+        bad = s != recs["check"]
+        if bad.any():
+            raise SegmentCorruptedError(
+                f"Tiered table {self.name!r}: segment file {path!r} is corrupted: "
+                f"{int(bad.sum())} records fail their checksum."
+            )
+
+    def _convert(self, recs: np.ndarray) -> np.ndarray:
+        """Records of another row/slot dtype in this store's layout (rounded to nearest)."""
+        slots = recs["slots"] if self.slot_names else None
+        if slots is not None:
+            slots = slots.astype(self.dtype["slots"].base)
+        return self.make_records(
+            recs["key"],
+            recs["row"].astype(self.dtype["row"].base),
+            slots,
+            recs["count"],
+            recs["count"],
+            recs["last_seen"],
+        )
+
+
     def num_live(self) -> int:
         return int(sum(i["n_live"] for i in self._segments.values()))
 
@@ -565,6 +760,79 @@ class SegmentStore:
         locs = self.append(recs)
         self.stats["compactions"] += 1
         return recs["key"].copy(), locs
+
+
+def _isin_sorted(keys: np.ndarray, sorted_keys: np.ndarray) -> np.ndarray:
+    """bool [n]: which of `keys` are in sorted `sorted_keys`."""
+    if not len(sorted_keys):
+        return np.zeros(len(keys), bool)
+    at = np.minimum(np.searchsorted(sorted_keys, keys), len(sorted_keys) - 1)
+    return sorted_keys[at] == keys
+
+
+def link_or_copy(src: str, dest: str) -> int:
+    """Hard-links `src` to `dest`, or copies it (fsynced) where a link fails; returns bytes copied."""
+    with contextlib.suppress(FileNotFoundError):
+        os.remove(dest)
+    try:
+        os.link(src, dest)
+        return 0
+    except OSError:  # another filesystem, or links not supported
+        shutil.copyfile(src, dest)
+        fd = os.open(dest, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        return os.path.getsize(dest)
+
+
+def write_records(path: str, recs: np.ndarray) -> None:
+    """Writes `recs` to a new file `path`, fsynced."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        data = np.ascontiguousarray(recs).view(np.uint8).reshape(-1)
+        done = 0
+        while done < data.nbytes:
+            done += os.write(fd, data[done:])
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def verify_file(path: str, dtype: np.dtype, records: int, live=None) -> str | None:
+    """Why the `records` records of a segment file fail (None: they pass), a segment at a time.
+
+    Reads the file in chunks (bounded memory). `live`: bool [records] or None
+    (every record); only those are checked.
+    """
+    dtype = np.dtype(dtype)
+    try:
+        size = os.path.getsize(path)
+    except OSError as err:
+        return f"cannot be read ({err.strerror or err})"
+    if size < records * dtype.itemsize:
+        return f"truncated: {size} bytes, expected at least {records * dtype.itemsize}"
+    words = dtype.itemsize // 8
+    w = _weights(words - 1)
+    chunk = max(1, (64 << 20) // dtype.itemsize)
+    with open(path, "rb") as f:
+        for start in range(0, records, chunk):
+            n = min(chunk, records - start)
+            raw = np.fromfile(f, dtype=np.uint64, count=n * words)
+            if raw.size != n * words:
+                return "truncated while reading records"
+            raw = raw.reshape(n, words)
+            if live is not None:
+                raw = raw[np.asarray(live[start : start + n], bool)]
+            with np.errstate(over="ignore"):
+                s = (raw[:, :-1] * w).sum(axis=1, dtype=np.uint64)
+                s ^= s >> np.uint64(29)
+                s += _CHECK_OFFSET
+            bad = s != raw[:, -1]
+            if bad.any():
+                return f"{int(bad.sum())} records fail their checksum"
+    return None
 
 
 def check_dirs(paths) -> tuple[str, ...]:
