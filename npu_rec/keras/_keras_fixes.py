@@ -14,10 +14,10 @@ multi-worker strategy (keras-team/keras#20585):
    be unfed placeholders in the multi-worker step.
 2. `reduce_per_replica` reduces the step's logs with
    `strategy.reduce("MEAN", v, axis=0)` (the reduction is fixed to "auto" in
-   `_make_function`), which fails for scalar logs. RecModel's evaluation
-   steps return their scalar logs with shape [1] under a multi-worker strategy
-   (`logs_for_reduction`); the reduction then averages them over the workers.
-   (Its training steps do not go through that reduction, see below.)
+   `_make_function`), which fails for scalar logs. `logs_for_reduction`
+   returns scalar logs with shape [1] under a multi-worker strategy, so that
+   the reduction averages them over the workers. (RecModel's training and
+   evaluation steps do not go through that reduction there, see below.)
 
 Beyond the bugs, Keras' train function costs two all-reduces per log and step
 under the strategy (`reduce_per_replica`'s MEAN is a SUM of the values, then
@@ -26,7 +26,9 @@ one of the counts), on top of the optimizer's all-reduce of the gradients.
 sums its dense gradients and its logs over the workers in one all-reduce
 (`all_reduce_with_logs`), divides the logs by the number of workers (the mean
 Keras computes) and applies the summed gradients with the optimizer's own
-reduction skipped; the function returns the step's logs as they are.
+reduction skipped; the function returns the step's logs as they are. Its
+test function (`test_function`) likewise: the evaluation step averages its
+logs in one all-reduce (`reduced_logs`).
 
 `tests/keras/test_keras_fixes.py` checks that the installed Keras still has
 both bugs: when it fails, Keras has fixed one, and its workaround can go.
@@ -80,6 +82,11 @@ def symbolic_build(model, strategy, spec) -> None:
             optimizer.build(model.trainable_variables)
 
 
+def reduced_logs(logs):
+    """The step's logs averaged over the workers in one all-reduce (an evaluation step's)."""
+    return all_reduce_with_logs([], logs)[1]
+
+
 def logs_for_reduction(logs):
     """Scalar logs as shape [1] under a multi-worker strategy (inside the replica step).
 
@@ -107,10 +114,20 @@ def train_function(model):
     Keras' function does (`tf.errors.OutOfRangeError` from the iterator,
     `StopIteration` from a Python iterator).
     """
+    return step_function(model, model.train_step)
+
+
+def test_function(model):
+    """`train_function` for `model.test_step`, whose logs take one all-reduce in the step."""
+    return step_function(model, model.test_step)
+
+
+def step_function(model, step):
+    """Keras' step-function contract for `step`, whose logs the step reduces itself."""
     strategy = model.distribute_strategy
 
     def one_step_on_data(data):
-        outputs = strategy.run(model.train_step, args=(data,))
+        outputs = strategy.run(step, args=(data,))
         return tf.nest.map_structure(lambda v: strategy.experimental_local_results(v)[0], outputs)
 
     def one_step_on_iterator(iterator):
@@ -131,26 +148,41 @@ def train_function(model):
 def all_reduce_with_logs(grads, logs):
     """Dense gradients summed and logs averaged over the workers, in one all-reduce.
 
-    Inside a replica step of a multi-worker strategy. The strategy packs the
-    float32 tensors of one `all_reduce` call into one collective, so the logs
-    (cast to float32) ride along with float32 gradients; with gradients of
-    another dtype they take an all-reduce of their own. Each log becomes the
-    mean of the workers' values, as Keras' `strategy.reduce("MEAN", v, axis=0)`
-    over one value per worker computes it.
+    Inside a replica step of a multi-worker strategy. The float32 gradients
+    and the logs (cast to float32) go flattened into one buffer, in the order
+    the strategy would pack them itself, and one `all_reduce` of it makes one
+    collective; with gradients of another dtype the strategy packs them and
+    the logs take an all-reduce of their own. Each log becomes the mean of the
+    workers' values, as Keras' `strategy.reduce("MEAN", v, axis=0)` over one
+    value per worker computes it.
 
     Args:
       grads: The dense gradients (tensors, `IndexedSlices` or None).
       logs: The step's logs, a nest of tensors.
 
     Returns:
-      (the gradients summed, None where None; the logs averaged, same nest).
+      (the gradients summed, None where None; the logs averaged, same nest;
+      the all-reduce's input, or None: ops that should not delay the
+      collective's start, such as the table updates, can wait for it).
     """
     ctx = tf.distribute.get_replica_context()
     flat_logs = [tf.convert_to_tensor(v) for v in tf.nest.flatten(logs)]
     values = [tf.cast(v, tf.float32) for v in flat_logs]
     present = [g for g in grads if g is not None]
-    if all(g.dtype == tf.float32 for g in present if not isinstance(g, tf.IndexedSlices)):
-        reduced = ctx.all_reduce("SUM", present + values) if present or values else []
+    packed = None
+    if all(isinstance(g, tf.Tensor) and g.dtype == tf.float32 for g in present):
+        parts = present + values
+        reduced = []
+        if parts:
+            packed = tf.concat([tf.reshape(p, [-1]) for p in parts], 0)
+            summed = ctx.all_reduce("SUM", packed)
+            sizes = [p.shape.num_elements() for p in parts]
+            if None in sizes:
+                sizes = [tf.size(p) for p in parts]
+            reduced = [
+                tf.reshape(s, tf.shape(p))
+                for s, p in zip(tf.split(summed, sizes), parts, strict=True)
+            ]
         summed_grads, summed_logs = reduced[: len(present)], reduced[len(present) :]
     else:
         summed_grads = ctx.all_reduce("SUM", present) if present else []
@@ -159,4 +191,4 @@ def all_reduce_with_logs(grads, logs):
     means = [tf.cast(s / workers, v.dtype) for s, v in zip(summed_logs, flat_logs, strict=True)]
     it = iter(summed_grads)
     out_grads = [None if g is None else next(it) for g in grads]
-    return out_grads, tf.nest.pack_sequence_as(logs, means)
+    return out_grads, tf.nest.pack_sequence_as(logs, means), packed
