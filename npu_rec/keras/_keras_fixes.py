@@ -148,41 +148,26 @@ def step_function(model, step):
 def all_reduce_with_logs(grads, logs):
     """Dense gradients summed and logs averaged over the workers, in one all-reduce.
 
-    Inside a replica step of a multi-worker strategy. The float32 gradients
-    and the logs (cast to float32) go flattened into one buffer, in the order
-    the strategy would pack them itself, and one `all_reduce` of it makes one
-    collective; with gradients of another dtype the strategy packs them and
-    the logs take an all-reduce of their own. Each log becomes the mean of the
-    workers' values, as Keras' `strategy.reduce("MEAN", v, axis=0)` over one
-    value per worker computes it.
+    Inside a replica step of a multi-worker strategy. The strategy packs the
+    float32 tensors of one `all_reduce` call into one collective, so the logs
+    (cast to float32) ride along with float32 gradients; with gradients of
+    another dtype they take an all-reduce of their own. Each log becomes the
+    mean of the workers' values, as Keras' `strategy.reduce("MEAN", v, axis=0)`
+    over one value per worker computes it.
 
     Args:
       grads: The dense gradients (tensors, `IndexedSlices` or None).
       logs: The step's logs, a nest of tensors.
 
     Returns:
-      (the gradients summed, None where None; the logs averaged, same nest;
-      the all-reduce's input, or None: ops that should not delay the
-      collective's start, such as the table updates, can wait for it).
+      (the gradients summed, None where None; the logs averaged, same nest).
     """
     ctx = tf.distribute.get_replica_context()
     flat_logs = [tf.convert_to_tensor(v) for v in tf.nest.flatten(logs)]
     values = [tf.cast(v, tf.float32) for v in flat_logs]
     present = [g for g in grads if g is not None]
-    packed = None
-    if all(isinstance(g, tf.Tensor) and g.dtype == tf.float32 for g in present):
-        parts = present + values
-        reduced = []
-        if parts:
-            packed = tf.concat([tf.reshape(p, [-1]) for p in parts], 0)
-            summed = ctx.all_reduce("SUM", packed)
-            sizes = [p.shape.num_elements() for p in parts]
-            if None in sizes:
-                sizes = [tf.size(p) for p in parts]
-            reduced = [
-                tf.reshape(s, tf.shape(p))
-                for s, p in zip(tf.split(summed, sizes), parts, strict=True)
-            ]
+    if all(g.dtype == tf.float32 for g in present if not isinstance(g, tf.IndexedSlices)):
+        reduced = ctx.all_reduce("SUM", present + values) if present or values else []
         summed_grads, summed_logs = reduced[: len(present)], reduced[len(present) :]
     else:
         summed_grads = ctx.all_reduce("SUM", present) if present else []
@@ -191,4 +176,4 @@ def all_reduce_with_logs(grads, logs):
     means = [tf.cast(s / workers, v.dtype) for s, v in zip(summed_logs, flat_logs, strict=True)]
     it = iter(summed_grads)
     out_grads = [None if g is None else next(it) for g in grads]
-    return out_grads, tf.nest.pack_sequence_as(logs, means), packed
+    return out_grads, tf.nest.pack_sequence_as(logs, means)

@@ -357,10 +357,10 @@ class RecModel(ModelStateMixin, keras.Model):
                 # One all-reduce for the dense gradients and the logs (`train_function`
                 # returns the logs as reduced here); the optimizer skips its own.
                 logs = self._train_logs(x, y, y_pred, sample_weight)
-                dense_grads, logs, started = _keras_fixes.all_reduce_with_logs(dense_grads, logs)
+                dense_grads, logs = _keras_fixes.all_reduce_with_logs(dense_grads, logs)
                 with _keras_private.gradients_already_reduced(self.optimizer):
                     self._apply_updates(
-                        records, dense_vars, dense_grads, sparse_grads, apply_sparse, started
+                        records, dense_vars, dense_grads, sparse_grads, apply_sparse
                     )
                 return logs
             self._apply_updates(records, dense_vars, dense_grads, sparse_grads, apply_sparse)
@@ -371,25 +371,9 @@ class RecModel(ModelStateMixin, keras.Model):
             return self._metric_results()
         return self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
 
-    def _apply_updates(
-        self, records, dense_vars, dense_grads, sparse_grads, apply_sparse, after=None
-    ):
-        """Dense then sparse updates; the tables' (their gradient exchange) wait for `after`.
-
-        `after` (the dense all-reduce's input under a multi-worker strategy): the
-        step's one executor thread would otherwise run the tables' gradient work
-        first and start the all-reduce late; waiting for its input starts the
-        all-reduce as soon as the dense gradients exist, and its transfer
-        overlaps the tables' work.
-        """
+    def _apply_updates(self, records, dense_vars, dense_grads, sparse_grads, apply_sparse):
         if dense_vars:
             self.optimizer.apply_gradients(zip(dense_grads, dense_vars, strict=False))
-        if records:
-            with tf.control_dependencies([] if after is None else [after]):
-                self._apply_sparse(records, sparse_grads, apply_sparse)
-        self._global_step.assign_add(1)
-
-    def _apply_sparse(self, records, sparse_grads, apply_sparse):
         if records:
             if apply_sparse is True:
                 _lookup.apply_recorded_gradients(records, sparse_grads)
@@ -402,6 +386,7 @@ class RecModel(ModelStateMixin, keras.Model):
                     lambda: _sparse_update(records, sparse_grads),
                     lambda: tf.constant(False),
                 )
+        self._global_step.assign_add(1)
 
     def make_train_function(self, force=False):
         """Keras' train function; a non-finite loss raises `NanLossDuringTrainingError`.
