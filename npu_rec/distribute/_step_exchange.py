@@ -132,11 +132,13 @@ class Lookups:
         )
         rows, emb = _unpack(back)
         sizes = [tf.shape(e.keys)[0] for e in self.entries]
+        self._sizes = tf.cast(tf.stack(sizes), tf.int64)
         self.results = []
         for entry, r, v in zip(
             self.entries, tf.split(rows, sizes), tf.split(emb, sizes), strict=True
         ):
-            v = v[:, : entry.table.dim]
+            if entry.table.dim != self.width:
+                v = v[:, : entry.table.dim]
             # The way back for the gradient, on the tensor itself (it lives as long as its
             # graph): npu_rec's own attribute, read only by `registered`.
             v.npu_rec_exchange = (self, len(self.results))
@@ -154,15 +156,14 @@ class Lookups:
         without a gradient send zeros and step nothing. `condition` (a bool
         scalar equal on every worker, or None): apply only if True.
         """
-        sizes = [tf.shape(e.keys, out_type=tf.int64)[0] for e in self.entries]
-        starts = tf.cumsum(tf.stack(sizes), exclusive=True)
+        starts = tf.cumsum(self._sizes, exclusive=True)
         values, indices = [], []
         for i, entry in enumerate(self.entries):
             for g in grads.get(i, []):
                 if isinstance(g, tf.IndexedSlices):
                     v, at = g.values, tf.cast(g.indices, tf.int64)
                 else:
-                    v, at = g, tf.range(sizes[i])
+                    v, at = g, tf.range(self._sizes[i])
                 v = tf.cast(v, tf.float32)
                 if entry.table.dim != self.width:
                     v = tf.pad(v, [[0, 0], [0, self.width - entry.table.dim]])
@@ -170,7 +171,7 @@ class Lookups:
                 indices.append(at + starts[i])
         # Every lookup's per-id gradients summed into its rows in one op (a scatter per
         # lookup cost 26 ops of a few thousand rows each on the 26-table model).
-        total = tf.reduce_sum(tf.stack(sizes))
+        total = tf.reduce_sum(self._sizes)
         if values:
             summed = tf.math.unsorted_segment_sum(
                 tf.concat(values, 0), tf.concat(indices, 0), total
@@ -192,7 +193,8 @@ class Lookups:
         grads_of = tf.dynamic_partition(got, bins, n_bins + 1)
         ops = []
         for table, b in tables.values():
-            op = table.apply_local(rows_of[b], grads_of[b][:, : table.dim], None, condition)
+            g = grads_of[b] if table.dim == self.width else grads_of[b][:, : table.dim]
+            op = table.apply_local(rows_of[b], g, None, condition)
             if op is not None:
                 ops.append(op)
         return tf.group(ops)
