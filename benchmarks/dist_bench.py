@@ -87,13 +87,6 @@ _MLP_ONLY = flags.DEFINE_bool(
     False,
     "No tables: the 26 embeddings are a fixed function of the ids (the dense model alone).",
 )
-_OWN_SHARE = flags.DEFINE_bool(
-    "own_share",
-    False,
-    "Each worker reads its own half of every global batch, sliced before the clock starts "
-    "(as TorchRec's ranks do), through `distribute_datasets_from_function`; default: the "
-    "global batches, split between the workers by TensorFlow (AutoShardPolicy.DATA).",
-)
 _PAIRS = flags.DEFINE_integer(
     "pairs",
     1,
@@ -203,24 +196,9 @@ def _model(batches, vocab):
     return model
 
 
-def _dataset(batches, strategy=None):
-    """The cycled batches; with `--own_share` and a multi-worker `strategy`, each worker's
-    own rows of every global batch (sliced before the clock starts, as TorchRec's ranks
-    do), else the global batches split by TensorFlow (`AutoShardPolicy.DATA`)."""
+def _dataset(batches):
     import tensorflow as tf
 
-    if _OWN_SHARE.value and strategy is not None and strategy.num_replicas_in_sync > 1:
-        rank = npu_rec.distribute.worker_rank(strategy)
-        half = kb._BATCH.value // _NUM_WORKERS
-        part = slice(rank * half, (rank + 1) * half)
-        ds = kb.cycled(
-            {
-                "numeric": np.stack([b[0][part] for b in batches]),
-                "cats": np.stack([b[1][part] for b in batches]),
-            },
-            np.stack([b[2][part] for b in batches]),
-        )
-        return strategy.distribute_datasets_from_function(lambda context: ds)
     ds = kb.cycled(
         {"numeric": np.stack([b[0] for b in batches]), "cats": np.stack([b[1] for b in batches])},
         np.stack([b[2] for b in batches]),
@@ -393,17 +371,13 @@ def _train(strategy):
     keras.utils.set_random_seed(1)
     with strategy.scope():
         model = _model(batches, vocab)
-    train = kb.fit_runner(model, _dataset(batches, strategy))
+    train = kb.fit_runner(model, _dataset(batches))
     collectives = step_collectives(lambda: train(kb._WARMUP.value))
     rates = []
     for _ in range(kb._ROUNDS.value):
         rates.append(kb._BATCH.value * kb._STEPS.value / train(kb._STEPS.value))
     dense_params = sum(int(np.prod(v.shape)) for v in model.trainable_variables)
-    split = (
-        step_split(model, _dataset(batches, strategy), _TRACE_STEPS.value)
-        if _TRACE_STEPS.value
-        else {}
-    )
+    split = step_split(model, _dataset(batches), _TRACE_STEPS.value) if _TRACE_STEPS.value else {}
     return rates, batches, dense_params, collectives, split
 
 
@@ -475,7 +449,6 @@ def _flag_args() -> list[str]:
             "distinct_ids",
             "one_table",
             "mlp_only",
-            "own_share",
             "trace_steps",
         )
     ] + ([f"--keep_traces={_KEEP_TRACES.value}"] if _KEEP_TRACES.value else [])
