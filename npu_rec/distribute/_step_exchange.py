@@ -87,52 +87,41 @@ class Lookups:
         self._route = exchange.route(dest, self.entries[0].table.name)
         got = self._route.send(tf.stack(columns, 1))  # [m, 2 or 4]
         self._which = tf.cast(got[:, 1], tf.int32)
+        # One partition op per column for all the lookups (few ops per lookup: a step's
+        # ops run one after another on a worker's thread).
         n_entries = len(self.entries)
-        # The (lookup, key) pairs received, merged over the senders (each sender sent each
-        # of its pairs once) in a few ops for all the lookups: a step's ops run one after
-        # another on a worker's thread, and per-lookup ops cost ~10 us each to dispatch.
-        # Pairs keep the order of their first copy, so each lookup sees its keys in the
-        # order a per-lookup `tf.unique` gives.
-        _, key_at = tf.unique(got[:, 0], out_idx=tf.int64)
-        pairs, at = tf.unique(key_at * n_entries + got[:, 1], out_idx=tf.int64)
-        n_pairs = tf.size(pairs, out_type=tf.int64)
-        first = tf.math.unsorted_segment_min(tf.range(tf.size(at, out_type=tf.int64)), at, n_pairs)
-        pair_which = tf.gather(self._which, first)
-        positions = tf.dynamic_partition(
-            tf.range(tf.cast(n_pairs, tf.int32)), pair_which, n_entries
-        )
-        keys_of = tf.dynamic_partition(tf.gather(got[:, 0], first), pair_which, n_entries)
+        positions = tf.dynamic_partition(tf.range(tf.shape(got)[0]), self._which, n_entries)
+        keys_of = tf.dynamic_partition(got[:, 0], self._which, n_entries)
         if training:
-            counts = tf.math.unsorted_segment_sum(got[:, 2], at, n_pairs)
-            times = tf.math.unsorted_segment_max(got[:, 3], at, n_pairs)
-            counts_of = tf.dynamic_partition(counts, pair_which, n_entries)
-            times_of = tf.dynamic_partition(times, pair_which, n_entries)
+            counts_of = tf.dynamic_partition(got[:, 2], self._which, n_entries)
+            times_of = tf.dynamic_partition(got[:, 3], self._which, n_entries)
         local_rows, embs = [], []
         for i, entry in enumerate(self.entries):
+            uniq, at = tf.unique(keys_of[i], out_idx=tf.int64)
             local = entry.table.local
             if entry.training:
+                n_uniq = tf.size(uniq, out_type=tf.int64)
+                counts = tf.math.unsorted_segment_sum(counts_of[i], at, n_uniq)
+                times = tf.math.unsorted_segment_max(times_of[i], at, n_uniq)
                 rows, emb = local.lookup_unique(
-                    keys_of[i], counts_of[i], times_of[i], True, from_feature=entry.from_feature
+                    uniq, counts, times, True, from_feature=entry.from_feature
                 )
             else:
-                rows, emb = local.lookup_unique(keys_of[i], None, None, False)
+                rows, emb = local.lookup_unique(uniq, None, None, False)
             if entry.table.dim != self.width:
                 emb = tf.pad(emb, [[0, 0], [0, self.width - entry.table.dim]])
-            local_rows.append(rows)
-            embs.append(emb)
+            local_rows.append(tf.gather(rows, at))
+            embs.append(tf.gather(emb, at))
         #: Per received item: this worker's row (-1: not admitted).
-        self._local_rows = tf.gather(tf.dynamic_stitch(positions, local_rows), at)
+        self._local_rows = tf.dynamic_stitch(positions, local_rows)
         global_rows = tf.where(
             self._local_rows >= 0,
             self._local_rows * workers + rank,
             tf.constant(-1, tf.int64),
         )
-        back = self._route.reply(
-            _pack(global_rows, tf.gather(tf.dynamic_stitch(positions, embs), at))
-        )
+        back = self._route.reply(_pack(global_rows, tf.dynamic_stitch(positions, embs)))
         rows, emb = _unpack(back)
         sizes = [tf.shape(e.keys)[0] for e in self.entries]
-        self._sizes = tf.cast(tf.stack(sizes), tf.int64)
         self.results = []
         for entry, r, v in zip(
             self.entries, tf.split(rows, sizes), tf.split(emb, sizes), strict=True
@@ -145,40 +134,26 @@ class Lookups:
             self.results.append((r, v))
 
     @tf.autograph.experimental.do_not_convert
-    def apply(self, grads: dict[int, list], condition=None) -> tf.Operation:
-        """Sends the gradients of the lookups to the owners.
+    def apply(self, grads: dict[int, tf.Tensor], condition=None) -> tf.Operation:
+        """Sends the gradients of the lookups (`grads`: lookup -> float32 [u, dim]) to the owners.
 
-        `grads`: lookup -> its gradients (each float32 [u, dim], or
-        `tf.IndexedSlices` of rows of it), summed. Each owner sums the copies of
-        each of its rows over the lookups of one table and steps that table's
-        optimizer once (every owner steps every table that has a gradient,
-        possibly with no rows: Adam's step count is one process's). Lookups
-        without a gradient send zeros and step nothing. `condition` (a bool
-        scalar equal on every worker, or None): apply only if True.
+        Each owner sums the copies of each of its rows over the lookups of one
+        table and steps that table's optimizer once (every owner steps every
+        table that has a gradient, possibly with no rows: Adam's step count is
+        one process's). Lookups without a gradient send zeros and step nothing.
+        `condition` (a bool scalar equal on every worker, or None): apply only if True.
         """
-        starts = tf.cumsum(self._sizes, exclusive=True)
-        values, indices = [], []
+        parts = []
         for i, entry in enumerate(self.entries):
-            for g in grads.get(i, []):
-                if isinstance(g, tf.IndexedSlices):
-                    v, at = g.values, tf.cast(g.indices, tf.int64)
-                else:
-                    v, at = g, tf.range(self._sizes[i])
-                v = tf.cast(v, tf.float32)
+            g = grads.get(i)
+            if g is None:
+                parts.append(tf.zeros(tf.stack([tf.shape(entry.keys)[0], self.width])))
+            else:
+                g = tf.cast(g, tf.float32)
                 if entry.table.dim != self.width:
-                    v = tf.pad(v, [[0, 0], [0, self.width - entry.table.dim]])
-                values.append(v)
-                indices.append(at + starts[i])
-        # Every lookup's per-id gradients summed into its rows in one op (a scatter per
-        # lookup cost 26 ops of a few thousand rows each on the 26-table model).
-        total = tf.reduce_sum(self._sizes)
-        if values:
-            summed = tf.math.unsorted_segment_sum(
-                tf.concat(values, 0), tf.concat(indices, 0), total
-            )
-        else:
-            summed = tf.zeros(tf.stack([total, tf.constant(self.width, tf.int64)]))
-        got = self._route.send(summed)
+                    g = tf.pad(g, [[0, 0], [0, self.width - entry.table.dim]])
+                parts.append(g)
+        got = self._route.send(tf.concat(parts, 0))
         tables: dict[int, tuple[object, int]] = {}  # id(table) -> (table, its bin)
         bin_of = [-1] * len(self.entries)
         for i in sorted(grads):

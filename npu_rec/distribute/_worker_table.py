@@ -47,7 +47,7 @@ import tensorflow as tf
 
 from npu_rec.distribute import _step_exchange, _tf_private
 from npu_rec.distribute._exchange import Exchange
-from npu_rec.table import _fallback, _lookup
+from npu_rec.table import _fallback
 from npu_rec.table._base import SparseTable, rows_with_values
 from npu_rec.table._config import TableConfig
 from npu_rec.table._sharded import shard_of, shard_of_numpy
@@ -185,8 +185,7 @@ class WorkerShardedTable(SparseTable):
         """Applies the gradients of recorded lookups of tables of this `exchange_group`.
 
         Args:
-          pairs: `(LookupRecord, gradient)` per lookup: float32 [u, dim], or
-            `tf.IndexedSlices` of rows of it (duplicates summed).
+          pairs: `(LookupRecord, dense gradient [u, dim])` per lookup.
 
         The gradients of the lookups exchanged together (`_step_exchange.Lookups`)
         go back to their owners in one collective, the way their ids went.
@@ -196,11 +195,11 @@ class WorkerShardedTable(SparseTable):
         for rec, grad in pairs:
             hit = _step_exchange.registered(rec.embeddings)
             if hit is None:
-                dense = _lookup.densify(grad, tf.shape(rec.rows, out_type=tf.int64)[0])
-                rest.append((rec.table, rec.rows, dense, rec.table.admits_at_once))
+                rest.append((rec.table, rec.rows, grad, rec.table.admits_at_once))
                 continue
             lookups, index = hit
-            by_lookups.setdefault(id(lookups), (lookups, {}))[1].setdefault(index, []).append(grad)
+            grads = by_lookups.setdefault(id(lookups), (lookups, {}))[1]
+            grads[index] = grad if index not in grads else grads[index] + grad
         flag = getattr(_CONDITION, "flag", None)
         ops = [lookups.apply(grads, flag) for lookups, grads in by_lookups.values()]
         if rest:

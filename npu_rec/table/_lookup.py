@@ -147,8 +147,9 @@ def apply_recorded_gradients(records, grads) -> tf.Operation | None:
     for rec, grad in zip(records, grads, strict=True):
         group = getattr(rec.table, "exchange_group", None)
         if group is not None and grad is not None:
-            # As computed (per-id `IndexedSlices`): the group sums them in one op.
-            together.setdefault(group, []).append((rec, grad))
+            together.setdefault(group, []).append(
+                (rec, densify(grad, tf.shape(rec.rows, out_type=tf.int64)[0]))
+            )
     for table, rows, gs, embs in by_table.values():
         if getattr(table, "exchange_group", None) is not None:
             continue  # tables sharded across workers: their exchange sends all of them
