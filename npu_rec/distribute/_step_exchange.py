@@ -126,7 +126,8 @@ class Lookups:
         for entry, r, v in zip(
             self.entries, tf.split(rows, sizes), tf.split(emb, sizes), strict=True
         ):
-            v = v[:, : entry.table.dim]
+            if entry.table.dim != self.width:
+                v = v[:, : entry.table.dim]
             # The way back for the gradient, on the tensor itself (it lives as long as its
             # graph): npu_rec's own attribute, read only by `registered`.
             v.npu_rec_exchange = (self, len(self.results))
@@ -167,7 +168,8 @@ class Lookups:
         grads_of = tf.dynamic_partition(got, bins, n_bins + 1)
         ops = []
         for table, b in tables.values():
-            op = table.apply_local(rows_of[b], grads_of[b][:, : table.dim], None, condition)
+            g = grads_of[b] if table.dim == self.width else grads_of[b][:, : table.dim]
+            op = table.apply_local(rows_of[b], g, None, condition)
             if op is not None:
                 ops.append(op)
         return tf.group(ops)

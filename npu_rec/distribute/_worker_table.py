@@ -224,7 +224,10 @@ class WorkerShardedTable(SparseTable):
             mine = tf.where(mine)[:, 0]
             local_rows, grads = tf.gather(local_rows, mine), tf.gather(grads, mine)
         rows, at = tf.unique(local_rows, out_idx=tf.int64)
-        summed = tf.math.unsorted_segment_sum(grads, at, tf.size(rows, out_type=tf.int64))
+        if self.local.sums_slices:  # the update kernel sums the copies itself
+            summed = tf.IndexedSlices(grads, at)
+        else:
+            summed = tf.math.unsorted_segment_sum(grads, at, tf.size(rows, out_type=tf.int64))
         if condition is None:
             return self.local.apply_rows(rows, summed, all_rows=True)
 

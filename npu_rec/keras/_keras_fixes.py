@@ -14,10 +14,10 @@ multi-worker strategy (keras-team/keras#20585):
    be unfed placeholders in the multi-worker step.
 2. `reduce_per_replica` reduces the step's logs with
    `strategy.reduce("MEAN", v, axis=0)` (the reduction is fixed to "auto" in
-   `_make_function`), which fails for scalar logs. RecModel's evaluation
-   steps return their scalar logs with shape [1] under a multi-worker strategy
-   (`logs_for_reduction`); the reduction then averages them over the workers.
-   (Its training steps do not go through that reduction, see below.)
+   `_make_function`), which fails for scalar logs. `logs_for_reduction`
+   returns scalar logs with shape [1] under a multi-worker strategy, so that
+   the reduction averages them over the workers. (RecModel's training and
+   evaluation steps do not go through that reduction there, see below.)
 
 Beyond the bugs, Keras' train function costs two all-reduces per log and step
 under the strategy (`reduce_per_replica`'s MEAN is a SUM of the values, then
@@ -26,7 +26,9 @@ one of the counts), on top of the optimizer's all-reduce of the gradients.
 sums its dense gradients and its logs over the workers in one all-reduce
 (`all_reduce_with_logs`), divides the logs by the number of workers (the mean
 Keras computes) and applies the summed gradients with the optimizer's own
-reduction skipped; the function returns the step's logs as they are.
+reduction skipped; the function returns the step's logs as they are. Its
+test function (`test_function`) likewise: the evaluation step averages its
+logs in one all-reduce (`reduced_logs`).
 
 `tests/keras/test_keras_fixes.py` checks that the installed Keras still has
 both bugs: when it fails, Keras has fixed one, and its workaround can go.
@@ -80,6 +82,11 @@ def symbolic_build(model, strategy, spec) -> None:
             optimizer.build(model.trainable_variables)
 
 
+def reduced_logs(logs):
+    """The step's logs averaged over the workers in one all-reduce (an evaluation step's)."""
+    return all_reduce_with_logs([], logs)[1]
+
+
 def logs_for_reduction(logs):
     """Scalar logs as shape [1] under a multi-worker strategy (inside the replica step).
 
@@ -107,10 +114,20 @@ def train_function(model):
     Keras' function does (`tf.errors.OutOfRangeError` from the iterator,
     `StopIteration` from a Python iterator).
     """
+    return step_function(model, model.train_step)
+
+
+def test_function(model):
+    """`train_function` for `model.test_step`, whose logs take one all-reduce in the step."""
+    return step_function(model, model.test_step)
+
+
+def step_function(model, step):
+    """Keras' step-function contract for `step`, whose logs the step reduces itself."""
     strategy = model.distribute_strategy
 
     def one_step_on_data(data):
-        outputs = strategy.run(model.train_step, args=(data,))
+        outputs = strategy.run(step, args=(data,))
         return tf.nest.map_structure(lambda v: strategy.experimental_local_results(v)[0], outputs)
 
     def one_step_on_iterator(iterator):

@@ -409,7 +409,25 @@ class RecModel(ModelStateMixin, keras.Model):
     @_waits_for_the_batch
     def test_step(self, data):
         with self._gathered_lookups(data, training=False):
-            return _keras_fixes.logs_for_reduction(self._test_logs(data))
+            logs = self._test_logs(data)
+        if _keras_fixes.multi_worker(tf.distribute.get_strategy()):
+            # One all-reduce for every log (`make_test_function` returns them as reduced).
+            return _keras_fixes.reduced_logs(logs)
+        return _keras_fixes.logs_for_reduction(logs)
+
+    def make_test_function(self, force=False):
+        """Keras' test function; under a multi-worker strategy `RecModel`'s own.
+
+        There the evaluation step averages its logs over the workers in one
+        all-reduce (`test_step`), where Keras' function reduces each log with
+        2 all-reduces after the step.
+        """
+        if self.test_function is not None and not force:
+            return self.test_function
+        if _keras_fixes.multi_worker(self.distribute_strategy):
+            self.test_function = _keras_fixes.test_function(self)
+            return self.test_function
+        return super().make_test_function(force=force)
 
     def predict_step(self, data):
         with self._gathered_lookups(data, training=False, predicting=True):

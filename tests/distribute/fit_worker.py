@@ -253,7 +253,14 @@ def main(out_dir: str) -> None:
         for name in ("loss", "mae"):
             result[f"{opt_name}/step_{name}"] = np.asarray(batch_logs.logs[name])
         if opt_name == "sgd":  # evaluation and prediction look the tables up too
-            loss, mae = model.evaluate(data(), steps=5, verbose=0)
+            if MULTI:
+                counts, (loss, mae) = step_collectives(
+                    lambda model=model: model.evaluate(data(), steps=5, verbose=0)
+                )
+                result["sgd/eval_all_reduces"] = np.asarray(counts.get("CollectiveReduceV2", 0))
+                result["sgd/eval_all_to_alls"] = np.asarray(counts.get("CollectiveAllToAllV2", 0))
+            else:
+                loss, mae = model.evaluate(data(), steps=5, verbose=0)
             result["sgd/eval_loss"], result["sgd/eval_mae"] = np.asarray(loss), np.asarray(mae)
             result["sgd/predict"] = model.predict(data(), steps=2, verbose=0)
         for table in model.tables:

@@ -45,6 +45,17 @@ def test_a_training_step_makes_one_all_reduce(runs):
 
 
 @pytest.mark.timeout(600)
+def test_an_evaluation_step_makes_one_all_reduce(runs):
+    """Keras reduces each evaluation log with 2 all-reduces after the step; RecModel's
+    step averages the loss and the compiled metric in one, after 3 all-to-alls (sizes,
+    ids, rows)."""
+    _, workers = runs
+    for w in workers:
+        assert int(w["sgd/eval_all_reduces"]) == 1
+        assert int(w["sgd/eval_all_to_alls"]) == 3
+
+
+@pytest.mark.timeout(600)
 def test_evaluate_and_predict_equal_one_process(runs):
     single, workers = runs
     for w in workers:
