@@ -716,7 +716,6 @@ class SegmentStore:
             recs["last_seen"],
         )
 
-
     def num_live(self) -> int:
         return int(sum(i["n_live"] for i in self._segments.values()))
 
