@@ -79,6 +79,11 @@ class StateCollector:
         self._table = table
         self.state = None
 
+    @property
+    def slot_names(self) -> list[str]:
+        """The table's slots (a tiered save's cold records are read into the state with them)."""
+        return self._table.slot_names
+
     def check_compatible(self, meta, path) -> None:
         self._table.check_compatible(meta, path)
 
