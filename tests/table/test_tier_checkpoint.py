@@ -206,7 +206,7 @@ def test_a_delta_save_reads_only_segments_written_in_its_period(tmp_path, monkey
     monkeypatch.setattr(
         _tier_store.SegmentStore,
         "_scan",
-        staticmethod(lambda info: read.append(info) or scan(info)),
+        lambda self, info: read.append(info) or scan(self, info),
     )
     _train(table, [[100, 101], [102, 103]])
     manager.save(2, delta=True)
