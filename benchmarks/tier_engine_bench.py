@@ -93,35 +93,64 @@ _LAYOUTS = {88: (np.uint16, [1]), 176: (np.float32, [16])}
 _DIM = 16
 _CHUNK = 1_000_000
 
-_KEYS = flags.DEFINE_list("keys", ["1000000"], "Records per engine (one or more sizes).")
+# Run as a script: absl's flags; imported (its tests): flags of its own, so that
+# its names cannot clash with another module's in the importing process.
+_FV = flags.FLAGS if __name__ == "__main__" else flags.FlagValues()
+_KEYS = flags.DEFINE_list(
+    "keys", ["1000000"], "Records per engine (one or more sizes).", flag_values=_FV
+)
 _RECORD = flags.DEFINE_list(
     "record_bytes",
     ["88", "176"],
     "Record sizes: 88 (bfloat16 + RowWiseAdagrad) and/or 176 (float32 + Adagrad), dim 16.",
+    flag_values=_FV,
 )
-_ENGINES = flags.DEFINE_list("engines", list(ENGINES), f"Engines, of {ENGINES}.")
+_ENGINES = flags.DEFINE_list("engines", list(ENGINES), f"Engines, of {ENGINES}.", flag_values=_FV)
 _PROMOTIONS = flags.DEFINE_integer(
-    "promotions", 12_000, "Records read, deleted and written per step.", lower_bound=1
+    "promotions",
+    12_000,
+    "Records read, deleted and written per step.",
+    lower_bound=1,
+    flag_values=_FV,
 )
-_STEPS = flags.DEFINE_integer("steps", 20, "Timed steps per run.", lower_bound=1)
-_WARMUP = flags.DEFINE_integer("warmup", 3, "Untimed steps first.", lower_bound=0)
-_COLD = flags.DEFINE_integer("cold_steps", 3, "Cold-cache reads per run (0: none).")
-_REPS = flags.DEFINE_integer("reps", 3, "Repetitions (medians reported).", lower_bound=1)
-_ZIPF = flags.DEFINE_float("zipf_a", 1.05, "Zipf exponent of the key distribution.")
+_STEPS = flags.DEFINE_integer("steps", 20, "Timed steps per run.", lower_bound=1, flag_values=_FV)
+_WARMUP = flags.DEFINE_integer("warmup", 3, "Untimed steps first.", lower_bound=0, flag_values=_FV)
+_COLD = flags.DEFINE_integer(
+    "cold_steps", 3, "Cold-cache reads per run (0: none).", flag_values=_FV
+)
+_REPS = flags.DEFINE_integer(
+    "reps", 3, "Repetitions (medians reported).", lower_bound=1, flag_values=_FV
+)
+_ZIPF = flags.DEFINE_float(
+    "zipf_a", 1.05, "Zipf exponent of the key distribution.", flag_values=_FV
+)
 _HOT = flags.DEFINE_float(
-    "hot_fraction", 0.2, "Share of all keys in memory: reads draw from the Zipf tail after them."
+    "hot_fraction",
+    0.2,
+    "Share of all keys in memory: reads draw from the Zipf tail after them.",
+    flag_values=_FV,
 )
-_DATA = flags.DEFINE_string("data_dir", None, "Where the engines' files go (default: a temp dir).")
+_DATA = flags.DEFINE_string(
+    "data_dir", None, "Where the engines' files go (default: a temp dir).", flag_values=_FV
+)
 _PYTHON = flags.DEFINE_string(
-    "engine_python", None, "An interpreter for the engines this one cannot import."
+    "engine_python",
+    None,
+    "An interpreter for the engines this one cannot import.",
+    flag_values=_FV,
 )
-_TIMEOUT = flags.DEFINE_integer("run_timeout", 3600, "Seconds one engine's run may take.")
+_TIMEOUT = flags.DEFINE_integer(
+    "run_timeout", 3600, "Seconds one engine's run may take.", flag_values=_FV
+)
 _JSON = flags.DEFINE_string(
     "json",
     os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "tier_engine_bench.json"),
     "Where the results go (the entries of the sizes run replace theirs).",
+    flag_values=_FV,
 )
-_CHILD = flags.DEFINE_string("child", None, "Internal: run this one engine, print its JSON.")
+_CHILD = flags.DEFINE_string(
+    "child", None, "Internal: run this one engine, print its JSON.", flag_values=_FV
+)
 
 
 # ------------------------------------------------------------------ process figures
