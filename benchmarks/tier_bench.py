@@ -165,6 +165,11 @@ def _fill(tf, npu_rec, table, tiered, chunk=1_000_000):
         admit(tf.constant(raw_keys(np.arange(start, min(first, start + chunk)))))
     if not tiered:
         return
+    # Training lookups with no optimizer step after them: a tiered table keeps every
+    # key they saw from demotion until the next step (its gradient may still come),
+    # which would hold all the admitted rows through the first timed step. A fill
+    # has no gradient to come: nothing stays protected.
+    st.protected.assign(tf.zeros([0], tf.int64))
     # Sized once for every key of the table (cold keys never pass it; a step's
     # demotions enter before its promotions leave, so the cold keys alone would
     # grow it at the first step).
