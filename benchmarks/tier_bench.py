@@ -6,7 +6,9 @@ lookups (admission), the tiered table's other keys by a bulk import of
 generated rows (rows, Adagrad accumulators, counts) appended straight to its
 segment files under `--ssd_path`. Then both train on the same
 Zipf-distributed batches of `--batch` x `--fields` raw int64 ids (lookup +
-Adagrad update, one `tf.function` step). Below 20M keys (`--processes=one`)
+Adagrad update, one `tf.function` step): by default Zipf's law on the table's
+keys (`--ids=bounded`) and a new batch every step (`--batches=0`), so the
+timed steps see no batch of the warm-up. Below 20M keys (`--processes=one`)
 both tables live in this process, timed in alternating blocks of 5 steps so
 that other load on a shared machine hits both alike; from 20M keys
 (`--processes=each`) each table runs in a child process of its own, the
@@ -25,7 +27,8 @@ and at peak.
 table alone (sizes whose in-memory table does not fit). `--save_restore=DIR`
 (one process): then save the tiered table (a full save of `TableCheckpointManager` into the
 checkpoint directory DIR: memory rows in the file, sealed segments
-hard-linked), restore it into a new one and time the steps again. The segment
+hard-linked), free it, and in a new process (as a restart would) restore it
+into a new one and time the steps again. The segment
 files (and DIR) are deleted at the end, also on failure.
 
 Usage:
@@ -48,7 +51,7 @@ import tempfile
 import time
 
 import numpy as np
-from _table_ids import raw_keys, rss, zipf_ranks
+from _table_ids import bounded_zipf_ranks, raw_keys, rss, zipf_ranks
 from absl import app, flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -61,6 +64,20 @@ _WARMUP = flags.DEFINE_integer("warmup", 10, "Untimed steps first (the hot set s
 _BATCH = flags.DEFINE_integer("batch", 4096, "Examples per batch.", lower_bound=1)
 _FIELDS = flags.DEFINE_integer("fields", 26, "Ids per example.", lower_bound=1)
 _ZIPF = flags.DEFINE_float("zipf_a", 1.05, "Zipf exponent of the id distribution.")
+_IDS = flags.DEFINE_enum(
+    "ids",
+    "bounded",
+    ["bounded", "folded"],
+    "bounded: Zipf's law on the table's keys (P(rank r) ~ (r + 1) ** -zipf_a, r < keys); "
+    "folded: the unbounded law's draws folded into the keys (numpy's zipf modulo keys: past "
+    "the keys, about a third of the draws at 1.05 and 50M keys, spread uniformly).",
+)
+_DISTINCT = flags.DEFINE_integer(
+    "batches",
+    0,
+    "Distinct batches, cycled; 0: a new batch for every warm-up and timed step (a stream).",
+    lower_bound=0,
+)
 _SSD = flags.DEFINE_string("ssd_path", None, "Directory of the disk tier (default: a temp dir).")
 _THREADS = flags.DEFINE_integer("threads", 2, "TF intra/inter-op threads.", lower_bound=1)
 _COMPACT = flags.DEFINE_bool(
@@ -84,7 +101,10 @@ _PROCESSES = flags.DEFINE_enum(
     "page cache the tiered table reads from); auto: each from 20M keys.",
 )
 _VARIANT = flags.DEFINE_enum(
-    "variant", None, ["memory", "tiered"], "Internal (--processes=each): this table only."
+    "variant",
+    None,
+    ["memory", "tiered", "restore"],
+    "Internal: this table only (--processes=each), or restore --save_restore's version.",
 )
 _CHILD_OUT = flags.DEFINE_string("child_out", None, "Internal: where a child writes its result.")
 _JSON = flags.DEFINE_string(
@@ -95,6 +115,8 @@ _JSON = flags.DEFINE_string(
 
 
 def _zipf_ranks(rng, n_keys, count):
+    if _IDS.value == "bounded":
+        return bounded_zipf_ranks(rng, _ZIPF.value, n_keys, count)
     return zipf_ranks(rng, _ZIPF.value, n_keys, count)
 
 
@@ -200,16 +222,14 @@ def _peak_rss(field: str = "VmHWM") -> int:
     return 0
 
 
-def _interleaved(cases, batches, steps, warmup, block=5):
-    for fn in cases.values():
-        for i in range(warmup):
-            fn(*batches[i % len(batches)])
+def _interleaved(cases, batches, steps, first_batch, block=5):
+    """Seconds per case of `steps` steps on the batches from `first_batch`, in alternating blocks."""
     spent = dict.fromkeys(cases, 0.0)
     for first in range(0, steps, block):
         for name, fn in cases.items():
             start = time.perf_counter()
             for i in range(first, min(steps, first + block)):
-                out = fn(*batches[i % len(batches)])
+                out = fn(*batches[(first_batch + i) % len(batches)])
             out.numpy()
             spent[name] += time.perf_counter() - start
     return spent
@@ -221,8 +241,10 @@ def _memory() -> dict[str, int]:
 
 
 def _batches(tf):
+    """The batches of the warm-up, then of the timed steps (`--batches`: cycled)."""
     rng = np.random.default_rng(0)
     ids_per_batch = _BATCH.value * _FIELDS.value
+    n = _DISTINCT.value or _WARMUP.value + _STEPS.value
     return [
         (
             tf.constant(
@@ -231,7 +253,7 @@ def _batches(tf):
                 )
             ),
         )
-        for _ in range(16)
+        for _ in range(n)
     ]
 
 
@@ -256,6 +278,8 @@ def _separate() -> bool:
 
 def main(argv):
     del argv
+    if _VARIANT.value == "restore":
+        return _restore_child()
     if _VARIANT.value:
         return _child(_VARIANT.value)
     if _separate():
@@ -381,7 +405,7 @@ def _timed(tier_table, cases, batches, tiered):
         for i in range(_WARMUP.value):
             fn(*batches[i % len(batches)])
     before = tier_table.tier_stats() if tiered else {}
-    spent = _interleaved(cases, batches, _STEPS.value, 0)
+    spent = _interleaved(cases, batches, _STEPS.value, _WARMUP.value)
     after = tier_table.tier_stats() if tiered else {}
     d = {k: after[k] - before[k] for k in before if isinstance(before[k], int)}
     return spent, d, after
@@ -453,8 +477,7 @@ def _run(tf, npu_rec, tables, batches, fill, growth, ssd):
     if "memory" in spent:
         results[0]["ratio_to_memory"] = spent["memory"] / spent["tiered"]
     if _SAVE.value:
-        step_fn = lambda t: _step_fn(tf, npu_rec, t)  # noqa: E731
-        results[0].update(_save_restore(tf, npu_rec, tier_table, batches, step_fn, ssd))
+        results[0].update(_save_restore(tf, npu_rec, tier_table, ssd))
     _report(results, _machine(tf), has_memory="memory" in spent)
 
 
@@ -463,7 +486,9 @@ def _report(results, machine, has_memory):
     n, steps = _KEYS.value, _STEPS.value
     print(
         f"{n} keys, dim {_DIM.value}, batch {_BATCH.value} x {_FIELDS.value}, "
-        f"Zipf {_ZIPF.value}, {steps} timed steps"
+        f"Zipf {_ZIPF.value} ({_IDS.value}), "
+        + (f"{_DISTINCT.value} batches cycled" if _DISTINCT.value else "a new batch every step")
+        + f", {steps} timed steps"
         + (", each table in its own process" if _separate() else "")
     )
     print(
@@ -491,7 +516,9 @@ def _report(results, machine, has_memory):
         + (
             f", saved in {tier['save_s']:.1f} s ({tier['save_bytes_written'] / 2**20:.0f} MiB "
             f"written, {tier['save_files_linked']} segment files linked), restored in "
-            f"{tier['restore_s']:.1f} s, after restore {tier['steps_per_s_after_restore']:.2f} steps/s"
+            f"{tier['restore_s']:.1f} s in a new process (peak RSS "
+            f"{tier['restore_process_peak_rss_gib']:.2f} GiB), after restore "
+            f"{tier['steps_per_s_after_restore']:.2f} steps/s"
             if "steps_per_s_after_restore" in tier
             else ""
         )
@@ -502,6 +529,8 @@ def _report(results, machine, has_memory):
         "batch": _BATCH.value,
         "fields": _FIELDS.value,
         "zipf_a": _ZIPF.value,
+        "ids": _IDS.value,
+        "distinct_batches": _DISTINCT.value or _WARMUP.value + steps,
         "dim": _DIM.value,
         "steps": steps,
         "separate_processes": _separate(),
@@ -512,8 +541,8 @@ def _report(results, machine, has_memory):
         json.dump(out, f, indent=2)
 
 
-def _save_restore(tf, npu_rec, table, batches, step_fn, ssd):
-    """Saves `table` (full), restores the version into a new tiered table, times steps on it."""
+def _save_restore(tf, npu_rec, table, ssd):
+    """Saves `table` (full), then a fresh process restores the version and times steps on it."""
     from npu_rec.checkpoint import TableCheckpointManager, read_file
 
     shutil.rmtree(_SAVE.value, ignore_errors=True)
@@ -525,38 +554,75 @@ def _save_restore(tf, npu_rec, table, batches, step_fn, ssd):
     cold = [s for t in meta.get("cold", {}).values() for s in t["shards"]]
     copied = sum(s["bytes_copied"] for s in cold)
     linked = sum(f["linked"] for s in cold for f in s["files"])
+    saving_peak = _peak_rss() / 2**30
     for shard in table.shards:  # its segment files go before the restore writes new ones
         shard.state.store.close()
         # and its cold index's buckets (GiBs) before the restore builds new ones
         shard.state.cold_index.reset(tf.zeros([0], tf.int64), tf.zeros([0], tf.int64))
     gc.collect()
-    npu_rec.shutdown()  # forget the saved table: the new one takes its name
-    again = _make_table(tf, npu_rec, "tiered", True, ssd)  # the name the file holds
-    t0 = time.perf_counter()
-    TableCheckpointManager(_SAVE.value, [again]).restore()
-    restore_s = time.perf_counter() - t0
+    npu_rec.shutdown()
+    # A restart restores into a process of its own: its RSS is the restore's alone.
+    restored = os.path.join(ssd, "restored")
+    with tempfile.TemporaryDirectory(prefix="tier_bench_restore_") as tmp:
+        out = os.path.join(tmp, "restore.json")
+        argv = [a for a in sys.argv[1:] if not a.startswith(("--json", "--ssd_path"))]
+        cmd = [sys.executable, os.path.abspath(__file__), *argv, f"--ssd_path={restored}"]
+        cmd += ["--variant=restore", f"--child_out={out}"]
+        print(f"restore: own process, load average {os.getloadavg()}", flush=True)
+        subprocess.run(cmd, check=True)
+        with open(out) as f:
+            r = json.load(f)["result"]
     shutil.rmtree(_SAVE.value, ignore_errors=True)
-    size = int(again.size())
-    fn = step_fn(again)
-    for i in range(_WARMUP.value):
-        fn(*batches[i % len(batches)])
-    t0 = time.perf_counter()
-    for i in range(_STEPS.value):
-        out = fn(*batches[i % len(batches)])
-    out.numpy()
-    again_s = time.perf_counter() - t0
-    for shard in again.shards:
-        shard.state.store.close()
     return {
         "save_s": save_s,
         # Bytes a save wrote: the file (memory rows) and the open segments' records.
         "save_bytes_written": file_bytes + copied,
         "save_files_linked": linked,
-        "restore_s": restore_s,
-        "restored_size": size,
-        "steps_per_s_after_restore": _STEPS.value / again_s,
-        "peak_rss_gib": _peak_rss() / 2**30,
+        "peak_rss_gib": saving_peak,
+        **r,
     }
+
+
+def _restore_child():
+    """Restores `--save_restore`'s version into a new tiered table and times the steps on it."""
+    import tensorflow as tf
+
+    import npu_rec
+    from npu_rec.checkpoint import TableCheckpointManager
+
+    tf.config.threading.set_intra_op_parallelism_threads(_THREADS.value)
+    tf.config.threading.set_inter_op_parallelism_threads(_THREADS.value)
+    batches = _batches(tf)
+    m0 = _memory()
+    again = _make_table(tf, npu_rec, "tiered", True, _SSD.value)  # the name the file holds
+    try:
+        t0 = time.perf_counter()
+        TableCheckpointManager(_SAVE.value, [again]).restore()
+        restore_s = time.perf_counter() - t0
+        size = int(again.size())
+        restore_peak = _peak_rss() / 2**30
+        fn = _step_fn(tf, npu_rec, again)
+        for i in range(_WARMUP.value):
+            fn(*batches[i % len(batches)])
+        t0 = time.perf_counter()
+        for i in range(_STEPS.value):
+            out = fn(*batches[(_WARMUP.value + i) % len(batches)])
+        out.numpy()
+        again_s = time.perf_counter() - t0
+        m1 = _memory()
+        r = {
+            "restore_s": restore_s,
+            "restored_size": size,
+            "steps_per_s_after_restore": _STEPS.value / again_s,
+            "restore_peak_rss_gib": restore_peak,
+            "restore_process_peak_rss_gib": _peak_rss() / 2**30,
+            "restore_process_rss_growth_gib": (m1["total"] - m0["total"]) / 2**30,
+            "restore_process_load_average": os.getloadavg(),
+        }
+        with open(_CHILD_OUT.value, "w") as f:
+            json.dump({"result": r}, f)
+    finally:
+        _close([again])
 
 
 if __name__ == "__main__":
