@@ -72,6 +72,14 @@ _IDS = flags.DEFINE_enum(
     "folded: the unbounded law's draws folded into the keys (numpy's zipf modulo keys: past "
     "the keys, about a third of the draws at 1.05 and 50M keys, spread uniformly).",
 )
+_HISTORY = flags.DEFINE_integer(
+    "history_steps",
+    1000,
+    "The fill gives each key the sighting count it would have after this many steps of the "
+    "same law (1 + its expected draws; 0: every count 1): the counts the victim choice "
+    "breaks last-seen ties with, as in a table trained for a while.",
+    lower_bound=0,
+)
 _DISTINCT = flags.DEFINE_integer(
     "batches",
     0,
@@ -144,6 +152,26 @@ def _make_table(tf, npu_rec, name, tiered, ssd):
     )
 
 
+_NORM = {}
+
+
+def _history_counts(start, stop):
+    """int64 sighting counts of ranks `start..stop` (see `--history_steps`)."""
+    n, a = _KEYS.value, _ZIPF.value
+    if _HISTORY.value == 0:
+        return np.ones(stop - start, np.int64)
+    if _IDS.value == "folded":
+        raise ValueError("--history_steps: needs --ids=bounded (or 0), got --ids=folded")
+    if n not in _NORM:  # the law's normalizer, summed a slice at a time
+        _NORM[n] = sum(
+            float(np.sum(np.arange(i + 1, min(n, i + 10**7) + 1, dtype=np.float64) ** -a))
+            for i in range(0, n, 10**7)
+        )
+    draws = _HISTORY.value * _BATCH.value * _FIELDS.value
+    p = np.arange(start + 1, stop + 1, dtype=np.float64) ** -a / _NORM[n]
+    return 1 + np.floor(draws * p).astype(np.int64)
+
+
 def _chunk(tf, table, start, stop):
     """Generated state of keys `start..stop` (ranks), as tensors of the table's signature."""
     n = stop - start
@@ -155,7 +183,7 @@ def _chunk(tf, table, start, stop):
             tf.constant(rng.uniform(-0.05, 0.05, (n, _DIM.value)).astype(np.float32)),
             sig["values"][0],
         ),
-        "counts": tf.ones([n], tf.int64),
+        "counts": tf.constant(_history_counts(start, stop)),
         "last_seen": tf.zeros([n], tf.int64),
     }
     for k, (dtype, shape) in sig.items():
@@ -180,11 +208,19 @@ def _fill(tf, npu_rec, table, tiered, chunk=1_000_000):
     st = table.state
     first = min(n, st.memory_rows) if tiered else n
     admit = tf.function(
-        lambda k: tf.reduce_sum(npu_rec.sparse_lookup(table, k)[:1]),
-        input_signature=[tf.TensorSpec([None], tf.int64)],
+        lambda k, t: tf.reduce_sum(npu_rec.sparse_lookup(table, k, timestamps=t)[:1]),
+        input_signature=[tf.TensorSpec([None], tf.int64), tf.TensorSpec([None], tf.int64)],
     )
+    # One last-seen time for every admitted key, as in a table restored from a
+    # checkpoint: otherwise the fill's order (hottest ranks first, over a minute)
+    # would make the hottest keys the oldest, the first demoted.
+    now = int(time.time())
     for start in range(0, first, chunk):
-        admit(tf.constant(raw_keys(np.arange(start, min(first, start + chunk)))))
+        stop = min(first, start + chunk)
+        keys = tf.constant(raw_keys(np.arange(start, stop)))
+        admit(keys, tf.fill(tf.shape(keys), tf.constant(now, tf.int64)))
+        counts = tf.constant(np.minimum(_history_counts(start, stop), 2**31 - 1).astype(np.int32))
+        st.rows.counts.scatter_update(tf.IndexedSlices(counts, st.index.lookup(keys)))
     if not tiered:
         return
     # Training lookups with no optimizer step after them: a tiered table keeps every
