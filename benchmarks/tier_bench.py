@@ -277,9 +277,9 @@ def _memory() -> dict[str, int]:
     return {"total": _peak_rss("VmRSS"), "anon": _peak_rss("RssAnon")}
 
 
-def _batches(tf):
+def _batches(tf, seed=0):
     """The batches of the warm-up, then of the timed steps (`--batches`: cycled)."""
-    rng = np.random.default_rng(0)
+    rng = np.random.default_rng(seed)
     ids_per_batch = _BATCH.value * _FIELDS.value
     n = _DISTINCT.value or _WARMUP.value + _STEPS.value
     return [
@@ -629,7 +629,9 @@ def _restore_child():
 
     tf.config.threading.set_intra_op_parallelism_threads(_THREADS.value)
     tf.config.threading.set_inter_op_parallelism_threads(_THREADS.value)
-    batches = _batches(tf)
+    # Other batches than before the save: the restored memory rows would hold
+    # every key of the same ones.
+    batches = _batches(tf, seed=1)
     m0 = _memory()
     again = _make_table(tf, npu_rec, "tiered", True, _SSD.value)  # the name the file holds
     try:
