@@ -8,6 +8,11 @@
 //                    sum_{j<=i} u_j), columns [0, d_i), zeros elsewhere. It
 //                    replaces a `ScatterNd`, a pad and a concat per lookup
 //                    (a worker's ops run one after another on its thread).
+//   NpuRecTake       rows index[i] of params [u, ...] at i (`tf.gather` on
+//                    axis 0) for the exchange's buffers, copied inline on the
+//                    op's thread: TensorFlow's `GatherV2` hands even a few
+//                    thousand rows to the intra-op pool, and on a worker's
+//                    busy cores the hand-off waits longer than the copy.
 
 #include <cstring>
 #include <string>
@@ -17,6 +22,7 @@
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/shape_inference.h"
 #include "tensorflow/core/framework/tensor.h"
+#include "tensorflow/core/framework/types.h"
 
 namespace npu_rec {
 namespace {
@@ -109,6 +115,59 @@ class SumSlicesOp : public OpKernel {
 };
 
 REGISTER_KERNEL_BUILDER(Name("NpuRecSumSlices").Device(DEVICE_CPU), SumSlicesOp);
+
+REGISTER_OP("NpuRecTake")
+    .Input("params: T")
+    .Input("index: Tindex")
+    .Output("output: T")
+    .Attr("T: {float, int32, int64}")
+    .Attr("Tindex: {int32, int64}")
+    .SetShapeFn([](InferenceContext* c) {
+      ::tensorflow::shape_inference::ShapeHandle params, index, out;
+      TF_RETURN_IF_ERROR(c->WithRankAtLeast(c->input(0), 1, &params));
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 1, &index));
+      TF_RETURN_IF_ERROR(c->ReplaceDim(params, 0, c->Dim(index, 0), &out));
+      c->set_output(0, out);
+      return absl::OkStatus();
+    });
+
+template <typename Index>
+class TakeOp : public OpKernel {
+ public:
+  explicit TakeOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& params = ctx->input(0);
+    const Tensor& index_t = ctx->input(1);
+    OP_REQUIRES(ctx, params.dims() >= 1 && index_t.dims() == 1,
+                absl::InvalidArgumentError(
+                    "npu_rec kernel: NpuRecTake takes params [u, ...] and index [n]; got " +
+                    params.shape().DebugString() + " and " + index_t.shape().DebugString()));
+    const int64_t u = params.dim_size(0);
+    const int64_t n = index_t.NumElements();
+    const Index* index = index_t.flat<Index>().data();
+    for (int64_t i = 0; i < n; ++i) {
+      OP_REQUIRES(ctx, static_cast<uint64_t>(index[i]) < static_cast<uint64_t>(u),
+                  absl::InvalidArgumentError(
+                      "npu_rec kernel: NpuRecTake: index[" + std::to_string(i) + "] = " +
+                      std::to_string(index[i]) + " is not in [0, " + std::to_string(u) + ")"));
+    }
+    TensorShape shape = params.shape();
+    shape.set_dim(0, n);
+    Tensor* out_t = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, shape, &out_t));
+    if (n == 0 || out_t->NumElements() == 0) return;
+    const int64_t row = (params.NumElements() / u) * ::tensorflow::DataTypeSize(params.dtype());
+    const char* src = static_cast<const char*>(params.data());
+    char* dst = static_cast<char*>(out_t->data());
+    for (int64_t i = 0; i < n; ++i) std::memcpy(dst + i * row, src + index[i] * row, row);
+  }
+};
+
+REGISTER_KERNEL_BUILDER(
+    Name("NpuRecTake").Device(DEVICE_CPU).TypeConstraint<int32_t>("Tindex"), TakeOp<int32_t>);
+REGISTER_KERNEL_BUILDER(
+    Name("NpuRecTake").Device(DEVICE_CPU).TypeConstraint<int64_t>("Tindex"), TakeOp<int64_t>);
 
 }  // namespace
 }  // namespace npu_rec

@@ -32,6 +32,8 @@ import itertools
 import numpy as np
 import tensorflow as tf
 
+from npu_rec._kernels import _ops as _kernel_ops
+
 #: The collective group of the exchanges (the strategy numbers its groups from 1).
 GROUP_KEY = 0x4E505552
 #: Instance keys of the exchanges: a call site's base is `_KEY_BASE + site * _SITE_STRIDE`.
@@ -207,13 +209,18 @@ class Route:
         Returns [m, ...]: the items sent to this worker, by sender, each
         sender's in its order. Every worker must call it (a collective).
         """
-        buffer = tf.gather(_with_padding_row(values), self._fill)
-        return tf.gather(self._exchange_buffer(buffer, next_site()), self._received)
+        buffer = _take(_with_padding_row(values), self._fill)
+        return _take(self._exchange_buffer(buffer, next_site()), self._received)
 
     def reply(self, answers: tf.Tensor) -> tf.Tensor:
         """Answers ([m, ...], one per item `send` returned) back: one per item this worker sent."""
-        buffer = tf.gather(_with_padding_row(answers), self._reply_fill)
-        return tf.gather(self._exchange_buffer(buffer, next_site()), self._slot)
+        buffer = _take(_with_padding_row(answers), self._reply_fill)
+        return _take(self._exchange_buffer(buffer, next_site()), self._slot)
+
+
+def _take(params: tf.Tensor, index: tf.Tensor) -> tf.Tensor:
+    """`tf.gather(params, index)`: on the kernel path one inline copy (`NpuRecTake`)."""
+    return _kernel_ops.take(params, index)
 
 
 def _slots(valid: tf.Tensor, source: tf.Tensor, padding) -> tf.Tensor:

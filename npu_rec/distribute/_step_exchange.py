@@ -110,8 +110,8 @@ class Lookups:
                 )
                 if entry.table.dim != self.width:
                     emb = tf.pad(emb, [[0, 0], [0, self.width - entry.table.dim]])
-                local_rows.append(tf.gather(rows, at))
-                embs.append(tf.gather(emb, at))
+                local_rows.append(_kernel_ops.take(rows, at))
+                embs.append(_kernel_ops.take(emb, at))
                 continue
             uniq, at = tf.unique(keys_of[i], out_idx=tf.int64)
             if entry.training:
@@ -125,8 +125,8 @@ class Lookups:
                 rows, emb = local.lookup_unique(uniq, None, None, False)
             if entry.table.dim != self.width:
                 emb = tf.pad(emb, [[0, 0], [0, self.width - entry.table.dim]])
-            local_rows.append(tf.gather(rows, at))
-            embs.append(tf.gather(emb, at))
+            local_rows.append(_kernel_ops.take(rows, at))
+            embs.append(_kernel_ops.take(emb, at))
         #: Per received item: this worker's row (-1: not admitted).
         self._local_rows = tf.dynamic_stitch(positions, local_rows)
         global_rows = tf.where(
@@ -178,7 +178,6 @@ class Lookups:
             if op is not None:
                 ops.append(op)
         return tf.group(ops)
-
 
     def _gradient_buffer(self, grads: dict[int, object]) -> tf.Tensor:
         """float32 [sum of the lookups' u, width]: each lookup's gradient summed per row.

@@ -104,3 +104,40 @@ def test_sum_slices_refuses_an_index_outside_its_part():
             kernel_ops.sum_slices([good, bad], 2)
         with pytest.raises(tf.errors.InvalidArgumentError, match=r"dim <= 2"):
             kernel_ops.sum_slices([(tf.zeros([1, 3]), tf.constant([0], tf.int64), 1)], 2)
+
+
+@needs_kernels
+@settings(max_examples=30, deadline=None)
+@given(
+    u=st.integers(1, 50),
+    n=st.sampled_from([0, 1, 9, 500]),
+    inner=st.sampled_from([(), (1,), (4,), (18,), (2, 3)]),
+    dtype=st.sampled_from([tf.float32, tf.int32, tf.int64]),
+    index_dtype=st.sampled_from([tf.int32, tf.int64]),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_take_is_tf_gather(u, n, inner, dtype, index_dtype, seed):
+    """`NpuRecTake` (the exchange's buffer fills) against `tf.gather`, bit for bit."""
+    rng = np.random.default_rng(seed)
+    values = rng.integers(-(2**31), 2**31 - 1, (u, *inner))
+    if dtype == tf.float32:  # any float32 bits (NaN payloads, denormals) come back as sent
+        params = tf.bitcast(tf.constant(values, tf.int32), tf.float32)
+    else:
+        params = tf.constant(values, dtype)
+    index = tf.constant(rng.integers(0, u, n), index_dtype)
+    with _build.forced(True):
+        got = kernel_ops.take(params, index)
+    assert got.dtype == dtype and got.shape == (n, *inner)
+    want = tf.gather(params, index)
+    if dtype == tf.float32:
+        got, want = tf.bitcast(got, tf.int32), tf.bitcast(want, tf.int32)
+    np.testing.assert_array_equal(got.numpy(), want.numpy())
+
+
+@needs_kernels
+def test_take_refuses_an_index_outside_the_rows():
+    with _build.forced(True):
+        with pytest.raises(
+            tf.errors.InvalidArgumentError, match=r"index\[1\] = 3 is not in \[0, 3\)"
+        ):
+            kernel_ops.take(tf.zeros([3, 2]), tf.constant([0, 3], tf.int32))
