@@ -25,4 +25,5 @@ export PYTHONPATH=$PWD
 # Build once, outside pytest, so a compiler error shows plainly.
 LD_PRELOAD="$ASAN:$UBSAN" "$PY" -c "from npu_rec._kernels import _build; print('sanitised kernels:', _build.library() and _build.library_path())"
 LD_PRELOAD="$ASAN:$UBSAN" "$PY" -m pytest -o addopts="" -q -p no:cacheprovider \
-  tests/table/test_table_kernels.py tests/table/test_table_eviction.py tests/table/test_key_map.py "$@"
+  tests/table/test_table_kernels.py tests/table/test_table_eviction.py tests/table/test_key_map.py \
+  tests/distribute/test_step_exchange.py "$@"

@@ -41,7 +41,14 @@ import tensorflow as tf
 
 from npu_rec import _log as logging
 
-_SOURCES = ("table_ops.cc", "lookup_op.cc", "lookup_core.cc", "key_map.cc", "tier_io.cc")
+_SOURCES = (
+    "table_ops.cc",
+    "lookup_op.cc",
+    "lookup_core.cc",
+    "key_map.cc",
+    "tier_io.cc",
+    "exchange_ops.cc",
+)
 _HEADERS = ("kernel_util.h", "key_map.h", "lookup_core.h")
 _MODES = ("auto", "on", "off")
 # AddressSanitizer and the UndefinedBehaviorSanitizer checks that GCC 12 compiles

@@ -22,6 +22,12 @@ rounded as the stock path does); slots are float32.
 * `expand` = `tf.gather` of unique rows to the ids (axis 0, int64 [n]
   index), with `tf.gather`'s gradient (`tf.IndexedSlices` of the per-id
   gradients).
+* `sum_slices` = the per-lookup sums of several lookups' per-id gradients
+  into one zero-padded buffer (`tf.scatter_nd`, `tf.pad` and `tf.concat`
+  per lookup), for the multi-worker exchange's gradient all-to-all.
+* `take` = `tf.gather` on axis 0 of float32, int32 or int64 rows with an
+  int32 or int64 index, copied inline (`NpuRecTake`), for the exchange's
+  buffers.
 * `tier_read`, `tier_victims`, `tier_pack`, `tier_unpack` = the tiered
   table's NumPy record reads (by `pread`, not through a map), victim
   selection, record packing and verified unpacking (`npu_rec.table._tier`,
@@ -129,8 +135,48 @@ def _expand_gradient(op, grad):
 
 try:
     tf.RegisterGradient("NpuRecExpand")(_expand_gradient)
+    tf.RegisterGradient("NpuRecTake")(_expand_gradient)
 except KeyError:  # this module imported a second time (e.g. reloaded): registered already
     pass
+
+
+def sum_slices(parts, width: int) -> tf.Tensor:
+    """float32 [sum u_i, width]: each part's per-id gradients summed per row, stacked.
+
+    Args:
+      parts: `(values float32 [n_i, d_i], indices int64 [n_i], u_i)` per part,
+        d_i <= width, every index in [0, u_i).
+      width: the columns of the result (part i fills its first d_i, zeros after).
+
+    Part i's sums are rows [u_0 + ... + u_{i-1}, u_0 + ... + u_i) of the result
+    (`NpuRecSumSlices`): `tf.concat` of `tf.pad(tf.scatter_nd(indices, values,
+    [u_i, d_i]))` over the parts, in one kernel.
+    """
+    return _build.library().npu_rec_sum_slices(
+        values=[v for v, _, _ in parts],
+        indices=[x for _, x, _ in parts],
+        sizes=tf.stack([tf.cast(u, tf.int64) for _, _, u in parts]),
+        width=width,
+    )
+
+
+def take(params: tf.Tensor, index: tf.Tensor) -> tf.Tensor:
+    """`tf.gather(params, index)` on axis 0, in one inline copy (`NpuRecTake`).
+
+    For float32, int32 or int64 `params` [u, ...] and a rank-1 int32 or int64
+    index; other inputs, or no kernels, take `tf.gather`. Its gradient is
+    `tf.gather`'s.
+    """
+    if (
+        enabled()
+        and params.dtype in (tf.float32, tf.int32, tf.int64)
+        and index.dtype in (tf.int32, tf.int64)
+        and params.shape.rank is not None
+        and params.shape.rank >= 1
+        and index.shape.rank == 1
+    ):
+        return _build.library().npu_rec_take(params=params, index=index)
+    return tf.gather(params, index)
 
 
 def pad_rows(x: tf.Tensor, rows) -> tf.Tensor:

@@ -32,6 +32,8 @@ import itertools
 import numpy as np
 import tensorflow as tf
 
+from npu_rec._kernels import _ops as _kernel_ops
+
 #: The collective group of the exchanges (the strategy numbers its groups from 1).
 GROUP_KEY = 0x4E505552
 #: Instance keys of the exchanges: a call site's base is `_KEY_BASE + site * _SITE_STRIDE`.
@@ -167,8 +169,10 @@ class Route:
         workers, rank = exchange.num_workers, exchange.rank
         dest = tf.cast(dest, tf.int32)
         n = tf.size(dest)
-        self._order = tf.argsort(dest, stable=True)
-        sorted_dest = tf.gather(dest, self._order)
+        # A stable sort by worker: each worker's items in this worker's order (one
+        # partition, not the `TopKV2` of `tf.argsort`).
+        self._order = tf.concat(tf.dynamic_partition(tf.range(n), dest, workers), 0)
+        sorted_dest = _take(dest, self._order)
         counts = tf.math.bincount(dest, minlength=workers, maxlength=workers, dtype=tf.int32)
         matrix = exchange.gather_sizes(counts, next_site())  # [sender, receiver]
         largest = tf.maximum(tf.reduce_max(matrix), 1)
@@ -176,14 +180,14 @@ class Route:
         self.pad = tf.gather(BUCKETS, self._bucket)
         starts = tf.cumsum(counts, exclusive=True)
         # Position of each item in the flat [W * P] send buffer, in this worker's order.
-        slot = sorted_dest * self.pad + tf.range(n) - tf.gather(starts, sorted_dest)
-        self._slot = tf.gather(slot, tf.math.invert_permutation(self._order))
+        slot = sorted_dest * self.pad + tf.range(n) - _take(starts, sorted_dest)
+        self._slot = _take(slot, tf.math.invert_permutation(self._order))
         # The buffers are filled by gathers, not scatters (a CPU `ScatterNd` took 4-5
         # times a `GatherV2`'s time): slot (w, j) of the send buffer holds sorted item
         # starts[w] + j, or (padding) the row appended after the n items.
         at = tf.range(self.pad)[None, :]
         self._fill = _slots(at < counts[:, None], starts[:, None] + at, n)
-        self._fill = tf.gather(tf.concat([self._order, [n]], 0), self._fill)
+        self._fill = _take(tf.concat([self._order, [n]], 0), self._fill)
         incoming = matrix[:, rank]
         valid = at < incoming[:, None]  # [W, P]
         self._received = tf.cast(tf.where(tf.reshape(valid, [-1]))[:, 0], tf.int32)
@@ -207,13 +211,18 @@ class Route:
         Returns [m, ...]: the items sent to this worker, by sender, each
         sender's in its order. Every worker must call it (a collective).
         """
-        buffer = tf.gather(_with_padding_row(values), self._fill)
-        return tf.gather(self._exchange_buffer(buffer, next_site()), self._received)
+        buffer = _take(_with_padding_row(values), self._fill)
+        return _take(self._exchange_buffer(buffer, next_site()), self._received)
 
     def reply(self, answers: tf.Tensor) -> tf.Tensor:
         """Answers ([m, ...], one per item `send` returned) back: one per item this worker sent."""
-        buffer = tf.gather(_with_padding_row(answers), self._reply_fill)
-        return tf.gather(self._exchange_buffer(buffer, next_site()), self._slot)
+        buffer = _take(_with_padding_row(answers), self._reply_fill)
+        return _take(self._exchange_buffer(buffer, next_site()), self._slot)
+
+
+def _take(params: tf.Tensor, index: tf.Tensor) -> tf.Tensor:
+    """`tf.gather(params, index)`: on the kernel path one inline copy (`NpuRecTake`)."""
+    return _kernel_ops.take(params, index)
 
 
 def _slots(valid: tf.Tensor, source: tf.Tensor, padding) -> tf.Tensor:

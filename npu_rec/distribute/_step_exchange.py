@@ -38,7 +38,9 @@ import threading
 import tensorflow as tf
 
 from npu_rec import _log as logging
+from npu_rec._kernels import _ops as _kernel_ops
 from npu_rec.table import _lookup
+from npu_rec.table._fused import KernelBackend
 
 _STATE = threading.local()
 _LOGGED: set[str] = set()
@@ -97,8 +99,21 @@ class Lookups:
             times_of = tf.dynamic_partition(got[:, 3], self._which, n_entries)
         local_rows, embs = [], []
         for i, entry in enumerate(self.entries):
-            uniq, at = tf.unique(keys_of[i], out_idx=tf.int64)
             local = entry.table.local
+            if entry.training and _merges_in_kernel(local):
+                # The training lookup kernel merges the copies itself (counts summed,
+                # times maxed, first-occurrence order, as below): one op, not four.
+                _, at, rows, emb = local.state.locked(
+                    lambda local=local, i=i, entry=entry: local.backend.fused_lookup(
+                        local, keys_of[i], counts_of[i], times_of[i], entry.from_feature, None
+                    )
+                )
+                if entry.table.dim != self.width:
+                    emb = tf.pad(emb, [[0, 0], [0, self.width - entry.table.dim]])
+                local_rows.append(_kernel_ops.take(rows, at))
+                embs.append(_kernel_ops.take(emb, at))
+                continue
+            uniq, at = tf.unique(keys_of[i], out_idx=tf.int64)
             if entry.training:
                 n_uniq = tf.size(uniq, out_type=tf.int64)
                 counts = tf.math.unsorted_segment_sum(counts_of[i], at, n_uniq)
@@ -110,8 +125,8 @@ class Lookups:
                 rows, emb = local.lookup_unique(uniq, None, None, False)
             if entry.table.dim != self.width:
                 emb = tf.pad(emb, [[0, 0], [0, self.width - entry.table.dim]])
-            local_rows.append(tf.gather(rows, at))
-            embs.append(tf.gather(emb, at))
+            local_rows.append(_kernel_ops.take(rows, at))
+            embs.append(_kernel_ops.take(emb, at))
         #: Per received item: this worker's row (-1: not admitted).
         self._local_rows = tf.dynamic_stitch(positions, local_rows)
         global_rows = tf.where(
@@ -143,17 +158,7 @@ class Lookups:
         one process's). Lookups without a gradient send zeros and step nothing.
         `condition` (a bool scalar equal on every worker, or None): apply only if True.
         """
-        parts = []
-        for i, entry in enumerate(self.entries):
-            g = grads.get(i)
-            if g is None:
-                parts.append(tf.zeros(tf.stack([tf.shape(entry.keys)[0], self.width])))
-            else:
-                g = tf.cast(g, tf.float32)
-                if entry.table.dim != self.width:
-                    g = tf.pad(g, [[0, 0], [0, self.width - entry.table.dim]])
-                parts.append(g)
-        got = self._route.send(tf.concat(parts, 0))
+        got = self._route.send(self._gradient_buffer(grads))
         tables: dict[int, tuple[object, int]] = {}  # id(table) -> (table, its bin)
         bin_of = [-1] * len(self.entries)
         for i in sorted(grads):
@@ -173,6 +178,48 @@ class Lookups:
             if op is not None:
                 ops.append(op)
         return tf.group(ops)
+
+    def _gradient_buffer(self, grads: dict[int, object]) -> tf.Tensor:
+        """float32 [sum of the lookups' u, width]: each lookup's gradient summed per row.
+
+        `grads[i]` is dense [u_i, dim] or the per-id `tf.IndexedSlices` of lookup
+        i's rows; the kernel path sums the slices of every lookup in one op
+        (`NpuRecSumSlices`), the stock path with a `tf.scatter_nd` per lookup.
+        """
+        sizes = [tf.shape(e.keys, out_type=tf.int64)[0] for e in self.entries]
+        if _kernel_ops.enabled():
+            parts = []
+            for i, (entry, u) in enumerate(zip(self.entries, sizes, strict=True)):
+                g = grads.get(i)
+                if g is None:
+                    parts.append((tf.zeros([0, entry.table.dim]), tf.zeros([0], tf.int64), u))
+                elif isinstance(g, tf.IndexedSlices):
+                    at = tf.cast(g.indices, tf.int64)
+                    parts.append((tf.cast(g.values, tf.float32), at, u))
+                else:
+                    parts.append((tf.cast(g, tf.float32), tf.range(u), u))
+            return _kernel_ops.sum_slices(parts, self.width)
+        parts = []
+        for i, (entry, u) in enumerate(zip(self.entries, sizes, strict=True)):
+            g = grads.get(i)
+            if g is None:
+                parts.append(tf.zeros(tf.stack([u, self.width])))
+                continue
+            g = tf.cast(_lookup.densify(g, u), tf.float32)
+            if entry.table.dim != self.width:
+                g = tf.pad(g, [[0, 0], [0, self.width - entry.table.dim]])
+            parts.append(g)
+        return tf.concat(parts, 0)
+
+
+def _merges_in_kernel(local) -> bool:
+    """Whether a worker's shard `local` takes repeated keys with counts in its training lookup.
+
+    The kernel backend's training lookup (`NpuRecTrainLookup`) deduplicates
+    keys with per-key counts and times itself; other backends (stock ops, a
+    tiered table) take the merged unique keys.
+    """
+    return _kernel_ops.enabled() and type(getattr(local, "backend", None)) is KernelBackend
 
 
 def registered(embeddings: tf.Tensor):

@@ -51,7 +51,7 @@ import tensorflow as tf
 
 from npu_rec.distribute import _step_exchange, _tf_private
 from npu_rec.distribute._exchange import Exchange
-from npu_rec.table import _fallback
+from npu_rec.table import _fallback, _lookup
 from npu_rec.table._base import SparseTable, rows_with_values
 from npu_rec.table._config import TableConfig
 from npu_rec.table._sharded import shard_of, shard_of_numpy
@@ -193,7 +193,8 @@ class WorkerShardedTable(SparseTable):
         """Applies the gradients of recorded lookups of tables of this `exchange_group`.
 
         Args:
-          pairs: `(LookupRecord, dense gradient [u, dim])` per lookup.
+          pairs: `(LookupRecord, gradient)` per lookup: dense [u, dim] or the per-id
+            `tf.IndexedSlices` of the lookup's embeddings.
 
         The gradients of the lookups exchanged together (`_step_exchange.Lookups`)
         go back to their owners in one collective, the way their ids went.
@@ -203,11 +204,12 @@ class WorkerShardedTable(SparseTable):
         for rec, grad in pairs:
             hit = _step_exchange.registered(rec.embeddings)
             if hit is None:
-                rest.append((rec.table, rec.rows, grad, rec.table.admits_at_once))
+                dense = _lookup.densify(grad, tf.shape(rec.rows, out_type=tf.int64)[0])
+                rest.append((rec.table, rec.rows, dense, rec.table.admits_at_once))
                 continue
             lookups, index = hit
             grads = by_lookups.setdefault(id(lookups), (lookups, {}))[1]
-            grads[index] = grad if index not in grads else grads[index] + grad
+            grads[index] = grad if index not in grads else _add(grads[index], grad)
         flag = getattr(_CONDITION, "flag", None)
         ops = [lookups.apply(grads, flag) for lookups, grads in by_lookups.values()]
         if rest:
@@ -350,6 +352,17 @@ class WorkerShardedTable(SparseTable):
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "num_workers": self.num_workers, "rank": self.rank}
+
+
+def _add(a, b):
+    """The sum of two gradients of one lookup (dense or `tf.IndexedSlices`)."""
+    if isinstance(a, tf.IndexedSlices) and isinstance(b, tf.IndexedSlices):
+        return tf.IndexedSlices(
+            tf.concat([a.values, b.values], 0),
+            tf.concat([tf.cast(a.indices, tf.int64), tf.cast(b.indices, tf.int64)], 0),
+            a.dense_shape,
+        )
+    return tf.convert_to_tensor(a) + tf.convert_to_tensor(b)
 
 
 def _pack(rows: tf.Tensor, values: tf.Tensor) -> tf.Tensor:

@@ -134,8 +134,8 @@ def apply_recorded_gradients(records, grads) -> tf.Operation | None:
         )
     by_table: dict[int, tuple[SparseTable, list, list]] = {}
     for rec, grad in zip(records, grads, strict=True):
-        if grad is None:
-            continue
+        if grad is None or getattr(rec.table, "exchange_group", None) is not None:
+            continue  # tables sharded across workers: below, per-id gradients as they are
         if isinstance(grad, tf.IndexedSlices) and not rec.table.sums_slices:
             grad = densify(grad, tf.shape(rec.rows, out_type=tf.int64)[0])
         entry = by_table.setdefault(id(rec.table), (rec.table, [], [], []))
@@ -147,12 +147,8 @@ def apply_recorded_gradients(records, grads) -> tf.Operation | None:
     for rec, grad in zip(records, grads, strict=True):
         group = getattr(rec.table, "exchange_group", None)
         if group is not None and grad is not None:
-            together.setdefault(group, []).append(
-                (rec, densify(grad, tf.shape(rec.rows, out_type=tf.int64)[0]))
-            )
+            together.setdefault(group, []).append((rec, grad))
     for table, rows, gs, embs in by_table.values():
-        if getattr(table, "exchange_group", None) is not None:
-            continue  # tables sharded across workers: their exchange sends all of them
         # Rows of training lookups are all >= 0 when the table admits at once.
         if len(rows) == 1:
             # The lookup's embeddings are the rows' values: no second read.
