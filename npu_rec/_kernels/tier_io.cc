@@ -309,10 +309,7 @@ constexpr int64_t kMaxGap = 4096;
 constexpr int64_t kMaxRunRecords = 480;  // 2 iovecs a record, under IOV_MAX (1024)
 constexpr int64_t kThreadedRuns = 64;
 constexpr int64_t kRunsPerThread = 32;
-// Reads that miss the page cache (a 10M-key table's files dropped from it, 10k
-// records a step, load average 7-9): 16 threads 243 ms a step, 32 196 ms, 64
-// 222 ms (medians of 13 steps, alternating).
-constexpr int64_t kMaxThreads = 32;
+constexpr int64_t kMaxThreads = 16;
 
 class TierReadOp : public OpKernel {
  public:
