@@ -31,7 +31,8 @@ rounded as the stock path does); slots are float32.
 * `tier_read`, `tier_victims`, `tier_pack`, `tier_unpack` = the tiered
   table's NumPy record reads (by `pread`, not through a map), victim
   selection, record packing and verified unpacking (`npu_rec.table._tier`,
-  `_tier_store`).
+  `_tier_store`); `tier_unique` = `tf.unique(ids)[0]` of the batch's ids
+  the tier promotes.
 """
 
 from __future__ import annotations
@@ -192,6 +193,11 @@ def pad_rows(x: tf.Tensor, rows) -> tf.Tensor:
 def tier_read(**args) -> tf.Tensor:
     """int64 [m, words]: records read from the segment files, unverified (`NpuRecTierRead`)."""
     return _build.library().npu_rec_tier_read(**args)
+
+
+def tier_unique(ids: tf.Tensor) -> tf.Tensor:
+    """int64 [u]: `tf.unique(ids)[0]` (first-occurrence order) of int64 ids (`NpuRecTierUnique`)."""
+    return _build.library().npu_rec_tier_unique(ids=ids)
 
 
 def tier_victims(**args):

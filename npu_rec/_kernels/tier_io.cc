@@ -28,6 +28,9 @@
 //                      stored), counts, saved counts (as of `period`) and
 //                      last-seen times; a record failing its checksum fails
 //                      the op (DataLoss) naming its segment file.
+//   NpuRecTierUnique   a batch's ids -> its unique keys in first-occurrence
+//                      order (`tf.unique`'s first output, by open addressing
+//                      on SplitMix64 of the key: the keys `prepare` promotes).
 //
 // The checksum is `_tier_store.SegmentStore._checksum`: the 64-bit wrapping
 // sum of word[i] * weight[i] over all words but the last, s ^= s >> 29, plus
@@ -85,6 +88,14 @@ REGISTER_OP("NpuRecTierVictims")
     .SetShapeFn([](InferenceContext* c) {
       c->set_output(0, c->Vector(InferenceContext::kUnknownDim));
       c->set_output(1, c->Scalar());
+      return absl::OkStatus();
+    });
+
+REGISTER_OP("NpuRecTierUnique")
+    .Input("ids: int64")
+    .Output("unique: int64")
+    .SetShapeFn([](InferenceContext* c) {
+      c->set_output(0, c->Vector(InferenceContext::kUnknownDim));
       return absl::OkStatus();
     });
 
@@ -610,6 +621,37 @@ class TierUnpackOp : public OpKernel {
   ::tensorflow::DataType row_dtype_, slot_dtype_;
 };
 
+class TierUniqueOp : public OpKernel {
+ public:
+  explicit TierUniqueOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& ids_t = ctx->input(0);
+    const int64_t n = ids_t.NumElements();
+    const int64_t* ids = ids_t.flat<int64_t>().data();
+    std::vector<int64_t> keys;
+    keys.reserve(n);
+    uint64_t buckets = 16;
+    while (buckets < 2 * static_cast<uint64_t>(n)) buckets *= 2;
+    const uint64_t mask = buckets - 1;
+    std::vector<int64_t> slot(buckets, -1);  // position in `keys`, or -1
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t id = ids[i];
+      uint64_t h = SplitMix64(static_cast<uint64_t>(id)) & mask;
+      while (slot[h] >= 0 && keys[slot[h]] != id) h = (h + 1) & mask;
+      if (slot[h] < 0) {
+        slot[h] = static_cast<int64_t>(keys.size());
+        keys.push_back(id);
+      }
+    }
+    const int64_t u = static_cast<int64_t>(keys.size());
+    Tensor* out = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({u}), &out));
+    if (u > 0) std::memcpy(out->flat<int64_t>().data(), keys.data(), sizeof(int64_t) * u);
+  }
+};
+
+REGISTER_KERNEL_BUILDER(Name("NpuRecTierUnique").Device(DEVICE_CPU), TierUniqueOp);
 REGISTER_KERNEL_BUILDER(Name("NpuRecTierVictims").Device(DEVICE_CPU), TierVictimsOp);
 REGISTER_KERNEL_BUILDER(Name("NpuRecTierRead").Device(DEVICE_CPU), TierReadOp);
 REGISTER_KERNEL_BUILDER(Name("NpuRecTierPack").Device(DEVICE_CPU), TierPackOp);

@@ -304,8 +304,11 @@ class TierMixin:
         with tf.control_dependencies(ops):
             return tf.identity(prot)
 
-    def _cold_keys(self, shard, keys):
-        """(protected keys, keys without a memory row, the cold ones among them, their locations)."""
+    def _cold_keys(self, shard, keys, with_rows: bool = False):
+        """(protected keys, keys without a memory row, the cold ones among them, their locations).
+
+        `with_rows`: then also the rows of `keys` (-1: none) as the lookup found them.
+        """
         st = shard.state
         protected = self._protect(shard, keys)
         with tf.control_dependencies([protected]):
@@ -313,7 +316,8 @@ class TierMixin:
         miss = tf.boolean_mask(keys, rows0 < 0)
         locs = tf.reshape(st.cold_index.lookup(miss), [-1])
         found = locs >= 0
-        return protected, miss, tf.boolean_mask(miss, found), tf.boolean_mask(locs, found)
+        out = protected, miss, tf.boolean_mask(miss, found), tf.boolean_mask(locs, found)
+        return (*out, rows0) if with_rows else out
 
     def _demote(self, shard, excess, protected) -> tf.Tensor:
         st = shard.state
@@ -709,9 +713,15 @@ class TieredKernelBackend(TierMixin, KernelBackend):
     bookkeeping and the `pwrite` in two `numpy_function` calls per step (the
     NumPy path: four): the segment files' descriptors, the period and the
     victim hand; then append the victims' records, mark the promoted ones
-    dead and compact. The records are read and verified before anything
-    changes, so a corrupted record fails the step with the table untouched.
-    Inference reads go through the same read and unpack kernels.
+    dead and compact. The read (and its verification) and the victims'
+    selection and packing change nothing, so they run side by side; the
+    first change (the append) waits for the records read to be verified, so
+    a corrupted record fails the step with the table untouched. The fused
+    lookup's unique keys come from `NpuRecTierUnique` (`tf.unique`'s keys,
+    in its order), and the victims' held rows are the rows the batch's probe
+    found (looked up again only when earlier lookups of the optimizer step
+    protected more keys). Inference reads go through the same read and
+    unpack kernels.
     """
 
     name = "kernels+tier"
@@ -722,7 +732,7 @@ class TieredKernelBackend(TierMixin, KernelBackend):
         s = st.rows
         store = st.store
         keys = tf.reshape(tf.cast(keys, tf.int64), [-1])
-        protected, miss, pkeys, plocs = self._cold_keys(shard, keys)
+        protected, miss, pkeys, plocs, rows0 = self._cold_keys(shard, keys, with_rows=True)
         n_miss = tf.size(miss, out_type=tf.int64)
         n_keys = tf.size(keys, out_type=tf.int64)
 
@@ -744,7 +754,16 @@ class TieredKernelBackend(TierMixin, KernelBackend):
         excess = tf.maximum(s.live_count() + n_miss - st.memory_rows, 0)
 
         def pack():
-            held = tf.reshape(st.index.lookup(protected), [-1])
+            # The protected keys' rows: those `rows0` holds when `protected` is `keys`
+            # (no earlier lookup in this optimizer step), else looked up.
+            n = tf.minimum(tf.size(protected), tf.size(keys))
+            same = tf.logical_and(
+                tf.equal(tf.size(protected), tf.size(keys)),
+                tf.reduce_all(tf.equal(protected[:n], keys[:n])),
+            )
+            held = tf.cond(
+                same, lambda: rows0, lambda: tf.reshape(st.index.lookup(protected), [-1])
+            )
             victims, next_hand = _ops.tier_victims(
                 counts=s.counts.handle,
                 last_seen=s.last_seen.handle,
@@ -771,8 +790,10 @@ class TieredKernelBackend(TierMixin, KernelBackend):
         def nothing():
             return tf.zeros([0], tf.int64), tf.zeros([0, store.words], tf.int64), hand
 
-        with tf.control_dependencies([values]):  # verified before anything changes
-            victims, recs, hand = tf.cond(excess > 0, pack, nothing)
+        # Victims and their records change nothing: they run beside the read (on the
+        # other inter-op thread); the first change, `write`, waits for the records
+        # read to be verified, so a corrupted one fails the step with the table untouched.
+        victims, recs, hand = tf.cond(excess > 0, pack, nothing)
 
         def write(recs, plocs, hand):
             # The victims' records appended, the promoted ones marked dead (their
@@ -792,9 +813,10 @@ class TieredKernelBackend(TierMixin, KernelBackend):
                 return locs, np.zeros(0, np.int64), np.zeros(0, np.int64)
             return (locs, *store.relocate(seg))
 
-        locs, ckeys, clocs = tf.numpy_function(
-            write, [recs, plocs, hand], [tf.int64, tf.int64, tf.int64], stateful=True
-        )
+        with tf.control_dependencies([values]):  # verified before anything changes
+            locs, ckeys, clocs = tf.numpy_function(
+                write, [recs, plocs, hand], [tf.int64, tf.int64, tf.int64], stateful=True
+            )
         demoted = self._moved_out(
             shard, recs[:, 0], tf.reshape(locs, [-1]), victims, tf.size(victims, out_type=tf.int64)
         )
@@ -858,7 +880,10 @@ class TieredKernelBackend(TierMixin, KernelBackend):
         return tf.cast(values, tf.float32)  # exact for bfloat16 / float16
 
     def fused_lookup(self, shard, ids, id_counts, times, from_feature: bool, batch_time):
-        uniq = tf.unique(tf.reshape(ids, [-1]))[0] if id_counts is None else ids
+        # `tf.unique`'s keys in its order, by a kernel of a fraction of its time.
+        uniq = (
+            _ops.tier_unique(tf.reshape(tf.cast(ids, tf.int64), [-1])) if id_counts is None else ids
+        )
         prep = self.prepare(shard, uniq)
         with tf.control_dependencies([prep]):
             ids = tf.identity(ids)

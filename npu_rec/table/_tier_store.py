@@ -498,15 +498,19 @@ class SegmentStore:
 
     def kill(self, locs: np.ndarray) -> None:
         """Marks records dead (promoted or evicted); deletes segments left empty."""
-        locs = np.asarray(locs, np.int64)
+        locs = np.unique(np.asarray(locs, np.int64))  # sorted: a slice per segment
+        if not len(locs):
+            return
         segs = locs // self.per_segment
-        for seg in np.unique(segs):
-            info = self._segments[int(seg)]
-            at = np.unique(locs[segs == seg] - seg * self.per_segment)
+        cuts = np.flatnonzero(segs[1:] != segs[:-1]) + 1
+        for lo, hi in zip(np.r_[0, cuts], np.r_[cuts, len(locs)], strict=True):
+            seg = int(segs[lo])
+            info = self._segments[seg]
+            at = locs[lo:hi] - seg * self.per_segment
             info["n_live"] -= int(np.count_nonzero(info["live"][at]))
             info["live"][at] = False
             if seg != self._active and not info["n_live"]:
-                self._drop_segment(int(seg))
+                self._drop_segment(seg)
 
     def live_records(self):
         """(records, locations) of every live record, checksums verified."""

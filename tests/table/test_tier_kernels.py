@@ -392,3 +392,15 @@ def test_pread_refuses_a_corrupted_missing_or_short_segment_naming_its_file(lib,
         assert last in str(err.value)
     finally:
         store.close()
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    ids=st.lists(st.integers(-(2**63), 2**63 - 1), max_size=200)
+    | st.lists(st.integers(-20, 20), max_size=300)
+)
+def test_unique_keys_are_tf_unique_in_its_order(lib, ids):
+    """The batch's keys the fused tiered lookup promotes: `tf.unique`'s, first sightings first."""
+    x = tf.constant(np.array(ids, np.int64).reshape(-1), tf.int64)
+    got = lib.npu_rec_tier_unique(ids=x).numpy()
+    np.testing.assert_array_equal(got, tf.unique(x)[0].numpy())
