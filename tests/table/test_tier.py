@@ -11,7 +11,6 @@ restores of each table's checkpoints into the other kind of table.
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -26,21 +25,19 @@ import npu_rec
 from npu_rec._kernels import _build, _key_map
 from npu_rec.checkpoint import CheckpointCorruptedError, TableCheckpointManager, _cold
 from npu_rec.table import _registry, _tier_store
-from tests.table.tier_driver import TablePair, assert_same_bits
+from tests.table.tier_driver import (
+    HAVE_CXX,
+    PATHS,
+    TablePair,
+    assert_same_bits,
+    small_segments,  # noqa: F401 (the fixture, used by `pytestmark`)
+)
 
 DIM = 3
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-HAVE_CXX = shutil.which(os.environ.get("CXX") or "g++") is not None
-PATHS = [False, pytest.param(True, marks=pytest.mark.skipif(not HAVE_CXX, reason="no compiler"))]
 
-
-@pytest.fixture(autouse=True)
-def _small_segments(monkeypatch):
-    """Segments of a few records, so that sealing, compaction and deletion happen often."""
-    monkeypatch.setattr(_tier_store, "DEFAULT_SEGMENT_BYTES", 600)
-    _registry.clear()
-    yield
-    _registry.clear()
+#: Every test: segment files of a few records (and a fresh table registry).
+pytestmark = pytest.mark.usefixtures("small_segments")
 
 
 _op = st.one_of(
