@@ -130,6 +130,8 @@ def test_tiered_table_agrees_in_tf_function_and_v1_graphs(tmp_path_factory, mode
 
 
 def _busy_ops(steps=30, keys=40, seed=0):
+    """`steps` training steps of up to 9 of `keys` keys; from 14 steps on, a full and a
+    delta save, an eviction and a restore of the other table's checkpoint among them."""
     rng = np.random.default_rng(seed)
     ops = []
     for i in range(steps):
@@ -150,7 +152,13 @@ def _busy_ops(steps=30, keys=40, seed=0):
 )
 def test_every_optimizer_admission_and_sharding(tmp_path, optimizer, access, shards):
     stats = _run(
-        tmp_path, "eager", HAVE_CXX, _busy_ops(), optimizer=optimizer, access=access, shards=shards
+        tmp_path,
+        "eager",
+        HAVE_CXX,
+        _busy_ops(steps=20),
+        optimizer=optimizer,
+        access=access,
+        shards=shards,
     )
     assert stats["promotions"] > 0 and stats["demotions"] > 0
 
@@ -168,7 +176,7 @@ def test_every_optimizer_admission_and_sharding(tmp_path, optimizer, access, sha
 def test_compact_rows_and_row_wise_slots_keep_their_bits_through_the_disk_tier(
     tmp_path, value_dtype, optimizer, shards
 ):
-    ops = [*_busy_ops(), ("swap", 0), *_busy_ops(steps=8, seed=1)]
+    ops = [*_busy_ops(steps=20), ("swap", 0), *_busy_ops(steps=8, seed=1)]
     stats = _run(
         tmp_path,
         "eager",
