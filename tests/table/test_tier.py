@@ -74,10 +74,7 @@ def _run(
         for op in ops:
             if op[0] == "train":
                 clock += op[2]
-                ids = np.array(op[1], np.int64)
-                ts = clock - rng.integers(0, 2, len(ids))
-                grads = rng.normal(size=(len(ids), DIM)).astype(np.float32)
-                pair.step(ids, ts, grads)
+                pair.train(op[1], clock, rng)
             elif op[0] == "evict":
                 pair.evict(clock + op[1])
             elif op[0] == "save":
@@ -89,12 +86,8 @@ def _run(
                 for i, d in enumerate(pair.both):
                     src = managers[i] if op[1] == "own" else managers[1 - i]
                     TableCheckpointManager(src.directory, [d.table]).restore(session=d.sess)
-            elif op[0] == "swap":  # each table restores the other's full save
-                paths = [str(tmp_path / f"swap{i}.nrc") for i in range(2)]
-                for d, p in zip(pair.both, paths, strict=True):
-                    d.save(p)
-                pair.mem.restore(paths[1])
-                pair.tier.restore(paths[0])
+            elif op[0] == "swap":
+                pair.swap(tmp_path)
             pair.assert_same()
         probe = np.arange(-3, 41, dtype=np.int64)
         np.testing.assert_array_equal(pair.tier.read(probe), pair.mem.read(probe))

@@ -65,20 +65,13 @@ def _run(tmp_path, mode, kernels, ops, *, optimizer="adagrad", shards=1, **extra
     clock, cold_reads = 100, 0
     try:
         for op in ops:
-            if op[0] == "train":
+            if op[0] == "train":  # the training lookups' rows, fallback rows included
                 clock += op[2]
-                ids = np.array(op[1], np.int64)
-                ts = clock - rng.integers(0, 2, len(ids))
-                grads = rng.normal(size=(len(ids), DIM)).astype(np.float32)
-                pair.step(ids, ts, grads)  # the training lookups' rows, fallback rows included
+                pair.train(op[1], clock, rng)
             elif op[0] == "evict":
                 pair.evict(clock + op[1])
-            elif op[0] == "swap":  # each table restores the other's full save
-                paths = [str(tmp_path / f"swap{i}.nrc") for i in range(2)]
-                for d, p in zip(pair.both, paths, strict=True):
-                    d.save(p)
-                pair.mem.restore(paths[1])
-                pair.tier.restore(paths[0])
+            elif op[0] == "swap":
+                pair.swap(tmp_path)
             pair.assert_same()
             _same_fallback(pair)
             want = pair.mem.read(probe)

@@ -169,8 +169,22 @@ class TablePair:
         got = [d.step(ids, ts, grads) for d in self.both]
         np.testing.assert_array_equal(got[1], got[0])
 
+    def train(self, ids, clock: int, rng) -> None:
+        """One step on `ids` at timestamps `clock` or `clock - 1`, random gradients."""
+        ids = np.array(ids, np.int64)
+        ts = clock - rng.integers(0, 2, len(ids))
+        self.step(ids, ts, rng.normal(size=(len(ids), self.mem.dim)).astype(np.float32))
+
     def evict(self, now: int) -> None:
         assert self.tier.evict(now) == self.mem.evict(now)
+
+    def swap(self, directory) -> None:
+        """Each table restores the other's full save (files in `directory`)."""
+        paths = [os.path.join(directory, f"swap{i}.nrc") for i in range(2)]
+        for d, path in zip(self.both, paths, strict=True):
+            d.save(path)
+        self.mem.restore(paths[1])
+        self.tier.restore(paths[0])
 
     def assert_same(self) -> None:
         want, got = self.mem.export(), self.tier.export()
