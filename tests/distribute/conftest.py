@@ -7,11 +7,8 @@ time limit and its own process group; the two-worker run goes through `npu_rec.l
 
 import io
 import os
-import signal
 import subprocess
 import sys
-import tempfile
-import time
 
 import numpy as np
 import pytest
@@ -29,56 +26,32 @@ def _env():
     return env
 
 
-def _start(args, timeout):
-    """Starts `python args...` (its own process group); the returned callable waits for it
-    (at most `timeout` seconds from the start) and asserts that it succeeded."""
-    log = tempfile.TemporaryFile()  # not a pipe: nobody reads it while the workers run
-    proc = subprocess.Popen(
-        [sys.executable, *args], env=_env(), stdout=log, stderr=log, start_new_session=True
+def _run(args, timeout):
+    proc = subprocess.run(
+        [sys.executable, *args],
+        env=_env(),
+        capture_output=True,
+        timeout=timeout,
+        start_new_session=True,
     )
-    deadline = time.monotonic() + timeout
-
-    def wait() -> None:
-        try:
-            proc.wait(timeout=max(1.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            raise
-        finally:
-            log.seek(0)
-            output = log.read().decode(errors="replace")
-            log.close()
-        assert proc.returncode == 0, output[-6000:]
-
-    return wait
+    assert proc.returncode == 0, proc.stdout.decode()[-3000:] + proc.stderr.decode()[-3000:]
 
 
-def run_scenario(
-    script: str, out, workers: int = 2, timeout: int = 200, args=(), alongside: bool = False
-) -> None:
-    """Runs `script out *args` in one process and on `workers` workers through `npu_rec.launch`.
+def run_scenario(script: str, out, workers: int = 2, timeout: int = 200, args=()) -> None:
+    """Runs `script out *args` in one process, then on `workers` workers through `npu_rec.launch`.
 
-    The one process runs first, or with `alongside` at the same time as the workers (for a
-    script whose workers do not read what the one process writes). Each run must succeed;
-    the single run gets `timeout` seconds, the launch 1.5 times that (2 times with 3
-    workers or more).
+    Each run must succeed; the single run gets `timeout` seconds, the launch 1.5 times that
+    (2 times with 3 workers or more).
     """
-    wait_single = _start([script, str(out), *args], timeout=timeout)
-    if not alongside:
-        wait_single()
+    _run([script, str(out), *args], timeout=timeout)
     log = io.BytesIO()
-    try:
-        code = launch.run(
-            [sys.executable, script, str(out), *args],
-            workers=workers,
-            timeout_secs=timeout * (3 if workers == 2 else 4) // 2,
-            out=log,
-            env=_env(),
-        )
-    finally:
-        if alongside:
-            wait_single()
+    code = launch.run(
+        [sys.executable, script, str(out), *args],
+        workers=workers,
+        timeout_secs=timeout * (3 if workers == 2 else 4) // 2,
+        out=log,
+        env=_env(),
+    )
     assert code == 0, log.getvalue().decode()[-6000:]
 
 
@@ -102,7 +75,7 @@ def runs(tmp_path_factory):
 def keras_scenarios(tmp_path_factory):
     """The directory of the tier and the fallback scenarios' files (`keras_worker.py`)."""
     out = tmp_path_factory.mktemp("keras_scenarios")
-    run_scenario(_KERAS_WORKER, out, timeout=300, args=("tier", "fallback"), alongside=True)
+    run_scenario(_KERAS_WORKER, out, timeout=300, args=("tier", "fallback"))
     return out
 
 

@@ -18,7 +18,7 @@ _WORKER = os.path.join(os.path.dirname(__file__), "three_worker.py")
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     out = tmp_path_factory.mktemp("three")
-    run_scenario(_WORKER, out, workers=3, alongside=True)
+    run_scenario(_WORKER, out, workers=3)
     return np.load(out / "single.npz"), [np.load(out / f"{r}.npz") for r in range(3)]
 
 
