@@ -1,56 +1,28 @@
 """2 workers, Keras `fit`, tables with `not_admitted="hashed"`: the same run as one process.
 
-`fallback_worker.py` trains two hashed tables (SGD float32; RowWiseAdagrad with
-bfloat16 rows) and a table without a fallback for 30 steps, once in one process
-on the whole global batches and once on 2 workers through `npu_rec.launch`
-(subprocesses with hard time limits). Every step's loss, the evaluation, the
-union of the workers' keys and rows, and every worker's copy of each fallback
-must equal the one process's; a 2-worker checkpoint restores the fallback in one
-process.
+`fallback_worker.py` (run by `keras_worker.py`) trains two hashed tables (SGD
+float32; RowWiseAdagrad with bfloat16 rows) and a table without a fallback for 30
+steps, once in one process on the whole global batches and once on 2 workers
+through `npu_rec.launch` (subprocesses with hard time limits). Every step's loss,
+the evaluation, the union of the workers' keys and rows, and every worker's copy
+of each fallback must equal the one process's; a 2-worker checkpoint restores the
+fallback in one process.
 """
-
-import io
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
 import npu_rec
-from npu_rec import launch
 from npu_rec.table._sharded import shard_of_numpy
+from tests.distribute.conftest import scenario_runs
 
-_WORKER = os.path.join(os.path.dirname(__file__), "fallback_worker.py")
-_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TABLES = ("user_fb", "item_fb", "plain")
 
 
-def _env():
-    env = {**os.environ, "PYTHONPATH": _ROOT, "TF_CPP_MIN_LOG_LEVEL": "2"}
-    env.pop("TF_CONFIG", None)
-    return env
-
-
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    out = tmp_path_factory.mktemp("fallback")
-    proc = subprocess.run(
-        [sys.executable, _WORKER, str(out)],
-        env=_env(),
-        capture_output=True,
-        timeout=200,
-        start_new_session=True,
-    )
-    assert proc.returncode == 0, proc.stdout.decode()[-3000:] + proc.stderr.decode()[-3000:]
-    log = io.BytesIO()
-    code = launch.run(
-        [sys.executable, _WORKER, str(out)], workers=2, timeout_secs=300, out=log, env=_env()
-    )
-    assert code == 0, log.getvalue().decode()[-6000:]
-    single = np.load(out / "fallback_single.npz")
-    return single, [np.load(out / f"fallback_{r}.npz") for r in (0, 1)], out
+def runs(keras_scenarios):
+    return scenario_runs(keras_scenarios, "fallback")
 
 
 @pytest.mark.timeout(600)

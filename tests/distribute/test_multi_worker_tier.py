@@ -1,14 +1,15 @@
 """Tiered tables on 2 workers: the same run as one process with the tables in memory.
 
-`tier_worker.py` trains two tables for 12 steps, once in one process with the tables
-in memory and once on 2 workers with each worker's shard tiered (`memory_rows` of 4
-and 3 rows per worker, so every step promotes and demotes; worker 0 on the default
-lookup path, worker 1 on the stock path) through `npu_rec.launch` (subprocesses
-with hard time limits). Every step's loss, the evaluation, the union of the
-workers' keys, rows, counts and slots, and each worker's copy of the fallback must
-equal the one process's; both workers keep their segment files in their own
-directory of the one `ssd_path` while both run, and remove them at exit; the
-2-worker checkpoint restores in one process, into in-memory and tiered tables.
+`tier_worker.py` (run by `keras_worker.py`) trains two tables for 12 steps, once in
+one process with the tables in memory and once on 2 workers with each worker's
+shard tiered (`memory_rows` of 4 and 3 rows per worker, so every step promotes and
+demotes; worker 0 on the default lookup path, worker 1 on the stock path) through
+`npu_rec.launch` (subprocesses with hard time limits). Every step's loss, the
+evaluation, the union of the workers' keys, rows, counts and slots, and each
+worker's copy of the fallback must equal the one process's; both workers keep
+their segment files in their own directory of the one `ssd_path` while both run,
+and remove them at exit; the 2-worker checkpoint restores in one process, into
+in-memory and tiered tables.
 """
 
 import os
@@ -19,20 +20,16 @@ import pytest
 
 import npu_rec
 from npu_rec.table._sharded import shard_of_numpy
-from tests.distribute.conftest import run_scenario
+from tests.distribute.conftest import scenario_runs
 
-_WORKER = os.path.join(os.path.dirname(__file__), "tier_worker.py")
 TABLES = ("user_t", "item_t")
 ATOL = 1e-5
 HAVE_CXX = shutil.which(os.environ.get("CXX") or "g++") is not None
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    out = tmp_path_factory.mktemp("tier")
-    run_scenario(_WORKER, out)
-    single = np.load(out / "tier_single.npz")
-    return single, [np.load(out / f"tier_{r}.npz") for r in (0, 1)], out
+def runs(keras_scenarios):
+    return scenario_runs(keras_scenarios, "tier")
 
 
 @pytest.mark.timeout(600)

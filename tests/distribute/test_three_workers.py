@@ -4,43 +4,21 @@ The same losses, evaluation and tables as one process (`three_worker.py`, run in
 subprocesses with hard time limits; the 3-worker run through `npu_rec.launch`).
 """
 
-import io
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
-from npu_rec import launch
 from npu_rec.table._sharded import shard_of_numpy
+from tests.distribute.conftest import run_scenario
 
 _WORKER = os.path.join(os.path.dirname(__file__), "three_worker.py")
-_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def _env():
-    env = {**os.environ, "PYTHONPATH": _ROOT, "TF_CPP_MIN_LOG_LEVEL": "2"}
-    env.pop("TF_CONFIG", None)
-    return env
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     out = tmp_path_factory.mktemp("three")
-    proc = subprocess.run(
-        [sys.executable, _WORKER, str(out)],
-        env=_env(),
-        capture_output=True,
-        timeout=200,
-        start_new_session=True,
-    )
-    assert proc.returncode == 0, proc.stderr.decode()[-3000:]
-    log = io.BytesIO()
-    code = launch.run(
-        [sys.executable, _WORKER, str(out)], workers=3, timeout_secs=400, out=log, env=_env()
-    )
-    assert code == 0, log.getvalue().decode()[-6000:]
+    run_scenario(_WORKER, out, workers=3)
     return np.load(out / "single.npz"), [np.load(out / f"{r}.npz") for r in range(3)]
 
 

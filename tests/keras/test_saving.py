@@ -89,25 +89,24 @@ SERVE = """
 import json, sys
 import numpy as np
 import tensorflow as tf
-served = tf.saved_model.load(sys.argv[1])
-probe = {k: np.asarray(v) for k, v in json.loads(sys.argv[2]).items()}
-out = served.signatures["serving_default"](
-    user=tf.constant(probe["user"], tf.int64), tags=tf.constant(probe["tags"], tf.int64),
-    feats=tf.constant(probe["feats"], tf.float32))["output_0"].numpy()
-# Keras' way to call an exported model: `.serve` with the model's input structure.
-serve_out = served.serve({
-    "user": tf.constant(probe["user"], tf.int64), "tags": tf.constant(probe["tags"], tf.int64),
-    "feats": tf.constant(probe["feats"], tf.float32)}).numpy()
-print(json.dumps({"npu_rec_imported": "npu_rec" in sys.modules, "out": out.tolist(),
-                  "serve_out": serve_out.tolist()}))
+probe = {k: np.asarray(v) for k, v in json.loads(sys.argv[1]).items()}
+results = {}
+for export_dir in sys.argv[2:]:
+    served = tf.saved_model.load(export_dir)
+    out = served.signatures["serving_default"](
+        user=tf.constant(probe["user"], tf.int64), tags=tf.constant(probe["tags"], tf.int64),
+        feats=tf.constant(probe["feats"], tf.float32))["output_0"].numpy()
+    # Keras' way to call an exported model: `.serve` with the model's input structure.
+    serve_out = served.serve({
+        "user": tf.constant(probe["user"], tf.int64), "tags": tf.constant(probe["tags"], tf.int64),
+        "feats": tf.constant(probe["feats"], tf.float32)}).numpy()
+    results[export_dir] = {"out": out.tolist(), "serve_out": serve_out.tolist()}
+print(json.dumps({"npu_rec_imported": "npu_rec" in sys.modules, "results": results}))
 """
+EXPORTS = ["export_for_serving", "model.export", "model.export+signature"]
 
 
-@pytest.mark.parametrize("how", ["export_for_serving", "model.export", "model.export+signature"])
-def test_exported_saved_model_serves_raw_ids_without_npu_rec(tmp_path, trained, how):
-    model, _, probe = trained
-    expected = model.predict(probe, verbose=0)
-    export_dir = str(tmp_path / "serving")
+def _export(model, export_dir: str, how: str) -> None:
     if how == "model.export":  # Keras' own export call, as a Keras user writes it
         model.export(export_dir)
     elif how == "model.export+signature":  # Keras' form: one entry per call argument
@@ -119,19 +118,45 @@ def test_exported_saved_model_serves_raw_ids_without_npu_rec(tmp_path, trained, 
         model.export(export_dir, input_signature=[specs])
     else:
         export_for_serving(model, export_dir)
+
+
+@pytest.fixture(scope="module")
+def served(trained, tmp_path_factory):
+    """The trained model exported each way, then all served by one fresh process (one
+    TensorFlow import) without npu_rec: (the model's predictions, whether that process
+    imported npu_rec, {way: its outputs or the export's error})."""
+    model, _, probe = trained
+    expected = model.predict(probe, verbose=0)
+    root = tmp_path_factory.mktemp("serving")
+    dirs, outputs = {}, {}
+    for i, how in enumerate(EXPORTS):
+        try:
+            _export(model, str(root / f"export{i}"), how)
+            dirs[how] = str(root / f"export{i}")
+        except Exception as err:  # reported by that way's test
+            outputs[how] = err
     arg = json.dumps({k: v.tolist() for k, v in probe.items()})
     result = subprocess.run(
-        [sys.executable, "-c", SERVE, export_dir, arg],
+        [sys.executable, "-c", SERVE, arg, *dirs.values()],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=180,
         env={"TF_CPP_MIN_LOG_LEVEL": "3", "PATH": "/usr/bin:/bin"},
     )
     assert result.returncode == 0, result.stderr[-2000:]
-    served = json.loads(result.stdout.strip().splitlines()[-1])
-    assert served["npu_rec_imported"] is False
-    np.testing.assert_allclose(np.array(served["out"]), expected, rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(np.array(served["serve_out"]), expected, rtol=1e-5, atol=1e-6)
+    answer = json.loads(result.stdout.strip().splitlines()[-1])
+    outputs.update({how: answer["results"][d] for how, d in dirs.items()})
+    return expected, answer["npu_rec_imported"], outputs
+
+
+@pytest.mark.parametrize("how", EXPORTS)
+def test_exported_saved_model_serves_raw_ids_without_npu_rec(served, how):
+    expected, npu_rec_imported, outputs = served
+    if isinstance(outputs[how], Exception):
+        raise outputs[how]
+    assert npu_rec_imported is False
+    np.testing.assert_allclose(np.array(outputs[how]["out"]), expected, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(np.array(outputs[how]["serve_out"]), expected, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize(

@@ -11,7 +11,6 @@ restores of each table's checkpoints into the other kind of table.
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -26,21 +25,19 @@ import npu_rec
 from npu_rec._kernels import _build, _key_map
 from npu_rec.checkpoint import CheckpointCorruptedError, TableCheckpointManager, _cold
 from npu_rec.table import _registry, _tier_store
-from tests.table.tier_driver import TablePair, assert_same_bits
+from tests.table.tier_driver import (
+    HAVE_CXX,
+    PATHS,
+    TablePair,
+    assert_same_bits,
+    small_segments,  # noqa: F401 (the fixture, used by `pytestmark`)
+)
 
 DIM = 3
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-HAVE_CXX = shutil.which(os.environ.get("CXX") or "g++") is not None
-PATHS = [False, pytest.param(True, marks=pytest.mark.skipif(not HAVE_CXX, reason="no compiler"))]
 
-
-@pytest.fixture(autouse=True)
-def _small_segments(monkeypatch):
-    """Segments of a few records, so that sealing, compaction and deletion happen often."""
-    monkeypatch.setattr(_tier_store, "DEFAULT_SEGMENT_BYTES", 600)
-    _registry.clear()
-    yield
-    _registry.clear()
+#: Every test: segment files of a few records (and a fresh table registry).
+pytestmark = pytest.mark.usefixtures("small_segments")
 
 
 _op = st.one_of(
@@ -77,10 +74,7 @@ def _run(
         for op in ops:
             if op[0] == "train":
                 clock += op[2]
-                ids = np.array(op[1], np.int64)
-                ts = clock - rng.integers(0, 2, len(ids))
-                grads = rng.normal(size=(len(ids), DIM)).astype(np.float32)
-                pair.step(ids, ts, grads)
+                pair.train(op[1], clock, rng)
             elif op[0] == "evict":
                 pair.evict(clock + op[1])
             elif op[0] == "save":
@@ -92,12 +86,8 @@ def _run(
                 for i, d in enumerate(pair.both):
                     src = managers[i] if op[1] == "own" else managers[1 - i]
                     TableCheckpointManager(src.directory, [d.table]).restore(session=d.sess)
-            elif op[0] == "swap":  # each table restores the other's full save
-                paths = [str(tmp_path / f"swap{i}.nrc") for i in range(2)]
-                for d, p in zip(pair.both, paths, strict=True):
-                    d.save(p)
-                pair.mem.restore(paths[1])
-                pair.tier.restore(paths[0])
+            elif op[0] == "swap":
+                pair.swap(tmp_path)
             pair.assert_same()
         probe = np.arange(-3, 41, dtype=np.int64)
         np.testing.assert_array_equal(pair.tier.read(probe), pair.mem.read(probe))
@@ -133,6 +123,8 @@ def test_tiered_table_agrees_in_tf_function_and_v1_graphs(tmp_path_factory, mode
 
 
 def _busy_ops(steps=30, keys=40, seed=0):
+    """`steps` training steps of up to 9 of `keys` keys; from 14 steps on, a full and a
+    delta save, an eviction and a restore of the other table's checkpoint among them."""
     rng = np.random.default_rng(seed)
     ops = []
     for i in range(steps):
@@ -153,7 +145,13 @@ def _busy_ops(steps=30, keys=40, seed=0):
 )
 def test_every_optimizer_admission_and_sharding(tmp_path, optimizer, access, shards):
     stats = _run(
-        tmp_path, "eager", HAVE_CXX, _busy_ops(), optimizer=optimizer, access=access, shards=shards
+        tmp_path,
+        "eager",
+        HAVE_CXX,
+        _busy_ops(steps=20),
+        optimizer=optimizer,
+        access=access,
+        shards=shards,
     )
     assert stats["promotions"] > 0 and stats["demotions"] > 0
 
@@ -171,7 +169,7 @@ def test_every_optimizer_admission_and_sharding(tmp_path, optimizer, access, sha
 def test_compact_rows_and_row_wise_slots_keep_their_bits_through_the_disk_tier(
     tmp_path, value_dtype, optimizer, shards
 ):
-    ops = [*_busy_ops(), ("swap", 0), *_busy_ops(steps=8, seed=1)]
+    ops = [*_busy_ops(steps=20), ("swap", 0), *_busy_ops(steps=8, seed=1)]
     stats = _run(
         tmp_path,
         "eager",

@@ -29,19 +29,16 @@ import npu_rec
 from npu_rec.checkpoint import CheckpointCorruptedError, TableCheckpointManager, _cold
 from npu_rec.checkpoint._training_dir import TrainingDir
 from npu_rec.table import _registry, _tier_store
-from tests.table.tier_driver import assert_same_bits
+from tests.table.tier_driver import (
+    assert_same_bits,
+    small_segments,  # noqa: F401 (the fixture, used by `pytestmark`)
+)
 
 DIM = 3
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-
-@pytest.fixture(autouse=True)
-def _small_segments(monkeypatch):
-    """Segments of a few records, so that saves meet sealed and open segments."""
-    monkeypatch.setattr(_tier_store, "DEFAULT_SEGMENT_BYTES", 600)
-    _registry.clear()
-    yield
-    _registry.clear()
+#: Every test: segment files of a few records (and a fresh table registry).
+pytestmark = pytest.mark.usefixtures("small_segments")
 
 
 def _table(tmp_path, *, memory_rows=3, shards=1, tiered=True, value_dtype="float32"):

@@ -10,9 +10,6 @@ fed the same batches, on the stock and the kernel path, through eviction and res
 
 from __future__ import annotations
 
-import os
-import shutil
-
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -20,22 +17,20 @@ from hypothesis import strategies as st
 
 import npu_rec
 from npu_rec.distribute._ps import table_placement
-from npu_rec.table import _registry, _tier_store
-from tests.table.tier_driver import TablePair, assert_same_bits
+from npu_rec.table import _registry
+from tests.table.tier_driver import (
+    HAVE_CXX,
+    PATHS,
+    TablePair,
+    assert_same_bits,
+    small_segments,  # noqa: F401 (the fixture, used by `pytestmark`)
+)
 
 DIM = 3
 KEYS = 40
-HAVE_CXX = shutil.which(os.environ.get("CXX") or "g++") is not None
-PATHS = [False, pytest.param(True, marks=pytest.mark.skipif(not HAVE_CXX, reason="no compiler"))]
 
-
-@pytest.fixture(autouse=True)
-def _small_segments(monkeypatch):
-    """Segments of a few records, so that sealing, compaction and deletion happen often."""
-    monkeypatch.setattr(_tier_store, "DEFAULT_SEGMENT_BYTES", 600)
-    _registry.clear()
-    yield
-    _registry.clear()
+#: Every test: segment files of a few records (and a fresh table registry).
+pytestmark = pytest.mark.usefixtures("small_segments")
 
 
 def _same_fallback(pair: TablePair) -> None:
@@ -70,20 +65,13 @@ def _run(tmp_path, mode, kernels, ops, *, optimizer="adagrad", shards=1, **extra
     clock, cold_reads = 100, 0
     try:
         for op in ops:
-            if op[0] == "train":
+            if op[0] == "train":  # the training lookups' rows, fallback rows included
                 clock += op[2]
-                ids = np.array(op[1], np.int64)
-                ts = clock - rng.integers(0, 2, len(ids))
-                grads = rng.normal(size=(len(ids), DIM)).astype(np.float32)
-                pair.step(ids, ts, grads)  # the training lookups' rows, fallback rows included
+                pair.train(op[1], clock, rng)
             elif op[0] == "evict":
                 pair.evict(clock + op[1])
-            elif op[0] == "swap":  # each table restores the other's full save
-                paths = [str(tmp_path / f"swap{i}.nrc") for i in range(2)]
-                for d, p in zip(pair.both, paths, strict=True):
-                    d.save(p)
-                pair.mem.restore(paths[1])
-                pair.tier.restore(paths[0])
+            elif op[0] == "swap":
+                pair.swap(tmp_path)
             pair.assert_same()
             _same_fallback(pair)
             want = pair.mem.read(probe)

@@ -6,21 +6,43 @@ so they draw the same first rows and can restore each other's checkpoints.
 Every operation runs on both; `assert_same` compares their whole exported
 state (keys, rows, slots, counts, last-seen), rows and slots bit for bit in
 their stored dtypes.
+
+The tier test modules share their setup from here too: `HAVE_CXX` (a compiler
+builds the kernels), `PATHS` (the stock and the kernel lookup path, as a
+parameter) and the `small_segments` fixture (segment files of a few records).
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
+import shutil
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
 import npu_rec
 from npu_rec._kernels import _build
 from npu_rec.checkpoint import TableCheckpointManager
-from npu_rec.table import _registry
+from npu_rec.table import _registry, _tier_store
 from tests.table.table_helpers import OPTIMIZERS as _SHARED
 from tests.table.table_reference import RefOptimizer
+
+HAVE_CXX = shutil.which(os.environ.get("CXX") or "g++") is not None
+#: The lookup path as a parameter: stock (False) and the compiled kernels (True).
+PATHS = [False, pytest.param(True, marks=pytest.mark.skipif(not HAVE_CXX, reason="no compiler"))]
+
+
+@pytest.fixture
+def small_segments(monkeypatch):
+    """Segments of a few records, so that sealing, compaction and deletion happen often
+    (and saves meet sealed and open segments); a fresh table registry around the test."""
+    monkeypatch.setattr(_tier_store, "DEFAULT_SEGMENT_BYTES", 600)
+    _registry.clear()
+    yield
+    _registry.clear()
+
 
 #: The shared optimizers and one keeping a slot per row (width 1).
 OPTIMIZERS = {
@@ -147,8 +169,22 @@ class TablePair:
         got = [d.step(ids, ts, grads) for d in self.both]
         np.testing.assert_array_equal(got[1], got[0])
 
+    def train(self, ids, clock: int, rng) -> None:
+        """One step on `ids` at timestamps `clock` or `clock - 1`, random gradients."""
+        ids = np.array(ids, np.int64)
+        ts = clock - rng.integers(0, 2, len(ids))
+        self.step(ids, ts, rng.normal(size=(len(ids), self.mem.dim)).astype(np.float32))
+
     def evict(self, now: int) -> None:
         assert self.tier.evict(now) == self.mem.evict(now)
+
+    def swap(self, directory) -> None:
+        """Each table restores the other's full save (files in `directory`)."""
+        paths = [os.path.join(directory, f"swap{i}.nrc") for i in range(2)]
+        for d, path in zip(self.both, paths, strict=True):
+            d.save(path)
+        self.mem.restore(paths[1])
+        self.tier.restore(paths[0])
 
     def assert_same(self) -> None:
         want, got = self.mem.export(), self.tier.export()
