@@ -98,6 +98,10 @@ class Lookups:
             counts_of = tf.dynamic_partition(got[:, 2], self._which, n_entries)
             times_of = tf.dynamic_partition(got[:, 3], self._which, n_entries)
         local_rows, embs = [], []
+        #: Lookup -> (its unique local rows [u], each received copy's index into them),
+        #: for the training lookups merged in the kernel: their owners' updates reuse
+        #: them (no `Unique` of the received rows per table).
+        self._merged: dict[int, tuple[tf.Tensor, tf.Tensor]] = {}
         for i, entry in enumerate(self.entries):
             local = entry.table.local
             if entry.training and _merges_in_kernel(local):
@@ -110,6 +114,7 @@ class Lookups:
                 )
                 if entry.table.dim != self.width:
                     emb = tf.pad(emb, [[0, 0], [0, self.width - entry.table.dim]])
+                self._merged[i] = (rows, at)
                 local_rows.append(_kernel_ops.take(rows, at))
                 embs.append(_kernel_ops.take(emb, at))
                 continue
@@ -159,25 +164,38 @@ class Lookups:
         `condition` (a bool scalar equal on every worker, or None): apply only if True.
         """
         got = self._route.send(self._gradient_buffer(grads))
+        lookups_of: dict[int, list[int]] = {}  # id(table) -> its lookups with a gradient
+        for i in sorted(grads):
+            lookups_of.setdefault(id(self.entries[i].table), []).append(i)
+        ops = []
+        # A table with one lookup merged in the kernel: the lookup's unique rows and
+        # index are those of its received gradient copies (laid out as the ids came).
+        single = [ii[0] for ii in lookups_of.values() if len(ii) == 1 and ii[0] in self._merged]
+        if single:
+            grads_by_lookup = tf.dynamic_partition(got, self._which, len(self.entries))
+            for i in single:
+                table = self.entries[i].table
+                g = grads_by_lookup[i]
+                g = g if table.dim == self.width else g[:, : table.dim]
+                ops.append(table.apply_local(None, g, None, condition, merged=self._merged[i]))
         tables: dict[int, tuple[object, int]] = {}  # id(table) -> (table, its bin)
         bin_of = [-1] * len(self.entries)
         for i in sorted(grads):
-            table = self.entries[i].table
-            bin_of[i] = tables.setdefault(id(table), (table, len(tables)))[1]
-        n_bins = len(tables)
-        # Bin of each received row: its table's, or the last (discarded): not admitted,
-        # or a lookup without a gradient.
-        bins = tf.gather(tf.constant(bin_of, tf.int32), self._which)
-        bins = tf.where((bins >= 0) & (self._local_rows >= 0), bins, n_bins)
-        rows_of = tf.dynamic_partition(self._local_rows, bins, n_bins + 1)
-        grads_of = tf.dynamic_partition(got, bins, n_bins + 1)
-        ops = []
-        for table, b in tables.values():
-            g = grads_of[b] if table.dim == self.width else grads_of[b][:, : table.dim]
-            op = table.apply_local(rows_of[b], g, None, condition)
-            if op is not None:
-                ops.append(op)
-        return tf.group(ops)
+            if i not in single:
+                table = self.entries[i].table
+                bin_of[i] = tables.setdefault(id(table), (table, len(tables)))[1]
+        if tables:
+            n_bins = len(tables)
+            # Bin of each received row: its table's, or the last (discarded): not
+            # admitted, a lookup without a gradient, or a table updated above.
+            bins = tf.gather(tf.constant(bin_of, tf.int32), self._which)
+            bins = tf.where((bins >= 0) & (self._local_rows >= 0), bins, n_bins)
+            rows_of = tf.dynamic_partition(self._local_rows, bins, n_bins + 1)
+            grads_of = tf.dynamic_partition(got, bins, n_bins + 1)
+            for table, b in tables.values():
+                g = grads_of[b] if table.dim == self.width else grads_of[b][:, : table.dim]
+                ops.append(table.apply_local(rows_of[b], g, None, condition))
+        return tf.group([op for op in ops if op is not None])
 
     def _gradient_buffer(self, grads: dict[int, object]) -> tf.Tensor:
         """float32 [sum of the lookups' u, width]: each lookup's gradient summed per row.

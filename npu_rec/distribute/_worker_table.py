@@ -216,25 +216,32 @@ class WorkerShardedTable(SparseTable):
             ops.append(self.apply_rows_together(rest))
         return tf.group(ops)
 
-    def apply_local(self, local_rows, grads, mine, condition=None):
+    def apply_local(self, local_rows, grads, mine, condition=None, merged=None):
         """Sums the gradients of this worker's rows `local_rows[mine]` per row and steps once.
 
         `mine`: bool [n], or None for every row. `condition` (a bool scalar
-        equal on every worker, or None): step only if True.
+        equal on every worker, or None): step only if True. `merged`: the
+        rows already deduplicated, (unique rows [u] (-1: skipped), index [n]
+        of each gradient into them), as the owner's training lookup kernel
+        merged the same copies; then `local_rows` and `mine` are not used.
         """
-        if mine is not None:
-            mine = tf.where(mine)[:, 0]
-            local_rows, grads = tf.gather(local_rows, mine), tf.gather(grads, mine)
-        rows, at = tf.unique(local_rows, out_idx=tf.int64)
+        if merged is not None:
+            rows, at = merged
+        else:
+            if mine is not None:
+                mine = tf.where(mine)[:, 0]
+                local_rows, grads = tf.gather(local_rows, mine), tf.gather(grads, mine)
+            rows, at = tf.unique(local_rows, out_idx=tf.int64)
+        all_rows = merged is None or self.local.admits_at_once
         if self.local.sums_slices:  # the update kernel sums the copies itself
             summed = tf.IndexedSlices(grads, at)
         else:
             summed = tf.math.unsorted_segment_sum(grads, at, tf.size(rows, out_type=tf.int64))
         if condition is None:
-            return self.local.apply_rows(rows, summed, all_rows=True)
+            return self.local.apply_rows(rows, summed, all_rows=all_rows)
 
         def apply():
-            op = self.local.apply_rows(rows, summed, all_rows=True)
+            op = self.local.apply_rows(rows, summed, all_rows=all_rows)
             with tf.control_dependencies([] if op is None else [op]):
                 return tf.constant(True)
 
