@@ -12,6 +12,10 @@ installed TensorFlow and names the version when one breaks.
   `resource_variable_ops.default_variable_creator_v2` (TF 2.x).
 * The strategy's communication options (for their timeout), and the worker
   count, kept privately by `CollectiveAllReduceExtended`.
+* A distributed dataset's per-worker dataset (`DistributedDataset.
+  _cloned_datasets`: the input after the strategy's rebatching and
+  sharding), and Keras' test for a distributed dataset, which accepts
+  subclasses of TensorFlow's own `DistributedDataset` class only.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from __future__ import annotations
 import contextlib
 
 import tensorflow as tf
+from tensorflow.python.distribute import input_lib
 from tensorflow.python.ops import resource_variable_ops
 
 
@@ -38,3 +43,31 @@ def strategy_timeout(strategy) -> float | None:
     """The collective timeout set on `strategy`'s communication options, or None."""
     options = getattr(strategy.extended, "_communication_options", None)
     return getattr(options, "timeout_seconds", None)
+
+
+class _WorkerDataset(input_lib.DistributedDataset):
+    """One worker's part of a distributed dataset, iterated by a plain `tf.data` iterator.
+
+    Keras' `fit` takes it as an already distributed dataset; with one replica
+    per worker, `strategy.run` hands the worker's batch to its one replica.
+    """
+
+    def __init__(self, distributed):  # no super().__init__: nothing of it is used
+        (self._worker_dataset,) = distributed._cloned_datasets
+        self._worker_cardinality = distributed.cardinality
+
+    def __iter__(self):
+        return iter(self._worker_dataset)
+
+    @property
+    def element_spec(self):
+        return self._worker_dataset.element_spec
+
+    @property
+    def cardinality(self):
+        return self._worker_cardinality
+
+
+def worker_dataset(distributed):
+    """The dataset this worker reads of `distributed` (one input worker per process)."""
+    return _WorkerDataset(distributed)

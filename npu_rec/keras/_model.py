@@ -11,7 +11,7 @@ import tensorflow as tf
 from npu_rec import _keras_private, distribute
 from npu_rec import _log as logging
 from npu_rec._keras_private import Functional, Trainer, functional_init_arguments
-from npu_rec.distribute import _step_exchange
+from npu_rec.distribute import _step_exchange, _tf_private
 from npu_rec.keras import _amp, _finite, _follow, _keras_fixes, _online, _serving
 from npu_rec.keras._layers import model_tables, sparse_embeddings
 from npu_rec.keras._model_state import ModelStateMixin
@@ -499,6 +499,7 @@ class RecModel(ModelStateMixin, keras.Model):
         self.nan_stops_gracefully = any(
             isinstance(c, keras.callbacks.TerminateOnNaN) for c in callbacks
         )
+        args, kwargs = _distributed_input(self, args, kwargs)
         try:
             return super().fit(*args, callbacks=callbacks, **kwargs)
         except distribute.PEER_ERRORS as err:
@@ -614,6 +615,35 @@ def _on_every_worker(flag):
 def _sparse_update(records, grads):
     with tf.control_dependencies([_lookup.apply_recorded_gradients(records, grads)]):
         return tf.constant(True)
+
+
+def _distributed_input(model, args, kwargs):
+    """`fit`'s arguments with a `tf.data.Dataset` read by a plain iterator on each worker.
+
+    Under a multi-worker strategy with one replica per worker, each worker
+    reads its own part of the dataset exactly as the strategy splits it
+    (`experimental_distribute_dataset`: the same samples in the same order),
+    through a plain `tf.data` iterator in place of the strategy's multi-device
+    iterator, whose prefetch thread reaches the worker's device through
+    remote calls every step (docs/distributed.md). Anything else (several
+    replicas per worker, `class_weight`, a dataset already distributed,
+    arrays, generators) is left to Keras.
+    """
+    strategy = model.distribute_strategy
+    if not _keras_fixes.multi_worker(strategy) or len(strategy.extended.worker_devices) != 1:
+        return args, kwargs
+    if args:
+        x, rest, key = args[0], args[1:], None
+    elif "x" in kwargs:
+        x, rest, key = kwargs["x"], (), "x"
+    else:
+        return args, kwargs
+    if not isinstance(x, tf.data.Dataset) or kwargs.get("class_weight") is not None:
+        return args, kwargs
+    x = _tf_private.worker_dataset(strategy.experimental_distribute_dataset(x))
+    if key is None:
+        return (x, *rest), kwargs
+    return args, {**kwargs, "x": x}
 
 
 def _element_spec(iterator):
