@@ -48,3 +48,18 @@ def test_the_raw_collective_of_the_exchange_takes_the_arguments_it_passes():
             f"TensorFlow {tf.__version__}: tf.raw_ops.{name} lost {sorted(wanted - params)}; "
             "fix npu_rec/distribute/_exchange.py"
         )
+
+
+def test_a_workers_dataset_reads_the_distributed_batches_and_keras_takes_it():
+    from keras.src.trainers import data_adapters
+
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
+    ds = tf.data.Dataset.range(10).batch(4)
+    worker = _tf_private.worker_dataset(strategy.experimental_distribute_dataset(ds))
+    assert [b.numpy().tolist() for b in worker] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]], (
+        f"TensorFlow {tf.__version__}: fix worker_dataset in npu_rec/distribute/_tf_private.py"
+    )
+    assert isinstance(worker, tf.distribute.DistributedDataset)
+    assert data_adapters.is_tf_dataset(worker), "Keras no longer takes it as a dataset"
+    assert int(worker.cardinality) == 3
+    assert worker.element_spec == ds.element_spec
