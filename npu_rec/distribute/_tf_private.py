@@ -14,7 +14,8 @@ installed TensorFlow and names the version when one breaks.
   count, kept privately by `CollectiveAllReduceExtended`.
 * A distributed dataset's per-worker dataset (`DistributedDataset.
   _cloned_datasets`: the input after the strategy's rebatching and
-  sharding), and Keras' test for a distributed dataset, which accepts
+  sharding), whether its iterator handles partial batches
+  (`_enable_get_next_as_optional`), and Keras' test for a distributed dataset, which accepts
   subclasses of TensorFlow's own `DistributedDataset` class only.
 """
 
@@ -69,5 +70,13 @@ class _WorkerDataset(input_lib.DistributedDataset):
 
 
 def worker_dataset(distributed):
-    """The dataset this worker reads of `distributed` (one input worker per process)."""
+    """The dataset this worker reads of `distributed` (one input worker per process).
+
+    None where the strategy's iterator handles partial batches (a dataset not
+    known to be infinite under a multi-worker strategy: the workers agree on
+    the end of the data in every step, and one that ran out gets an empty
+    batch): only the strategy's iterator does that.
+    """
+    if getattr(distributed, "_enable_get_next_as_optional", True):
+        return None
     return _WorkerDataset(distributed)

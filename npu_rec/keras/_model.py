@@ -625,7 +625,9 @@ def _distributed_input(model, args, kwargs):
     (`experimental_distribute_dataset`: the same samples in the same order),
     through a plain `tf.data` iterator in place of the strategy's multi-device
     iterator, whose prefetch thread reaches the worker's device through
-    remote calls every step (docs/distributed.md). Anything else (several
+    remote calls every step (docs/distributed.md). Only for a dataset known to
+    be infinite (`repeat()`): the strategy's iterator makes the workers agree
+    on the end of a finite one. Anything else (a finite dataset, several
     replicas per worker, `class_weight`, a dataset already distributed,
     arrays, generators) is left to Keras.
     """
@@ -641,6 +643,8 @@ def _distributed_input(model, args, kwargs):
     if not isinstance(x, tf.data.Dataset) or kwargs.get("class_weight") is not None:
         return args, kwargs
     x = _tf_private.worker_dataset(strategy.experimental_distribute_dataset(x))
+    if x is None:  # a dataset that may end: the strategy's iterator handles its last batches
+        return args, kwargs
     if key is None:
         return (x, *rest), kwargs
     return args, {**kwargs, "x": x}
