@@ -476,6 +476,11 @@ class RecModel(ModelStateMixin, keras.Model):
         Keras does (`stop_training`, `on_train_end` runs); either way the
         failing step updates no weight, table row or step counter.
 
+        Under a multi-worker strategy (one replica per worker) an infinite
+        `tf.data.Dataset` is split between the workers as Keras' `fit` splits
+        it, each worker reading its part through a plain `tf.data` iterator
+        (docs/distributed.md, "The worker's input iterator").
+
         Raises:
           ValueError: `steps_per_execution > 1` under a multi-worker strategy.
           npu_rec.distribute.WorkerLostError: a worker was lost (names it).
