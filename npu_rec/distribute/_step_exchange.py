@@ -201,11 +201,12 @@ class Lookups:
         """float32 [sum of the lookups' u, width]: each lookup's gradient summed per row.
 
         `grads[i]` is dense [u_i, dim] or the per-id `tf.IndexedSlices` of lookup
-        i's rows; the kernel path sums the slices of every lookup in one op
-        (`NpuRecSumSlices`), the stock path with a `tf.scatter_nd` per lookup.
+        i's rows; where every lookup's table is on the kernel backend one op sums
+        the slices of every lookup (`NpuRecSumSlices`), else a `tf.scatter_nd`
+        per lookup.
         """
         sizes = [tf.shape(e.keys, out_type=tf.int64)[0] for e in self.entries]
-        if _kernel_ops.enabled():
+        if all(_on_kernels(e.table.local) for e in self.entries):
             parts = []
             for i, (entry, u) in enumerate(zip(self.entries, sizes, strict=True)):
                 g = grads.get(i)
@@ -237,7 +238,16 @@ def _merges_in_kernel(local) -> bool:
     keys with per-key counts and times itself; other backends (stock ops, a
     tiered table) take the merged unique keys.
     """
-    return _kernel_ops.enabled() and type(getattr(local, "backend", None)) is KernelBackend
+    return type(getattr(local, "backend", None)) is KernelBackend
+
+
+def _on_kernels(local) -> bool:
+    """Whether a worker's shard `local` runs on the kernel backend (or the tier over it).
+
+    Its backend was chosen when the table was made, the kernels' only where
+    they load: the exchange follows the tables' choice rather than asking again.
+    """
+    return isinstance(getattr(local, "backend", None), KernelBackend)
 
 
 def registered(embeddings: tf.Tensor):
