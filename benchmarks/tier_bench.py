@@ -76,7 +76,7 @@ _HISTORY = flags.DEFINE_integer(
     "history_steps",
     1000,
     "The fill gives each key the sighting count it would have after this many steps of the "
-    "same law (1 + its expected draws; 0: every count 1): the counts the victim choice "
+    "same law (1 + its expected draws; 0, or --ids=folded: every count 1): the counts the victim choice "
     "breaks last-seen ties with, as in a table trained for a while.",
     lower_bound=0,
 )
@@ -158,10 +158,8 @@ _NORM = {}
 def _history_counts(start, stop):
     """int64 sighting counts of ranks `start..stop` (see `--history_steps`)."""
     n, a = _KEYS.value, _ZIPF.value
-    if _HISTORY.value == 0:
+    if _HISTORY.value == 0 or _IDS.value == "folded":  # the folded law: every count 1, as before
         return np.ones(stop - start, np.int64)
-    if _IDS.value == "folded":
-        raise ValueError("--history_steps: needs --ids=bounded (or 0), got --ids=folded")
     if n not in _NORM:  # the law's normalizer, summed a slice at a time
         _NORM[n] = sum(
             float(np.sum(np.arange(i + 1, min(n, i + 10**7) + 1, dtype=np.float64) ** -a))
