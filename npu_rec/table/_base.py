@@ -515,8 +515,9 @@ class SparseTable(abc.ABC):
         `memory_keys` (-1 outside eager mode), `disk_bytes` (records in the
         segment files, live or dead), `disk_bytes_per_key`, and the memory the
         cold keys take: `cold_index_bytes` (the cold index's buckets; -1
-        outside eager mode), `cold_liveness_bytes` (a byte per record of the
-        segments) and `ram_bytes_per_cold_key` (both per cold key).
+        outside eager mode), `cold_liveness_bytes` (a byte per record location
+        of the segment numbers in use, grown an eighth at a time) and
+        `ram_bytes_per_cold_key` (both per cold key).
 
         Raises:
           ValueError: the table is not tiered.

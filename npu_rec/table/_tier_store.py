@@ -37,8 +37,10 @@ checksum (a 64-bit weighted sum of its 8-byte words, offset so that a zeroed
 record fails); a record that fails it raises `SegmentCorruptedError` naming
 the file, at the read that meets it (a promotion, an export, a save).
 
-Liveness: a bit per written record (`live`); a promotion or an eviction
-clears it, and a segment holding no live record is deleted. A sealed
+Liveness: a byte per record location (`live`, one array over every
+segment number, each segment's `live` a view of its part, so a step's kill of
+thousands of scattered locations is one NumPy operation); a promotion or an
+eviction clears it, and a segment holding no live record is deleted. A sealed
 segment less than a quarter live is compacted: its live records are appended to
 the open segment and the file deleted (`compaction_candidate` / `relocate`).
 
@@ -233,6 +235,9 @@ class SegmentStore:
         self.snapshot_manifest: dict | None = None
         self.restore_from: dict | None = None
         self._segments: dict[int, dict] = {}  # number -> {path, fd, map, live, used}
+        # Liveness of every location (`segment * per_segment + slot`); a segment's
+        # `live` is a view of its part (`_live_of`), re-made when this grows.
+        self._live = np.zeros(0, bool)
         self._table = None  # `segment_table()`, until a segment is opened or dropped
         self._next_segment = 0  # the lowest number never used
         self._free: list[int] = []  # numbers free for reuse (a heap)
@@ -304,7 +309,7 @@ class SegmentStore:
         self._segments[seg] = {
             "path": path,
             "fd": fd,
-            "live": np.zeros(self.per_segment, bool),
+            "live": self._live_of(seg),
             "n_live": 0,
             "used": 0,
             "period": -1,
@@ -312,6 +317,22 @@ class SegmentStore:
         self._table = None
         self._active = seg
         return seg
+
+    def _live_of(self, seg: int) -> np.ndarray:
+        """Segment `seg`'s part of the liveness array, cleared (the array grown to hold it)."""
+        p = self.per_segment
+        have = len(self._live) // p
+        if seg >= have:
+            # Grown by an eighth (at least 8 segments): a fill of many segments
+            # copies the array a few dozen times, not once per segment.
+            grown = np.zeros(max(seg + 1, have + max(8, have // 8)) * p, bool)
+            grown[: len(self._live)] = self._live
+            self._live = grown
+            for g, info in self._segments.items():
+                info["live"] = grown[g * p : (g + 1) * p]
+        view = self._live[seg * p : (seg + 1) * p]
+        view[:] = False
+        return view
 
     def _words(self, info: dict) -> np.ndarray:
         """A segment's records as rows of 8-byte words, through its map (made once; NumPy path)."""
@@ -346,6 +367,7 @@ class SegmentStore:
 
     def _drop_segment(self, seg: int) -> None:
         info = self._segments.pop(seg)
+        info["live"][:] = False  # its locations are no record's now
         self._table = None
         if "map" in info:
             del info["words"]
@@ -497,18 +519,28 @@ class SegmentStore:
         return np.where(recs["period"] < self.period, recs["count"], recs["saved"])
 
     def kill(self, locs: np.ndarray) -> None:
-        """Marks records dead (promoted or evicted); deletes segments left empty."""
-        locs = np.unique(np.asarray(locs, np.int64))  # sorted: a slice per segment
+        """Marks records dead (promoted or evicted); deletes segments left empty.
+
+        Locations not live (already dead, or of no segment) are left alone.
+        """
+        locs = np.asarray(locs, np.int64).reshape(-1)
         if not len(locs):
             return
-        segs = locs // self.per_segment
-        cuts = np.flatnonzero(segs[1:] != segs[:-1]) + 1
-        for lo, hi in zip(np.r_[0, cuts], np.r_[cuts, len(locs)], strict=True):
-            seg = int(segs[lo])
+        if locs.min() < 0 or locs.max() >= len(self._live):
+            locs = locs[(locs >= 0) & (locs < len(self._live))]
+        locs = locs[self._live[locs]]
+        if len(locs) > 1:  # a location given twice is counted once
+            locs = np.sort(locs)
+            locs = locs[np.r_[True, locs[1:] != locs[:-1]]]
+        if not len(locs):
+            return
+        self._live[locs] = False
+        segs = locs // self.per_segment  # sorted: a run per segment
+        starts = np.r_[0, np.flatnonzero(segs[1:] != segs[:-1]) + 1]
+        dead = np.diff(np.r_[starts, len(segs)])
+        for seg, n in zip(segs[starts].tolist(), dead.tolist(), strict=True):
             info = self._segments[seg]
-            at = locs[lo:hi] - seg * self.per_segment
-            info["n_live"] -= int(np.count_nonzero(info["live"][at]))
-            info["live"][at] = False
+            info["n_live"] -= n
             if seg != self._active and not info["n_live"]:
                 self._drop_segment(seg)
 
@@ -656,7 +688,7 @@ class SegmentStore:
             info = {
                 "path": dest,
                 "fd": fd,
-                "live": np.zeros(self.per_segment, bool),
+                "live": self._live_of(seg),
                 "n_live": 0,
                 "used": self.per_segment,
                 "period": -1,
@@ -732,10 +764,11 @@ class SegmentStore:
         for seg in list(self._segments):
             self._drop_segment(seg)
         self._next_segment, self._free, self._freed = 0, [], []
+        self._live = np.zeros(0, bool)
 
     def ram_bytes(self) -> int:
-        """Bytes of memory the store keeps per record: the liveness bytes of its segments."""
-        return len(self._segments) * self.per_segment
+        """Bytes of memory the store keeps beside the index: its liveness array (a byte a location)."""
+        return len(self._live)
 
     # ------------------------------------------------------------ compaction
     def compaction_candidate(self) -> int:
