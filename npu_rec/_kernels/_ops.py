@@ -31,8 +31,8 @@ rounded as the stock path does); slots are float32.
 * `tier_read`, `tier_victims`, `tier_pack`, `tier_unpack` = the tiered
   table's NumPy record reads (by `pread`, not through a map), victim
   selection, record packing and verified unpacking (`npu_rec.table._tier`,
-  `_tier_store`); `tier_unique` = `tf.unique(ids)[0]` of the batch's ids
-  the tier promotes.
+  `_tier_store`); `tier_probe` = `tf.unique_with_counts` of the batch's
+  ids (the keys the tier promotes) and `KeyIndex.lookup` of its keys.
 """
 
 from __future__ import annotations
@@ -195,9 +195,17 @@ def tier_read(**args) -> tf.Tensor:
     return _build.library().npu_rec_tier_read(**args)
 
 
-def tier_unique(ids: tf.Tensor) -> tf.Tensor:
-    """int64 [u]: `tf.unique(ids)[0]` (first-occurrence order) of int64 ids (`NpuRecTierUnique`)."""
-    return _build.library().npu_rec_tier_unique(ids=ids)
+def tier_probe(index, ids: tf.Tensor):
+    """`tf.unique_with_counts(ids)` and the unique keys' rows in `index` (`NpuRecTierProbe`).
+
+    `index`: the table's `KeyIndex` on the kernels' map or `DenseHashTable`.
+    Returns (unique int64 [u] in first-occurrence order, their rows int64 [u]
+    (-1: none), the position of each id among them int64 [n], sightings
+    int64 [u]).
+    """
+    return _build.library().npu_rec_tier_probe(
+        table=index.map.resource_handle, reserved_rows=index.reserved_rows.handle, ids=ids
+    )
 
 
 def tier_victims(**args):

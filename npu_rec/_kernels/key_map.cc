@@ -298,6 +298,7 @@ absl::Status NpuRecKeyMap::Remove(OpKernelContext* ctx, const Tensor& keys) {
   TF_RETURN_IF_ERROR(CheckKeys(k, n));
   mutex_lock lock(mu_);
   for (int64_t j = 0; j < n; ++j) {
+    if (j + kAhead < n) __builtin_prefetch(buckets_.get() + Home(k[j + kAhead]), 1);
     uint64_t i = Home(k[j]);
     for (int64_t step = 0; step < num_buckets_; ++step) {
       Bucket& b = buckets_[i];

@@ -379,4 +379,12 @@ absl::Status LookupRows(OpKernelContext* ctx, const TableAttrs& attrs, const Uni
   return absl::OkStatus();
 }
 
+int64_t MixKey(int64_t key) { return Mix(key); }
+
+absl::Status ProbeKeyIndex(OpKernelContext* ctx, const std::vector<int64_t>& mixed,
+                           int64_t* rows) {
+  static_assert(kTable == 0 && kReserved == 1, "NpuRecTierProbe's inputs follow this layout");
+  return Probe(ctx, mixed, rows);
+}
+
 }  // namespace npu_rec

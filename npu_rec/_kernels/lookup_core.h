@@ -66,6 +66,15 @@ absl::Status LookupRows(::tensorflow::OpKernelContext* ctx, const TableAttrs& at
                         const Unique& u, int64_t batch, int64_t* rows, float* emb,
                         std::vector<int64_t>* miss);
 
+// KeyIndex's mixing of a raw key (a bijection of the 64-bit integers).
+int64_t MixKey(int64_t key);
+
+// rows[i] = the key index's row of mixed[i], or -1: the index at the op's
+// input 0 and its `reserved_rows` variable at input 1 (the layout of
+// NpuRecTrainLookup and NpuRecTierProbe). Reads only (the map's shared lock).
+absl::Status ProbeKeyIndex(::tensorflow::OpKernelContext* ctx, const std::vector<int64_t>& mixed,
+                           int64_t* rows);
+
 }  // namespace npu_rec
 
 #endif  // NPU_REC_KERNELS_LOOKUP_CORE_H_

@@ -11,10 +11,12 @@
 //                      (no map: the page cache is not counted in the
 //                      process's memory): sorted by file and offset,
 //                      neighbours within 4 KiB coalesced into one call,
-//                      and a large batch's calls issued from several
-//                      threads, so reads that miss the page cache reach the
-//                      disk several at a time. Unverified: NpuRecTierUnpack
-//                      checks every checksum.
+//                      and a large batch's calls split over as many threads
+//                      as the intra-op pool has while they are served from
+//                      the page cache (each call is CPU work then), over up
+//                      to 16 threads once they wait on the disk (so reads
+//                      reach it several at a time). Unverified:
+//                      NpuRecTierUnpack checks every checksum.
 //   NpuRecTierVictims  the table's rows -> the `k` rows to demote: live rows
 //                      (count > 0) not held by this step, the lowest score
 //                      `last_seen + 1 - 1 / (1 + count)` first (ties: the lower
@@ -28,9 +30,12 @@
 //                      stored), counts, saved counts (as of `period`) and
 //                      last-seen times; a record failing its checksum fails
 //                      the op (DataLoss) naming its segment file.
-//   NpuRecTierUnique   a batch's ids -> its unique keys in first-occurrence
-//                      order (`tf.unique`'s first output, by open addressing
-//                      on SplitMix64 of the key: the keys `prepare` promotes).
+//   NpuRecTierProbe    a batch's ids -> `tf.unique_with_counts` of them
+//                      (unique keys in first-occurrence order, by open
+//                      addressing on SplitMix64 of the key: the keys
+//                      `prepare` promotes) and the keys' rows in the
+//                      table's key index (-1: none), probed as
+//                      NpuRecTrainLookup probes.
 //
 // The checksum is `_tier_store.SegmentStore._checksum`: the 64-bit wrapping
 // sum of word[i] * weight[i] over all words but the last, s ^= s >> 29, plus
@@ -39,6 +44,8 @@
 // to kSeenBase) and always written to records as int64 absolute values.
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -52,13 +59,16 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include "tensorflow/core/framework/device_base.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/resource_mgr.h"
 #include "tensorflow/core/framework/resource_var.h"
 #include "tensorflow/core/framework/shape_inference.h"
 #include "tensorflow/core/framework/tensor.h"
+#include "tensorflow/core/platform/threadpool.h"
 #include "kernel_util.h"
+#include "lookup_core.h"
 
 namespace npu_rec {
 namespace {
@@ -91,11 +101,21 @@ REGISTER_OP("NpuRecTierVictims")
       return absl::OkStatus();
     });
 
-REGISTER_OP("NpuRecTierUnique")
+REGISTER_OP("NpuRecTierProbe")
+    .Input("table: resource")
+    .Input("reserved_rows: resource")
     .Input("ids: int64")
     .Output("unique: int64")
+    .Output("rows: int64")
+    .Output("index: int64")
+    .Output("counts: int64")
+    .SetIsStateful()
     .SetShapeFn([](InferenceContext* c) {
-      c->set_output(0, c->Vector(InferenceContext::kUnknownDim));
+      auto u = c->Vector(InferenceContext::kUnknownDim);
+      c->set_output(0, u);
+      c->set_output(1, u);
+      c->set_output(2, c->Vector(c->Dim(c->input(2), 0)));
+      c->set_output(3, u);
       return absl::OkStatus();
     });
 
@@ -303,13 +323,19 @@ class TierVictimsOp : public OpKernel {
 // Reads of one batch of records (NpuRecTierRead). Records closer than
 // kMaxGap bytes in one file are read by one `preadv` (the bytes between them
 // into a scratch buffer); a batch of more than kThreadedRuns calls is split
-// into contiguous ranges of calls, one thread each (at most kMaxThreads):
-// reads that miss the page cache then wait on the disk side by side.
+// into contiguous ranges of calls, one thread each. How many threads follows
+// the previous batch's reads: calls served from the page cache (under
+// kDiskNanos each) are CPU work, split over the intra-op pool's width (more
+// threads than cores only contend with the step's other ops); calls that
+// waited on the disk are split over up to kMaxThreads, so that they wait side
+// by side.
 constexpr int64_t kMaxGap = 4096;
 constexpr int64_t kMaxRunRecords = 480;  // 2 iovecs a record, under IOV_MAX (1024)
 constexpr int64_t kThreadedRuns = 64;
 constexpr int64_t kRunsPerThread = 32;
 constexpr int64_t kMaxThreads = 16;
+constexpr int64_t kPartsPerThread = 8;
+constexpr int64_t kDiskNanos = 20000;  // a call from the page cache takes 1-4 us
 
 class TierReadOp : public OpKernel {
  public:
@@ -388,14 +414,23 @@ class TierReadOp : public OpKernel {
       runs.emplace_back(i, i + 1);
     }
     const int64_t nruns = runs.size();
-    const int64_t nthreads =
-        nruns < kThreadedRuns ? 1 : std::min<int64_t>(kMaxThreads, nruns / kRunsPerThread);
-    // The first failed run of each thread: (run, message).
-    std::vector<std::pair<int64_t, std::string>> errors(nthreads, {-1, ""});
+    // Page cache: ranges of calls (several a thread, so that a thread the
+    // step's other ops keep busy leaves its share to the other) on the
+    // intra-op threads. Disk: a range and a thread of its own each.
+    const bool disk = disk_.load(std::memory_order_relaxed);
+    const int64_t pool = std::max(1, ctx->device()->tensorflow_cpu_worker_threads()->num_threads);
+    const int64_t width = disk ? kMaxThreads : pool;
+    const int64_t nparts =
+        nruns < kThreadedRuns
+            ? 1
+            : std::min<int64_t>(disk ? kMaxThreads : kPartsPerThread * pool, nruns / kRunsPerThread);
+    const auto started = std::chrono::steady_clock::now();
+    // The first failed run of each range: (run, message).
+    std::vector<std::pair<int64_t, std::string>> errors(nparts, {-1, ""});
     auto work = [&](int64_t t) {
       std::vector<char> scratch(kMaxGap);
       std::vector<struct iovec> iov;
-      const int64_t lo = nruns * t / nthreads, hi = nruns * (t + 1) / nthreads;
+      const int64_t lo = nruns * t / nparts, hi = nruns * (t + 1) / nparts;
       for (int64_t r = lo; r < hi; ++r) {
         const auto [b, e] = runs[r];
         const int fd = static_cast<int>(fds[uniq[b].seg]);
@@ -431,12 +466,28 @@ class TierReadOp : public OpKernel {
         }
       }
     };
-    if (nthreads == 1) {
+    if (nparts == 1) {
       work(0);
+    } else if (!disk) {
+      // CPU work: on the intra-op threads (idle ones spin, so threads of our
+      // own would only take turns with them).
+      ctx->device()->tensorflow_cpu_worker_threads()->workers->ParallelFor(
+          nparts, 1 << 20, [&](int64_t begin, int64_t end) {
+            for (int64_t t = begin; t < end; ++t) work(t);
+          });
     } else {
-      std::vector<std::thread> pool;
-      for (int64_t t = 0; t < nthreads; ++t) pool.emplace_back(work, t);
-      for (auto& th : pool) th.join();
+      std::vector<std::thread> threads;
+      for (int64_t t = 1; t < nparts; ++t) threads.emplace_back(work, t);
+      work(0);
+      for (auto& th : threads) th.join();
+    }
+    // The mean time of a call on one thread decides the next batch's way.
+    const int64_t spent = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                              std::chrono::steady_clock::now() - started)
+                              .count();
+    if (nruns >= kThreadedRuns) {
+      disk_.store(spent * std::min(width, nparts) / nruns > kDiskNanos,
+                  std::memory_order_relaxed);
     }
     for (const auto& [run, why] : errors) {
       if (run < 0) continue;
@@ -454,6 +505,7 @@ class TierReadOp : public OpKernel {
  private:
   int64_t words_, per_segment_;
   std::string table_;
+  std::atomic<bool> disk_{false};  // the last large batch's calls waited on the disk
 };
 
 class TierPackOp : public OpKernel {
@@ -621,37 +673,85 @@ class TierUnpackOp : public OpKernel {
   ::tensorflow::DataType row_dtype_, slot_dtype_;
 };
 
-class TierUniqueOp : public OpKernel {
+// ids[0, n) -> their unique keys in first-occurrence order, the position of
+// each id among them (`index`) and the sightings of each key (`counts`), as
+// tf.unique_with_counts: open addressing on SplitMix64 of the key, each
+// bucket holding its key and position (one id value marks an empty bucket
+// and is tracked beside them), the bucket of the id kUniqueAhead places on
+// prefetched.
+constexpr int64_t kUniqueAhead = 16;
+constexpr int64_t kEmptyBucket = std::numeric_limits<int64_t>::min();
+
+void UniqueKeys(const int64_t* ids, int64_t n, std::vector<int64_t>* keys, int64_t* index,
+                std::vector<int64_t>* counts) {
+  keys->clear();
+  counts->clear();
+  uint64_t buckets = 16;
+  while (buckets < 2 * static_cast<uint64_t>(n)) buckets *= 2;
+  const uint64_t mask = buckets - 1;
+  std::vector<int64_t> key(buckets, kEmptyBucket), pos(buckets);
+  int64_t empty_pos = -1;
+  const auto home = [&](int64_t id) { return SplitMix64(static_cast<uint64_t>(id)) & mask; };
+  for (int64_t i = 0; i < n; ++i) {
+    if (i + kUniqueAhead < n) {
+      const uint64_t ahead = home(ids[i + kUniqueAhead]);
+      __builtin_prefetch(key.data() + ahead);
+      __builtin_prefetch(pos.data() + ahead);
+    }
+    const int64_t id = ids[i];
+    int64_t at;
+    if (id == kEmptyBucket) {
+      if (empty_pos < 0) {
+        empty_pos = static_cast<int64_t>(keys->size());
+        keys->push_back(id);
+        counts->push_back(0);
+      }
+      at = empty_pos;
+    } else {
+      uint64_t h = home(id);
+      while (key[h] != kEmptyBucket && key[h] != id) h = (h + 1) & mask;
+      if (key[h] == kEmptyBucket) {
+        key[h] = id;
+        pos[h] = static_cast<int64_t>(keys->size());
+        keys->push_back(id);
+        counts->push_back(0);
+      }
+      at = pos[h];
+    }
+    index[i] = at;
+    ++(*counts)[at];
+  }
+}
+
+void OutputVector(OpKernelContext* ctx, int index, const std::vector<int64_t>& v) {
+  Tensor* out = nullptr;
+  const int64_t u = static_cast<int64_t>(v.size());
+  OP_REQUIRES_OK(ctx, ctx->allocate_output(index, TensorShape({u}), &out));
+  if (u > 0) std::memcpy(out->flat<int64_t>().data(), v.data(), sizeof(int64_t) * u);
+}
+
+class TierProbeOp : public OpKernel {
  public:
-  explicit TierUniqueOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+  explicit TierProbeOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
 
   void Compute(OpKernelContext* ctx) override {
-    const Tensor& ids_t = ctx->input(0);
+    const Tensor& ids_t = ctx->input(2);
     const int64_t n = ids_t.NumElements();
-    const int64_t* ids = ids_t.flat<int64_t>().data();
-    std::vector<int64_t> keys;
-    keys.reserve(n);
-    uint64_t buckets = 16;
-    while (buckets < 2 * static_cast<uint64_t>(n)) buckets *= 2;
-    const uint64_t mask = buckets - 1;
-    std::vector<int64_t> slot(buckets, -1);  // position in `keys`, or -1
-    for (int64_t i = 0; i < n; ++i) {
-      const int64_t id = ids[i];
-      uint64_t h = SplitMix64(static_cast<uint64_t>(id)) & mask;
-      while (slot[h] >= 0 && keys[slot[h]] != id) h = (h + 1) & mask;
-      if (slot[h] < 0) {
-        slot[h] = static_cast<int64_t>(keys.size());
-        keys.push_back(id);
-      }
-    }
+    Tensor* index = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(2, TensorShape({n}), &index));
+    std::vector<int64_t> keys, counts;
+    UniqueKeys(ids_t.flat<int64_t>().data(), n, &keys, index->flat<int64_t>().data(), &counts);
     const int64_t u = static_cast<int64_t>(keys.size());
-    Tensor* out = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({u}), &out));
-    if (u > 0) std::memcpy(out->flat<int64_t>().data(), keys.data(), sizeof(int64_t) * u);
+    std::vector<int64_t> mixed(u), rows(u, -1);
+    for (int64_t i = 0; i < u; ++i) mixed[i] = MixKey(keys[i]);
+    OP_REQUIRES_OK(ctx, ProbeKeyIndex(ctx, mixed, rows.data()));
+    OutputVector(ctx, 0, keys);
+    OutputVector(ctx, 1, rows);
+    OutputVector(ctx, 3, counts);
   }
 };
 
-REGISTER_KERNEL_BUILDER(Name("NpuRecTierUnique").Device(DEVICE_CPU), TierUniqueOp);
+REGISTER_KERNEL_BUILDER(Name("NpuRecTierProbe").Device(DEVICE_CPU), TierProbeOp);
 REGISTER_KERNEL_BUILDER(Name("NpuRecTierVictims").Device(DEVICE_CPU), TierVictimsOp);
 REGISTER_KERNEL_BUILDER(Name("NpuRecTierRead").Device(DEVICE_CPU), TierReadOp);
 REGISTER_KERNEL_BUILDER(Name("NpuRecTierPack").Device(DEVICE_CPU), TierPackOp);

@@ -304,15 +304,19 @@ class TierMixin:
         with tf.control_dependencies(ops):
             return tf.identity(prot)
 
-    def _cold_keys(self, shard, keys, with_rows: bool = False):
+    def _cold_keys(self, shard, keys, with_rows: bool = False, rows=None):
         """(protected keys, keys without a memory row, the cold ones among them, their locations).
 
-        `with_rows`: then also the rows of `keys` (-1: none) as the lookup found them.
+        `with_rows`: then also the rows of `keys` (-1: none) as the lookup found
+        them; `rows`: those rows, already looked up (`NpuRecTierProbe`).
         """
         st = shard.state
         protected = self._protect(shard, keys)
-        with tf.control_dependencies([protected]):
-            rows0 = tf.reshape(st.index.lookup(keys), [-1])
+        if rows is not None:
+            rows0 = rows
+        else:
+            with tf.control_dependencies([protected]):
+                rows0 = tf.reshape(st.index.lookup(keys), [-1])
         miss = tf.boolean_mask(keys, rows0 < 0)
         locs = tf.reshape(st.cold_index.lookup(miss), [-1])
         found = locs >= 0
@@ -710,46 +714,43 @@ class TieredKernelBackend(TierMixin, KernelBackend):
     `npu_rec/_kernels/tier_io.cc` (reading the batch's cold records with
     `pread`, victim selection, packing records with their checksums,
     verifying and unpacking the records read) and keeps the store's
-    bookkeeping and the `pwrite` in two `numpy_function` calls per step (the
-    NumPy path: four): the segment files' descriptors, the period and the
-    victim hand; then append the victims' records, mark the promoted ones
-    dead and compact. The read (and its verification) and the victims'
-    selection and packing change nothing, so they run side by side; the
-    first change (the append) waits for the records read to be verified, so
-    a corrupted record fails the step with the table untouched. The fused
-    lookup's unique keys come from `NpuRecTierUnique` (`tf.unique`'s keys,
-    in its order), and the victims' held rows are the rows the batch's probe
-    found (looked up again only when earlier lookups of the optimizer step
-    protected more keys). Inference reads go through the same read and
-    unpack kernels.
+    bookkeeping and the `pwrite` in three `numpy_function` calls per step
+    (the NumPy path: four): the segment files' descriptors, the period and
+    the victim hand; then append the victims' records; then mark the
+    promoted ones dead and compact, beside the indexes' moves. The read (and
+    its verification) and the victims' selection and packing change nothing,
+    so they run side by side; the first change (the append) waits for the
+    records read to be verified, so a corrupted record fails the step with
+    the table untouched. The fused lookup's unique keys (`tf.unique`'s, in
+    its order) and their rows in the index come from one kernel,
+    `NpuRecTierProbe`; the victims' held rows are those rows (looked up
+    again only when earlier lookups of the optimizer step protected more
+    keys). Inference reads go through the same read and unpack kernels.
     """
 
     name = "kernels+tier"
 
-    def prepare(self, shard, keys, count: bool = True) -> tf.Operation:
+    def prepare(self, shard, keys, count: bool = True, rows=None) -> tf.Operation:
+        """`TierMixin.prepare`; `rows`: the rows of unique `keys` in the index, if looked up."""
         self._check_slots(shard)
         st = shard.state
         s = st.rows
         store = st.store
         keys = tf.reshape(tf.cast(keys, tf.int64), [-1])
-        protected, miss, pkeys, plocs, rows0 = self._cold_keys(shard, keys, with_rows=True)
-        n_miss = tf.size(miss, out_type=tf.int64)
-        n_keys = tf.size(keys, out_type=tf.int64)
 
-        def start(n_keys, n_hot):
-            if n_keys >= 0:
-                store.stats["steps"] += 1
-                store.stats["lookups"] += int(n_keys)
-                store.stats["hits"] += int(n_hot)
+        def start():
             return (*store.segment_table(), np.int64(store.period), np.int64(store.hand))
 
+        # Needs no key: made first, it runs beside the batch's first index work.
         *table, period, hand = tf.numpy_function(
-            start,
-            [n_keys if count else tf.constant(-1, tf.int64), n_keys - n_miss],
-            [tf.int64, tf.int64, tf.string, tf.int64, tf.int64],
-            stateful=True,
+            start, [], [tf.int64, tf.int64, tf.string, tf.int64, tf.int64], stateful=True
         )
         period, hand = tf.reshape(period, []), tf.reshape(hand, [])
+        protected, miss, pkeys, plocs, rows0 = self._cold_keys(
+            shard, keys, with_rows=True, rows=rows
+        )
+        n_miss = tf.size(miss, out_type=tf.int64)
+        n_keys = tf.size(keys, out_type=tf.int64)
         values, slots, counts, saved, seen = self._read(shard, plocs, table, period)
         excess = tf.maximum(s.live_count() + n_miss - st.memory_rows, 0)
 
@@ -795,31 +796,48 @@ class TieredKernelBackend(TierMixin, KernelBackend):
         # read to be verified, so a corrupted one fails the step with the table untouched.
         victims, recs, hand = tf.cond(excess > 0, pack, nothing)
 
-        def write(recs, plocs, hand):
-            # The victims' records appended, the promoted ones marked dead (their
-            # rows are read into `values`), then a sparse sealed segment compacted.
+        def write(recs, hand, n_keys, n_hot):
+            # The victims' records appended.
+            if n_keys >= 0:
+                store.stats["steps"] += 1
+                store.stats["lookups"] += int(n_keys)
+                store.stats["hits"] += int(n_hot)
             store.hand = int(hand)
-            store.stats["bytes_read"] += len(plocs) * store.dtype.itemsize
             locs = store.append(recs)
             store.stats["demotions"] += len(recs)
             if len(recs):
                 store.reached("demotion")
+            return locs
+
+        def settle(plocs):
+            # The promoted records marked dead (their rows are read into `values`),
+            # then a sparse sealed segment compacted.
+            store.stats["bytes_read"] += len(plocs) * store.dtype.itemsize
             store.kill(plocs)
             store.stats["promotions"] += len(plocs)
             if len(plocs):
                 store.reached("promotion")
             seg = store.compaction_candidate()
             if seg < 0:
-                return locs, np.zeros(0, np.int64), np.zeros(0, np.int64)
-            return (locs, *store.relocate(seg))
+                return np.zeros(0, np.int64), np.zeros(0, np.int64)
+            return store.relocate(seg)
 
         with tf.control_dependencies([values]):  # verified before anything changes
-            locs, ckeys, clocs = tf.numpy_function(
-                write, [recs, plocs, hand], [tf.int64, tf.int64, tf.int64], stateful=True
+            locs = tf.numpy_function(
+                write,
+                [recs, hand, n_keys if count else tf.constant(-1, tf.int64), n_keys - n_miss],
+                tf.int64,
+                stateful=True,
             )
         demoted = self._moved_out(
             shard, recs[:, 0], tf.reshape(locs, [-1]), victims, tf.size(victims, out_type=tf.int64)
         )
+        # The store's own work, beside the indexes' (after the append: one store
+        # call at a time).
+        with tf.control_dependencies([locs]):
+            ckeys, clocs = tf.numpy_function(
+                settle, [plocs], [tf.int64, tf.int64], stateful=True
+            )
         with tf.control_dependencies([demoted]):
             promoted = self._moved_in(shard, pkeys, values, slots, counts, saved, seen)
         # After the victims' keys entered `cold_index`: a compaction may have moved them.
@@ -880,14 +898,22 @@ class TieredKernelBackend(TierMixin, KernelBackend):
         return tf.cast(values, tf.float32)  # exact for bfloat16 / float16
 
     def fused_lookup(self, shard, ids, id_counts, times, from_feature: bool, batch_time):
-        # `tf.unique`'s keys in its order, by a kernel of a fraction of its time.
-        uniq = (
-            _ops.tier_unique(tf.reshape(tf.cast(ids, tf.int64), [-1])) if id_counts is None else ids
-        )
-        prep = self.prepare(shard, uniq)
-        with tf.control_dependencies([prep]):
-            ids = tf.identity(ids)
+        if id_counts is not None:
+            with tf.control_dependencies([self.prepare(shard, ids)]):
+                ids = tf.identity(ids)
             return super().fused_lookup(shard, ids, id_counts, times, from_feature, batch_time)
+        # `tf.unique_with_counts` of the ids and the keys' rows, by one kernel.
+        uniq, rows, index, counts = _ops.tier_probe(
+            shard.state.index, tf.reshape(tf.cast(ids, tf.int64), [-1])
+        )
+        with tf.control_dependencies([self.prepare(shard, uniq, rows=rows)]):
+            if batch_time is None or from_feature:  # times and clamping are per id
+                ids = tf.identity(ids)
+                return super().fused_lookup(shard, ids, None, times, from_feature, batch_time)
+            # One time for the batch: the unique keys with their sightings are the
+            # same lookup, and the kernel has no repeats left to merge.
+            out = super().fused_lookup(shard, uniq, counts, times, from_feature, batch_time)
+            return (out[0], index, *out[2:])
 
 
 def _files(store) -> list[dict]:

@@ -21,8 +21,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import npu_rec
-from npu_rec._kernels import _build
-from npu_rec.table import _registry, _storage, _tier, _tier_store
+from npu_rec._kernels import _build, _ops
+from npu_rec._kernels._key_map import KeyMap
+from npu_rec.table import _key_index, _registry, _storage, _tier, _tier_store
 
 HAVE_CXX = shutil.which(os.environ.get("CXX") or "g++") is not None
 pytestmark = pytest.mark.skipif(not HAVE_CXX, reason="no compiler: the kernels do not build")
@@ -398,9 +399,24 @@ def test_pread_refuses_a_corrupted_missing_or_short_segment_naming_its_file(lib,
 @given(
     ids=st.lists(st.integers(-(2**63), 2**63 - 1), max_size=200)
     | st.lists(st.integers(-20, 20), max_size=300)
+    | st.lists(st.sampled_from([*_key_index.RESERVED_RAW_KEYS, -(2**63), 0, 7]), max_size=20),
+    held=st.integers(0, 3),
+    own_map=st.booleans(),
 )
-def test_unique_keys_are_tf_unique_in_its_order(lib, ids):
-    """The batch's keys the fused tiered lookup promotes: `tf.unique`'s, first sightings first."""
+def test_the_probe_is_tf_unique_with_counts_and_the_keys_rows(lib, ids, held, own_map):
+    """The batch's keys the fused tiered lookup promotes (`tf.unique_with_counts`: first
+    sightings first) and their rows as `KeyIndex.lookup` finds them, reserved raw ids
+    included."""
     x = tf.constant(np.array(ids, np.int64).reshape(-1), tf.int64)
-    got = lib.npu_rec_tier_unique(ids=x).numpy()
-    np.testing.assert_array_equal(got, tf.unique(x)[0].numpy())
+    want = tf.unique(x)[0]
+    index = _key_index.KeyIndex(
+        64, map_class=KeyMap if own_map else tf.lookup.experimental.DenseHashTable
+    )
+    keep = want[::held + 1] if held else want[:0]  # every other, third, ... key held
+    index.insert(keep, tf.range(tf.size(keep, out_type=tf.int64)) * 3 + 1)
+    got_keys, got_rows, got_index, got_counts = _ops.tier_probe(index, x)
+    np.testing.assert_array_equal(got_keys.numpy(), want.numpy())
+    np.testing.assert_array_equal(got_rows.numpy(), index.lookup(want).numpy())
+    _, at, counts = tf.unique_with_counts(x)
+    np.testing.assert_array_equal(got_index.numpy(), at.numpy())
+    np.testing.assert_array_equal(got_counts.numpy(), counts.numpy())
