@@ -32,7 +32,7 @@ rounded as the stock path does); slots are float32.
   table's NumPy record reads (by `pread`, not through a map), victim
   selection, record packing and verified unpacking (`npu_rec.table._tier`,
   `_tier_store`); `tier_probe` = `tf.unique_with_counts` of the batch's
-  ids (the keys the tier promotes) and `KeyIndex.lookup` of its keys.
+  ids and both indexes' lookups of its keys (the keys the tier promotes).
 """
 
 from __future__ import annotations
@@ -195,16 +195,23 @@ def tier_read(**args) -> tf.Tensor:
     return _build.library().npu_rec_tier_read(**args)
 
 
-def tier_probe(index, ids: tf.Tensor):
-    """`tf.unique_with_counts(ids)` and the unique keys' rows in `index` (`NpuRecTierProbe`).
+def tier_probe(index, cold_index, ids: tf.Tensor):
+    """The first look of a tiered table's training lookup at its indexes (`NpuRecTierProbe`).
 
-    `index`: the table's `KeyIndex` on the kernels' map or `DenseHashTable`.
-    Returns (unique int64 [u] in first-occurrence order, their rows int64 [u]
-    (-1: none), the position of each id among them int64 [n], sightings
-    int64 [u]).
+    `index`, `cold_index`: the table's `KeyIndex`es (the kernels' map or
+    `DenseHashTable`). Returns `tf.unique_with_counts(ids)` and the indexes'
+    view of its keys: (unique int64 [u] in first-occurrence order, their rows
+    in `index` int64 [u] (-1: none), the position of each id among them
+    int64 [n], sightings int64 [u], how many keys have no row (int64
+    scalar), the cold keys among those int64 [c] in the same order, and
+    their locations in `cold_index` int64 [c]).
     """
     return _build.library().npu_rec_tier_probe(
-        table=index.map.resource_handle, reserved_rows=index.reserved_rows.handle, ids=ids
+        table=index.map.resource_handle,
+        reserved_rows=index.reserved_rows.handle,
+        cold_table=cold_index.map.resource_handle,
+        cold_reserved_rows=cold_index.reserved_rows.handle,
+        ids=ids,
     )
 
 

@@ -129,12 +129,14 @@ absl::Status ProbeStock(OpKernelContext* ctx, LookupInterface* table,
   return absl::OkStatus();
 }
 
-// rows[i] = the index's row of mixed[i], or -1.
-absl::Status Probe(OpKernelContext* ctx, const std::vector<int64_t>& mixed, int64_t* rows) {
+// rows[i] = the index's row of mixed[i], or -1: the index at input `index`,
+// its reserved rows at input `reserved`.
+absl::Status Probe(OpKernelContext* ctx, const std::vector<int64_t>& mixed, int64_t* rows,
+                   int index = kTable, int reserved_input = kReserved) {
   const int64_t u = static_cast<int64_t>(mixed.size());
   if (u == 0) return absl::OkStatus();
   LookupInterface* table = nullptr;
-  TF_RETURN_IF_ERROR(GetKeyIndex(ctx, kTable, &table));
+  TF_RETURN_IF_ERROR(GetKeyIndex(ctx, index, &table));
   ::tensorflow::core::ScopedUnref unref(table);
   bool any_reserved = false;
   for (int64_t i = 0; i < u; ++i) any_reserved |= mixed[i] <= kDeletedKey;
@@ -145,7 +147,7 @@ absl::Status Probe(OpKernelContext* ctx, const std::vector<int64_t>& mixed, int6
   }
   if (!any_reserved) return absl::OkStatus();
   RefCountPtr<Var> reserved;
-  TF_RETURN_IF_ERROR(GetVar(ctx, kReserved, &reserved));
+  TF_RETURN_IF_ERROR(GetVar(ctx, reserved_input, &reserved));
   VarLocks lock({reserved.get()});
   const Tensor& r = *reserved->tensor();
   if (r.NumElements() != 2) {
@@ -382,9 +384,8 @@ absl::Status LookupRows(OpKernelContext* ctx, const TableAttrs& attrs, const Uni
 int64_t MixKey(int64_t key) { return Mix(key); }
 
 absl::Status ProbeKeyIndex(OpKernelContext* ctx, const std::vector<int64_t>& mixed,
-                           int64_t* rows) {
-  static_assert(kTable == 0 && kReserved == 1, "NpuRecTierProbe's inputs follow this layout");
-  return Probe(ctx, mixed, rows);
+                           int64_t* rows, int index, int reserved) {
+  return Probe(ctx, mixed, rows, index, reserved);
 }
 
 }  // namespace npu_rec

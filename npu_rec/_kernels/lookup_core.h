@@ -69,11 +69,12 @@ absl::Status LookupRows(::tensorflow::OpKernelContext* ctx, const TableAttrs& at
 // KeyIndex's mixing of a raw key (a bijection of the 64-bit integers).
 int64_t MixKey(int64_t key);
 
-// rows[i] = the key index's row of mixed[i], or -1: the index at the op's
-// input 0 and its `reserved_rows` variable at input 1 (the layout of
-// NpuRecTrainLookup and NpuRecTierProbe). Reads only (the map's shared lock).
+// rows[i] = the key index's row of mixed[i], or -1: the index (a `KeyIndex`'s
+// map) at the op's input `index` and its `reserved_rows` variable at input
+// `reserved`, probed as NpuRecTrainLookup probes. Reads only (the map's
+// shared lock).
 absl::Status ProbeKeyIndex(::tensorflow::OpKernelContext* ctx, const std::vector<int64_t>& mixed,
-                           int64_t* rows);
+                           int64_t* rows, int index, int reserved);
 
 }  // namespace npu_rec
 

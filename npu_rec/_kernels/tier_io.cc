@@ -32,10 +32,11 @@
 //                      the op (DataLoss) naming its segment file.
 //   NpuRecTierProbe    a batch's ids -> `tf.unique_with_counts` of them
 //                      (unique keys in first-occurrence order, by open
-//                      addressing on SplitMix64 of the key: the keys
-//                      `prepare` promotes) and the keys' rows in the
-//                      table's key index (-1: none), probed as
-//                      NpuRecTrainLookup probes.
+//                      addressing on SplitMix64 of the key), the keys' rows
+//                      in the table's key index (-1: none), how many have
+//                      none, and those of them `cold_index` holds with their
+//                      record locations (the keys `prepare` promotes), both
+//                      indexes probed as NpuRecTrainLookup probes.
 //
 // The checksum is `_tier_store.SegmentStore._checksum`: the 64-bit wrapping
 // sum of word[i] * weight[i] over all words but the last, s ^= s >> 29, plus
@@ -104,18 +105,26 @@ REGISTER_OP("NpuRecTierVictims")
 REGISTER_OP("NpuRecTierProbe")
     .Input("table: resource")
     .Input("reserved_rows: resource")
+    .Input("cold_table: resource")
+    .Input("cold_reserved_rows: resource")
     .Input("ids: int64")
     .Output("unique: int64")
     .Output("rows: int64")
     .Output("index: int64")
     .Output("counts: int64")
+    .Output("misses: int64")
+    .Output("cold_keys: int64")
+    .Output("cold_locations: int64")
     .SetIsStateful()
     .SetShapeFn([](InferenceContext* c) {
       auto u = c->Vector(InferenceContext::kUnknownDim);
       c->set_output(0, u);
       c->set_output(1, u);
-      c->set_output(2, c->Vector(c->Dim(c->input(2), 0)));
+      c->set_output(2, c->Vector(c->Dim(c->input(4), 0)));
       c->set_output(3, u);
+      c->set_output(4, c->Scalar());
+      c->set_output(5, u);
+      c->set_output(6, u);
       return absl::OkStatus();
     });
 
@@ -689,15 +698,14 @@ void UniqueKeys(const int64_t* ids, int64_t n, std::vector<int64_t>* keys, int64
   uint64_t buckets = 16;
   while (buckets < 2 * static_cast<uint64_t>(n)) buckets *= 2;
   const uint64_t mask = buckets - 1;
-  std::vector<int64_t> key(buckets, kEmptyBucket), pos(buckets);
+  struct Bucket {
+    int64_t key, pos;  // one cache line holds both
+  };
+  std::vector<Bucket> table(buckets, Bucket{kEmptyBucket, 0});
   int64_t empty_pos = -1;
   const auto home = [&](int64_t id) { return SplitMix64(static_cast<uint64_t>(id)) & mask; };
   for (int64_t i = 0; i < n; ++i) {
-    if (i + kUniqueAhead < n) {
-      const uint64_t ahead = home(ids[i + kUniqueAhead]);
-      __builtin_prefetch(key.data() + ahead);
-      __builtin_prefetch(pos.data() + ahead);
-    }
+    if (i + kUniqueAhead < n) __builtin_prefetch(table.data() + home(ids[i + kUniqueAhead]));
     const int64_t id = ids[i];
     int64_t at;
     if (id == kEmptyBucket) {
@@ -709,14 +717,13 @@ void UniqueKeys(const int64_t* ids, int64_t n, std::vector<int64_t>* keys, int64
       at = empty_pos;
     } else {
       uint64_t h = home(id);
-      while (key[h] != kEmptyBucket && key[h] != id) h = (h + 1) & mask;
-      if (key[h] == kEmptyBucket) {
-        key[h] = id;
-        pos[h] = static_cast<int64_t>(keys->size());
+      while (table[h].key != kEmptyBucket && table[h].key != id) h = (h + 1) & mask;
+      if (table[h].key == kEmptyBucket) {
+        table[h] = {id, static_cast<int64_t>(keys->size())};
         keys->push_back(id);
         counts->push_back(0);
       }
-      at = pos[h];
+      at = table[h].pos;
     }
     index[i] = at;
     ++(*counts)[at];
@@ -735,7 +742,7 @@ class TierProbeOp : public OpKernel {
   explicit TierProbeOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
 
   void Compute(OpKernelContext* ctx) override {
-    const Tensor& ids_t = ctx->input(2);
+    const Tensor& ids_t = ctx->input(4);
     const int64_t n = ids_t.NumElements();
     Tensor* index = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(2, TensorShape({n}), &index));
@@ -744,10 +751,32 @@ class TierProbeOp : public OpKernel {
     const int64_t u = static_cast<int64_t>(keys.size());
     std::vector<int64_t> mixed(u), rows(u, -1);
     for (int64_t i = 0; i < u; ++i) mixed[i] = MixKey(keys[i]);
-    OP_REQUIRES_OK(ctx, ProbeKeyIndex(ctx, mixed, rows.data()));
+    OP_REQUIRES_OK(ctx, ProbeKeyIndex(ctx, mixed, rows.data(), 0, 1));
+    // The keys without a memory row, then those of them the cold index holds.
+    std::vector<int64_t> miss_mixed, locs;
+    for (int64_t i = 0; i < u; ++i) {
+      if (rows[i] < 0) miss_mixed.push_back(mixed[i]);
+    }
+    const int64_t m = static_cast<int64_t>(miss_mixed.size());
+    locs.assign(m, -1);
+    OP_REQUIRES_OK(ctx, ProbeKeyIndex(ctx, miss_mixed, locs.data(), 2, 3));
+    std::vector<int64_t> cold_keys, cold_locs;
+    for (int64_t i = 0, j = 0; i < u; ++i) {
+      if (rows[i] >= 0) continue;
+      if (locs[j] >= 0) {
+        cold_keys.push_back(keys[i]);
+        cold_locs.push_back(locs[j]);
+      }
+      ++j;
+    }
     OutputVector(ctx, 0, keys);
     OutputVector(ctx, 1, rows);
     OutputVector(ctx, 3, counts);
+    Tensor* misses = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(4, TensorShape({}), &misses));
+    misses->scalar<int64_t>()() = m;
+    OutputVector(ctx, 5, cold_keys);
+    OutputVector(ctx, 6, cold_locs);
   }
 };
 

@@ -257,8 +257,7 @@ class TierMixin:
         st = shard.state
         s = st.rows
         keys = tf.reshape(tf.cast(keys, tf.int64), [-1])
-        protected, miss, pkeys, plocs = self._cold_keys(shard, keys)
-        n_miss = tf.size(miss, out_type=tf.int64)
+        protected, n_miss, pkeys, plocs = self._cold_keys(shard, keys)
         excess = tf.maximum(s.live_count() + n_miss - st.memory_rows, 0)
         demoted = tf.cond(
             excess > 0,
@@ -304,23 +303,27 @@ class TierMixin:
         with tf.control_dependencies(ops):
             return tf.identity(prot)
 
-    def _cold_keys(self, shard, keys, with_rows: bool = False, rows=None):
-        """(protected keys, keys without a memory row, the cold ones among them, their locations).
+    def _cold_keys(self, shard, keys, with_rows: bool = False, probed=None):
+        """(protected keys, how many keys have no memory row, the cold ones among them, their
+        locations).
 
         `with_rows`: then also the rows of `keys` (-1: none) as the lookup found
-        them; `rows`: those rows, already looked up (`NpuRecTierProbe`).
+        them; `probed`: (rows, misses, cold keys, locations) of `keys` as
+        `NpuRecTierProbe` found them, used instead of looking them up.
         """
         st = shard.state
         protected = self._protect(shard, keys)
-        if rows is not None:
-            rows0 = rows
-        else:
-            with tf.control_dependencies([protected]):
-                rows0 = tf.reshape(st.index.lookup(keys), [-1])
+        if probed is not None:
+            rows0, n_miss, pkeys, plocs = probed
+            out = protected, tf.reshape(n_miss, []), pkeys, plocs
+            return (*out, rows0) if with_rows else out
+        with tf.control_dependencies([protected]):
+            rows0 = tf.reshape(st.index.lookup(keys), [-1])
         miss = tf.boolean_mask(keys, rows0 < 0)
         locs = tf.reshape(st.cold_index.lookup(miss), [-1])
         found = locs >= 0
-        out = protected, miss, tf.boolean_mask(miss, found), tf.boolean_mask(locs, found)
+        n_miss = tf.size(miss, out_type=tf.int64)
+        out = protected, n_miss, tf.boolean_mask(miss, found), tf.boolean_mask(locs, found)
         return (*out, rows0) if with_rows else out
 
     def _demote(self, shard, excess, protected) -> tf.Tensor:
@@ -362,7 +365,8 @@ class TierMixin:
         return self._moved_out(shard, vkeys, tf.reshape(locs, [-1]), victims, k)
 
     def _moved_out(self, shard, vkeys, locs, victims, k) -> tf.Tensor:
-        """Demoted rows leave memory: their keys to `cold_index` at `locs`, rows released."""
+        """Demoted rows leave memory: keys `vkeys` to `cold_index` at `locs`, rows `victims`
+        released (those of them no promoted row takes)."""
         st = shard.state
         with tf.control_dependencies([locs]):
             moved = tf.group(st.cold_index.insert(vkeys, locs), st.index.remove(vkeys))
@@ -416,18 +420,36 @@ class TierMixin:
         )
         return self._moved_in(shard, pkeys, values, slots, counts, saved, seen)
 
-    def _moved_in(self, shard, pkeys, values, slots, counts, saved, seen) -> tf.Tensor:
+    def _moved_in(self, shard, pkeys, values, slots, counts, saved, seen, reuse=None) -> tf.Tensor:
         """Promoted rows enter memory: rows allocated, written as read, keys indexed.
 
         `counts`, `saved`, `seen`: int64 as records hold them, converted here (the one
         place) to the table's columns (saturated counts, encoded last-seen).
+        `reuse`: (rows, released): rows to write the first promoted rows into (the
+        victims', their keys leaving the index), and the op after which rows may be
+        allocated for the others.
         """
         st = shard.state
         s = st.rows
         m = tf.size(pkeys, out_type=tf.int64)
 
+        def taken():
+            if reuse is None:
+                return s.allocate(m)
+            given, released = reuse
+            extra = m - tf.size(given, out_type=tf.int64)
+
+            def more():
+                with tf.control_dependencies([released]):  # the free list as released
+                    fresh, alloc = s.allocate(extra)
+                with tf.control_dependencies([alloc]):
+                    return tf.concat([given, fresh], 0)
+
+            rows = tf.cond(extra > 0, more, lambda: tf.identity(given))
+            return rows, tf.group(rows)
+
         def write():
-            rows, alloc = s.allocate(m)
+            rows, alloc = taken()
 
             with tf.control_dependencies([rows]):
                 ops = [
@@ -730,8 +752,11 @@ class TieredKernelBackend(TierMixin, KernelBackend):
 
     name = "kernels+tier"
 
-    def prepare(self, shard, keys, count: bool = True, rows=None) -> tf.Operation:
-        """`TierMixin.prepare`; `rows`: the rows of unique `keys` in the index, if looked up."""
+    def prepare(self, shard, keys, count: bool = True, probed=None) -> tf.Operation:
+        """`TierMixin.prepare`; `probed`: what `NpuRecTierProbe` found of unique `keys`.
+
+        (rows, misses, cold keys, their locations), see `_cold_keys`.
+        """
         self._check_slots(shard)
         st = shard.state
         s = st.rows
@@ -746,10 +771,9 @@ class TieredKernelBackend(TierMixin, KernelBackend):
             start, [], [tf.int64, tf.int64, tf.string, tf.int64, tf.int64], stateful=True
         )
         period, hand = tf.reshape(period, []), tf.reshape(hand, [])
-        protected, miss, pkeys, plocs, rows0 = self._cold_keys(
-            shard, keys, with_rows=True, rows=rows
+        protected, n_miss, pkeys, plocs, rows0 = self._cold_keys(
+            shard, keys, with_rows=True, probed=probed
         )
-        n_miss = tf.size(miss, out_type=tf.int64)
         n_keys = tf.size(keys, out_type=tf.int64)
         values, slots, counts, saved, seen = self._read(shard, plocs, table, period)
         excess = tf.maximum(s.live_count() + n_miss - st.memory_rows, 0)
@@ -829,19 +853,24 @@ class TieredKernelBackend(TierMixin, KernelBackend):
                 tf.int64,
                 stateful=True,
             )
-        demoted = self._moved_out(
-            shard, recs[:, 0], tf.reshape(locs, [-1]), victims, tf.size(victims, out_type=tf.int64)
-        )
+        # The promoted rows are written into the victims' rows (no release and
+        # allocation between): the first `reused` victims keep their rows, the
+        # others are released. Both moves start once the victims are on disk (and
+        # so packed, and the records read verified) and run side by side.
+        k = tf.size(victims, out_type=tf.int64)
+        reused = tf.minimum(tf.size(pkeys, out_type=tf.int64), k)
+        demoted = self._moved_out(shard, recs[:, 0], tf.reshape(locs, [-1]), victims[reused:], k)
         # The store's own work, beside the indexes' (after the append: one store
         # call at a time).
         with tf.control_dependencies([locs]):
             ckeys, clocs = tf.numpy_function(
                 settle, [plocs], [tf.int64, tf.int64], stateful=True
             )
-        with tf.control_dependencies([demoted]):
-            promoted = self._moved_in(shard, pkeys, values, slots, counts, saved, seen)
+            promoted = self._moved_in(
+                shard, pkeys, values, slots, counts, saved, seen, reuse=(victims[:reused], demoted)
+            )
         # After the victims' keys entered `cold_index`: a compaction may have moved them.
-        with tf.control_dependencies([promoted]):
+        with tf.control_dependencies([promoted, demoted]):
             compacted = self._relocated(shard, ckeys, clocs)
         with tf.control_dependencies([compacted]):
             return tf.group(*[_rebuilt(i) for i in (st.index, st.cold_index)])
@@ -902,11 +931,12 @@ class TieredKernelBackend(TierMixin, KernelBackend):
             with tf.control_dependencies([self.prepare(shard, ids)]):
                 ids = tf.identity(ids)
             return super().fused_lookup(shard, ids, id_counts, times, from_feature, batch_time)
-        # `tf.unique_with_counts` of the ids and the keys' rows, by one kernel.
-        uniq, rows, index, counts = _ops.tier_probe(
-            shard.state.index, tf.reshape(tf.cast(ids, tf.int64), [-1])
+        # `tf.unique_with_counts` of the ids and both indexes' view of them, by one kernel.
+        st = shard.state
+        uniq, rows, index, counts, *cold = _ops.tier_probe(
+            st.index, st.cold_index, tf.reshape(tf.cast(ids, tf.int64), [-1])
         )
-        with tf.control_dependencies([self.prepare(shard, uniq, rows=rows)]):
+        with tf.control_dependencies([self.prepare(shard, uniq, probed=(rows, *cold))]):
             if batch_time is None or from_feature:  # times and clamping are per id
                 ids = tf.identity(ids)
                 return super().fused_lookup(shard, ids, None, times, from_feature, batch_time)

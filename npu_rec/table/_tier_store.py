@@ -306,6 +306,7 @@ class SegmentStore:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
         size = self.per_segment * self.dtype.itemsize
         os.ftruncate(fd, size)
+        _random_reads(fd)
         self._segments[seg] = {
             "path": path,
             "fd": fd,
@@ -685,6 +686,7 @@ class SegmentStore:
             # the version it started from, so damage to them cannot reach it.
             shutil.copyfile(path, dest)
             fd = os.open(dest, os.O_RDONLY)
+            _random_reads(fd)
             info = {
                 "path": dest,
                 "fd": fd,
@@ -796,6 +798,15 @@ class SegmentStore:
         locs = self.append(recs)
         self.stats["compactions"] += 1
         return recs["key"].copy(), locs
+
+
+def _random_reads(fd: int) -> None:
+    """Tells the kernel a segment is read a record here and there: a read that misses
+    the page cache fetches its own pages only, not a read-ahead window around them
+    (which would also push other records out of the cache)."""
+    if hasattr(os, "posix_fadvise"):
+        with contextlib.suppress(OSError):
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
 
 
 def _isin_sorted(keys: np.ndarray, sorted_keys: np.ndarray) -> np.ndarray:

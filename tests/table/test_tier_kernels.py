@@ -401,22 +401,35 @@ def test_pread_refuses_a_corrupted_missing_or_short_segment_naming_its_file(lib,
     | st.lists(st.integers(-20, 20), max_size=300)
     | st.lists(st.sampled_from([*_key_index.RESERVED_RAW_KEYS, -(2**63), 0, 7]), max_size=20),
     held=st.integers(0, 3),
+    cold=st.integers(0, 3),
     own_map=st.booleans(),
 )
-def test_the_probe_is_tf_unique_with_counts_and_the_keys_rows(lib, ids, held, own_map):
-    """The batch's keys the fused tiered lookup promotes (`tf.unique_with_counts`: first
-    sightings first) and their rows as `KeyIndex.lookup` finds them, reserved raw ids
-    included."""
+def test_the_probe_is_tf_unique_with_counts_and_both_indexes_lookups(
+    lib, ids, held, cold, own_map
+):
+    """The batch's keys (`tf.unique_with_counts`: first sightings first), their rows as
+    `KeyIndex.lookup` finds them, and the cold ones the fused tiered lookup promotes with
+    their locations, reserved raw ids included."""
     x = tf.constant(np.array(ids, np.int64).reshape(-1), tf.int64)
     want = tf.unique(x)[0]
-    index = _key_index.KeyIndex(
-        64, map_class=KeyMap if own_map else tf.lookup.experimental.DenseHashTable
+    index, cold_index = (
+        _key_index.KeyIndex(64, map_class=KeyMap if own_map else tf.lookup.experimental.DenseHashTable)
+        for _ in range(2)
     )
     keep = want[::held + 1] if held else want[:0]  # every other, third, ... key held
     index.insert(keep, tf.range(tf.size(keep, out_type=tf.int64)) * 3 + 1)
-    got_keys, got_rows, got_index, got_counts = _ops.tier_probe(index, x)
-    np.testing.assert_array_equal(got_keys.numpy(), want.numpy())
-    np.testing.assert_array_equal(got_rows.numpy(), index.lookup(want).numpy())
+    rest = tf.boolean_mask(want, index.lookup(want) < 0)
+    on_disk = rest[::cold + 1] if cold else rest[:0]
+    cold_index.insert(on_disk, tf.range(tf.size(on_disk, out_type=tf.int64)) * 5 + 2)
+    got = _ops.tier_probe(index, cold_index, x)
+    np.testing.assert_array_equal(got[0].numpy(), want.numpy())
+    rows = index.lookup(want).numpy()
+    np.testing.assert_array_equal(got[1].numpy(), rows)
     _, at, counts = tf.unique_with_counts(x)
-    np.testing.assert_array_equal(got_index.numpy(), at.numpy())
-    np.testing.assert_array_equal(got_counts.numpy(), counts.numpy())
+    np.testing.assert_array_equal(got[2].numpy(), at.numpy())
+    np.testing.assert_array_equal(got[3].numpy(), counts.numpy())
+    assert int(got[4]) == int(np.sum(rows < 0))
+    missing = want.numpy()[rows < 0]
+    locs = cold_index.lookup(tf.constant(missing, tf.int64)).numpy()
+    np.testing.assert_array_equal(got[5].numpy(), missing[locs >= 0])
+    np.testing.assert_array_equal(got[6].numpy(), locs[locs >= 0])
