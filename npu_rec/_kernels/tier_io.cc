@@ -332,12 +332,12 @@ class TierVictimsOp : public OpKernel {
 // Reads of one batch of records (NpuRecTierRead). Records closer than
 // kMaxGap bytes in one file are read by one `preadv` (the bytes between them
 // into a scratch buffer); a batch of more than kThreadedRuns calls is split
-// into contiguous ranges of calls, one thread each. How many threads follows
-// the previous batch's reads: calls served from the page cache (under
-// kDiskNanos each) are CPU work, split over the intra-op pool's width (more
-// threads than cores only contend with the step's other ops); calls that
-// waited on the disk are split over up to kMaxThreads, so that they wait side
-// by side.
+// into contiguous ranges of calls. How they run follows the previous batch's
+// reads: calls served from the page cache (under kDiskNanos each) are CPU
+// work, kPartsPerThread ranges a thread of the intra-op pool (more threads
+// than cores would only contend with the step's other ops); calls that
+// waited on the disk get a range and a thread of their own each, up to
+// kMaxThreads, so that they wait side by side.
 constexpr int64_t kMaxGap = 4096;
 constexpr int64_t kMaxRunRecords = 480;  // 2 iovecs a record, under IOV_MAX (1024)
 constexpr int64_t kThreadedRuns = 64;
