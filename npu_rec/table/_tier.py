@@ -744,10 +744,11 @@ class TieredKernelBackend(TierMixin, KernelBackend):
     so they run side by side; the first change (the append) waits for the
     records read to be verified, so a corrupted record fails the step with
     the table untouched. The fused lookup's unique keys (`tf.unique`'s, in
-    its order) and their rows in the index come from one kernel,
-    `NpuRecTierProbe`; the victims' held rows are those rows (looked up
-    again only when earlier lookups of the optimizer step protected more
-    keys). Inference reads go through the same read and unpack kernels.
+    its order), their rows in the index and the cold ones' locations in
+    `cold_index` come from one kernel, `NpuRecTierProbe`; the victims' held
+    rows are those rows (looked up again only when earlier lookups of the
+    optimizer step protected more keys). Inference reads go through the
+    same read and unpack kernels.
     """
 
     name = "kernels+tier"
@@ -863,9 +864,7 @@ class TieredKernelBackend(TierMixin, KernelBackend):
         # The store's own work, beside the indexes' (after the append: one store
         # call at a time).
         with tf.control_dependencies([locs]):
-            ckeys, clocs = tf.numpy_function(
-                settle, [plocs], [tf.int64, tf.int64], stateful=True
-            )
+            ckeys, clocs = tf.numpy_function(settle, [plocs], [tf.int64, tf.int64], stateful=True)
             promoted = self._moved_in(
                 shard, pkeys, values, slots, counts, saved, seen, reuse=(victims[:reused], demoted)
             )

@@ -404,22 +404,22 @@ def test_pread_refuses_a_corrupted_missing_or_short_segment_naming_its_file(lib,
     cold=st.integers(0, 3),
     own_map=st.booleans(),
 )
-def test_the_probe_is_tf_unique_with_counts_and_both_indexes_lookups(
-    lib, ids, held, cold, own_map
-):
+def test_the_probe_is_tf_unique_with_counts_and_both_indexes_lookups(lib, ids, held, cold, own_map):
     """The batch's keys (`tf.unique_with_counts`: first sightings first), their rows as
     `KeyIndex.lookup` finds them, and the cold ones the fused tiered lookup promotes with
     their locations, reserved raw ids included."""
     x = tf.constant(np.array(ids, np.int64).reshape(-1), tf.int64)
     want = tf.unique(x)[0]
     index, cold_index = (
-        _key_index.KeyIndex(64, map_class=KeyMap if own_map else tf.lookup.experimental.DenseHashTable)
+        _key_index.KeyIndex(
+            64, map_class=KeyMap if own_map else tf.lookup.experimental.DenseHashTable
+        )
         for _ in range(2)
     )
-    keep = want[::held + 1] if held else want[:0]  # every other, third, ... key held
+    keep = want[:: held + 1] if held else want[:0]  # every other, third, ... key held
     index.insert(keep, tf.range(tf.size(keep, out_type=tf.int64)) * 3 + 1)
     rest = tf.boolean_mask(want, index.lookup(want) < 0)
-    on_disk = rest[::cold + 1] if cold else rest[:0]
+    on_disk = rest[:: cold + 1] if cold else rest[:0]
     cold_index.insert(on_disk, tf.range(tf.size(on_disk, out_type=tf.int64)) * 5 + 2)
     got = _ops.tier_probe(index, cold_index, x)
     np.testing.assert_array_equal(got[0].numpy(), want.numpy())
