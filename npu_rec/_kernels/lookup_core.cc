@@ -381,8 +381,6 @@ absl::Status LookupRows(OpKernelContext* ctx, const TableAttrs& attrs, const Uni
   return absl::OkStatus();
 }
 
-int64_t MixKey(int64_t key) { return Mix(key); }
-
 absl::Status ProbeKeyIndex(OpKernelContext* ctx, const std::vector<int64_t>& mixed,
                            int64_t* rows, int index, int reserved) {
   return Probe(ctx, mixed, rows, index, reserved);

@@ -66,9 +66,6 @@ absl::Status LookupRows(::tensorflow::OpKernelContext* ctx, const TableAttrs& at
                         const Unique& u, int64_t batch, int64_t* rows, float* emb,
                         std::vector<int64_t>* miss);
 
-// KeyIndex's mixing of a raw key (a bijection of the 64-bit integers).
-int64_t MixKey(int64_t key);
-
 // rows[i] = the key index's row of mixed[i], or -1: the index (a `KeyIndex`'s
 // map) at the op's input `index` and its `reserved_rows` variable at input
 // `reserved`, probed as NpuRecTrainLookup probes. Reads only (the map's

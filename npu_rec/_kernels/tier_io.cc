@@ -31,8 +31,8 @@
 //                      last-seen times; a record failing its checksum fails
 //                      the op (DataLoss) naming its segment file.
 //   NpuRecTierProbe    a batch's ids -> `tf.unique_with_counts` of them
-//                      (unique keys in first-occurrence order, by open
-//                      addressing on SplitMix64 of the key), the keys' rows
+//                      (unique keys in first-occurrence order, deduplicated
+//                      as NpuRecTrainLookup deduplicates), the keys' rows
 //                      in the table's key index (-1: none), how many have
 //                      none, and those of them `cold_index` holds with their
 //                      record locations (the keys `prepare` promotes), both
@@ -682,54 +682,6 @@ class TierUnpackOp : public OpKernel {
   ::tensorflow::DataType row_dtype_, slot_dtype_;
 };
 
-// ids[0, n) -> their unique keys in first-occurrence order, the position of
-// each id among them (`index`) and the sightings of each key (`counts`), as
-// tf.unique_with_counts: open addressing on SplitMix64 of the key, each
-// bucket holding its key and position (one id value marks an empty bucket
-// and is tracked beside them), the bucket of the id kUniqueAhead places on
-// prefetched.
-constexpr int64_t kUniqueAhead = 16;
-constexpr int64_t kEmptyBucket = std::numeric_limits<int64_t>::min();
-
-void UniqueKeys(const int64_t* ids, int64_t n, std::vector<int64_t>* keys, int64_t* index,
-                std::vector<int64_t>* counts) {
-  keys->clear();
-  counts->clear();
-  uint64_t buckets = 16;
-  while (buckets < 2 * static_cast<uint64_t>(n)) buckets *= 2;
-  const uint64_t mask = buckets - 1;
-  struct Bucket {
-    int64_t key, pos;  // one cache line holds both
-  };
-  std::vector<Bucket> table(buckets, Bucket{kEmptyBucket, 0});
-  int64_t empty_pos = -1;
-  const auto home = [&](int64_t id) { return SplitMix64(static_cast<uint64_t>(id)) & mask; };
-  for (int64_t i = 0; i < n; ++i) {
-    if (i + kUniqueAhead < n) __builtin_prefetch(table.data() + home(ids[i + kUniqueAhead]));
-    const int64_t id = ids[i];
-    int64_t at;
-    if (id == kEmptyBucket) {
-      if (empty_pos < 0) {
-        empty_pos = static_cast<int64_t>(keys->size());
-        keys->push_back(id);
-        counts->push_back(0);
-      }
-      at = empty_pos;
-    } else {
-      uint64_t h = home(id);
-      while (table[h].key != kEmptyBucket && table[h].key != id) h = (h + 1) & mask;
-      if (table[h].key == kEmptyBucket) {
-        table[h] = {id, static_cast<int64_t>(keys->size())};
-        keys->push_back(id);
-        counts->push_back(0);
-      }
-      at = table[h].pos;
-    }
-    index[i] = at;
-    ++(*counts)[at];
-  }
-}
-
 void OutputVector(OpKernelContext* ctx, int index, const std::vector<int64_t>& v) {
   Tensor* out = nullptr;
   const int64_t u = static_cast<int64_t>(v.size());
@@ -746,16 +698,18 @@ class TierProbeOp : public OpKernel {
     const int64_t n = ids_t.NumElements();
     Tensor* index = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(2, TensorShape({n}), &index));
-    std::vector<int64_t> keys, counts;
-    UniqueKeys(ids_t.flat<int64_t>().data(), n, &keys, index->flat<int64_t>().data(), &counts);
+    // The batch deduplicated as NpuRecTrainLookup does it (keys mixed as KeyIndex mixes them).
+    Unique uniq;
+    Deduplicate(ids_t.flat<int64_t>().data(), n, nullptr, nullptr, index->flat<int64_t>().data(),
+                &uniq);
+    const std::vector<int64_t>& keys = uniq.keys;
     const int64_t u = static_cast<int64_t>(keys.size());
-    std::vector<int64_t> mixed(u), rows(u, -1);
-    for (int64_t i = 0; i < u; ++i) mixed[i] = MixKey(keys[i]);
-    OP_REQUIRES_OK(ctx, ProbeKeyIndex(ctx, mixed, rows.data(), 0, 1));
+    std::vector<int64_t> rows(u, -1);
+    OP_REQUIRES_OK(ctx, ProbeKeyIndex(ctx, uniq.mixed, rows.data(), 0, 1));
     // The keys without a memory row, then those of them the cold index holds.
     std::vector<int64_t> miss_mixed, locs;
     for (int64_t i = 0; i < u; ++i) {
-      if (rows[i] < 0) miss_mixed.push_back(mixed[i]);
+      if (rows[i] < 0) miss_mixed.push_back(uniq.mixed[i]);
     }
     const int64_t m = static_cast<int64_t>(miss_mixed.size());
     locs.assign(m, -1);
@@ -771,7 +725,7 @@ class TierProbeOp : public OpKernel {
     }
     OutputVector(ctx, 0, keys);
     OutputVector(ctx, 1, rows);
-    OutputVector(ctx, 3, counts);
+    OutputVector(ctx, 3, uniq.sightings);
     Tensor* misses = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(4, TensorShape({}), &misses));
     misses->scalar<int64_t>()() = m;

@@ -592,6 +592,8 @@ def test_recycled_segment_numbers_never_alias_a_live_record(tmp_path_factory, op
             assert store.num_live() == len(index)
             # Numbers are reused: no segment number past the most segments held at
             # once (plus the one a compaction frees before it appends).
+            # The segments held, as the tier's next step starts: its first call
+            # (`segment_table`) also lets the numbers freed before it be taken again.
             peak = max(peak, len(store.segment_table()[0]))
             assert max(index.values(), default=0) // store.per_segment <= peak
         recs, _ = store.live_records()
