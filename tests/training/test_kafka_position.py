@@ -52,15 +52,17 @@ def source(broker, topic):
     )
 
 
-def below(state: dict) -> list[int]:
-    """The rows before a saved position (per partition: the messages before its offset and
-    the first `rows` rows of the message at it), sorted."""
+def below(state: dict, n: int) -> list[int]:
+    """The rows before a saved position in a topic of `n` rows (per partition: the messages
+    before its offset and the first `rows` rows of the message at it), sorted. The topic's
+    last message holds what is left of the rows (a partition read to its end has its offset
+    past that message)."""
     out = []
     for p, end in state["offsets"].items():
         inside = int((state.get("rows") or {}).get(p, 0))
         for off in range(end + 1):
             first = (4 * off + int(p)) * PER_MESSAGE
-            out += range(first, first + (PER_MESSAGE if off < end else inside))
+            out += range(first, min(n, first + (PER_MESSAGE if off < end else inside)))
     return sorted(out)
 
 
@@ -130,7 +132,7 @@ def test_keras_restore_model_version_rewinds_the_offsets(broker, tmp_path):
     npu_rec.init()
     first = []
     keras_run(broker, topic, directory, 8, first)
-    assert sorted(first) == below(keras_position(directory, 8))
+    assert sorted(first) == below(keras_position(directory, 8), 160)
 
     npu_rec.shutdown()
     npu_rec.init(if_load=True, restore_model_version=4)
@@ -139,11 +141,11 @@ def test_keras_restore_model_version_rewinds_the_offsets(broker, tmp_path):
     assert ckpt.restored_step == 4
     at4 = keras_position(directory, 4)
     assert at4["rows"]  # 32 rows: version 4 ends inside a message
-    assert sorted(first[: 4 * BATCH]) == below(at4)
+    assert sorted(first[: 4 * BATCH]) == below(at4, 160)
     # The rows after version 4's offsets, not after the newer version 8's.
     assert not set(again) & set(first[: 4 * BATCH])
     lineage = sorted(first[: 4 * BATCH] + again)
-    assert lineage == below(keras_position(directory, 6))
+    assert lineage == below(keras_position(directory, 6), 160)
     npu_rec.shutdown()
 
 
@@ -165,7 +167,7 @@ def test_keras_workers_read_disjoint_partitions_and_resume_after_a_kill(broker, 
     assert keras_position(str(tmp_path / "w1"), 2)["rows"]
     lineage1 = w1_killed[: 2 * BATCH] + w1
     assert sorted(w0 + lineage1) == list(range(n))
-    assert sorted(lineage1) == below(keras_position(str(tmp_path / "w1"), 6))
+    assert sorted(lineage1) == below(keras_position(str(tmp_path / "w1"), 6), n)
     assert set(keras_position(str(tmp_path / "w1"), 6)["offsets"]) == {"1", "3"}
     npu_rec.shutdown()
 
@@ -234,7 +236,7 @@ def test_estimator_restore_model_version_rewinds_the_offsets(broker, tmp_path):
     npu_rec.init()
     first = []
     estimator_run(broker, topic, tmp_path, 8, first)
-    assert sorted(first) == below(offsets(8))
+    assert sorted(first) == below(offsets(8), 160)
     npu_rec.shutdown()
     npu_rec.init(if_load=True, restore_model_version=4)
     again = []
@@ -242,7 +244,7 @@ def test_estimator_restore_model_version_rewinds_the_offsets(broker, tmp_path):
     assert len(again) == 2 * BATCH
     assert offsets(4)["rows"]  # 32 rows: version 4 ends inside a message
     assert not set(again) & set(first[: 4 * BATCH])
-    assert sorted(first[: 4 * BATCH] + again) == below(offsets(6))
+    assert sorted(first[: 4 * BATCH] + again) == below(offsets(6), 160)
     npu_rec.shutdown()
 
 
@@ -266,6 +268,6 @@ def test_estimator_workers_read_disjoint_partitions_and_resume_after_a_kill(brok
     lineage1 = w1_killed[: 2 * BATCH] + w1  # resumed from the save at step 2
     assert offsets("w1", 2)["rows"]  # (inside a message)
     assert sorted(w0 + lineage1) == list(range(n))
-    assert sorted(lineage1) == below(offsets("w1", 6))
+    assert sorted(lineage1) == below(offsets("w1", 6), n)
     assert set(offsets("w1", 6)["offsets"]) == {"1", "3"}
     npu_rec.shutdown()
