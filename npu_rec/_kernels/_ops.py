@@ -49,7 +49,17 @@ def enabled() -> bool:
 
 
 def train_lookup(
-    index, storage, ids, id_counts, times, *, batch_time, clock=None, limit=None, admit_seed=None
+    index,
+    storage,
+    ids,
+    id_counts,
+    times,
+    *,
+    batch_time,
+    clock=None,
+    limit=None,
+    admit_seed=None,
+    known_rows=None,
 ):
     """The fused training lookup (`NpuRecTrainLookup`) of one shard.
 
@@ -66,6 +76,9 @@ def train_lookup(
         without a row gets one in the kernel (a table that admits at once with
         the default initialiser), as `RowStorage.allocate` / `init_rows` and
         `KeyIndex.insert` would give it, and no key is returned as a miss.
+      known_rows: None, or int64 [n] rows of `ids` already known (-1: to probe)
+        when `ids` are unique keys and `batch_time`: then not deduplicated
+        again (`index` is 0..n-1), and only the keys without a known row probed.
 
     Returns:
       A namedtuple of `unique` int64 [u] (first-occurrence order), `index`
@@ -95,6 +108,7 @@ def train_lookup(
         times=tf.reshape(times, [-1]),
         limit=limit if clamp else zero,
         clock=clock if clamp else zero,
+        known_rows=tf.zeros([0], tf.int64) if known_rows is None else known_rows,
         dim=storage.dim,
         batch_time=batch_time,
         clamp=clamp,

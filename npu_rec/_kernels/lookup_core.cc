@@ -308,10 +308,33 @@ void Deduplicate(const int64_t* ids, int64_t n, const int64_t* weights, const in
   }
 }
 
+void AsUnique(const int64_t* keys, int64_t n, const int64_t* weights, Unique* out) {
+  out->keys.assign(keys, keys + n);
+  out->mixed.resize(n);
+  for (int64_t i = 0; i < n; ++i) out->mixed[i] = Mix(keys[i]);
+  if (weights != nullptr) {
+    out->sightings.assign(weights, weights + n);
+  } else {
+    out->sightings.assign(n, 1);
+  }
+}
+
 absl::Status LookupRows(OpKernelContext* ctx, const TableAttrs& attrs, const Unique& u,
-                        int64_t batch, int64_t* rows, float* emb, std::vector<int64_t>* miss) {
+                        int64_t batch, int64_t* rows, float* emb, std::vector<int64_t>* miss,
+                        const int64_t* known) {
   const int64_t n = static_cast<int64_t>(u.keys.size());
-  TF_RETURN_IF_ERROR(Probe(ctx, u.mixed, rows));
+  if (known == nullptr) {
+    TF_RETURN_IF_ERROR(Probe(ctx, u.mixed, rows));
+  } else {  // only the keys without a known row are probed
+    std::vector<int64_t> ask, at;
+    for (int64_t i = 0; i < n; ++i) {
+      rows[i] = known[i];
+      if (known[i] < 0) ask.push_back(u.mixed[i]), at.push_back(i);
+    }
+    std::vector<int64_t> found(ask.size(), -1);
+    TF_RETURN_IF_ERROR(Probe(ctx, ask, found.data()));
+    for (size_t j = 0; j < at.size(); ++j) rows[at[j]] = found[j];
+  }
   miss->clear();
   for (int64_t i = 0; i < n; ++i) {
     if (rows[i] < 0) miss->push_back(i);

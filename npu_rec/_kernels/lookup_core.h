@@ -31,7 +31,7 @@ namespace npu_rec {
 // NpuRecTrainLookup's input positions (the slots list comes last).
 enum LookupInput {
   kTable, kReserved, kValues, kCounts, kLastSeen, kSavedCounts, kRowKeys, kFree, kNextRow,
-  kNumFree, kIds, kIdCounts, kTimes, kLimit, kClock, kSlots
+  kNumFree, kIds, kIdCounts, kTimes, kLimit, kClock, kKnownRows, kSlots
 };
 
 // One table's settings (the kernel attributes of its lookup).
@@ -56,15 +56,20 @@ struct Unique {
 void Deduplicate(const int64_t* ids, int64_t n, const int64_t* weights, const int64_t* times,
                  int64_t* index, Unique* out);
 
+// `out` for keys[i], i < n, already unique (each its own index), with
+// `weights` (may be null: one sighting each) and one time for the batch.
+void AsUnique(const int64_t* keys, int64_t n, const int64_t* weights, Unique* out);
+
 // rows[i] and emb[i * dim ...] for every unique key of the table at the
-// kernel's inputs (LookupInput): probed, admitted (when attrs.admit),
+// kernel's inputs (LookupInput): probed (those `known` gives a row, when
+// not null, taken as found: known[i] >= 0), admitted (when attrs.admit),
 // gathered (zeros where no row), counts += sightings and
 // last_seen = max(last_seen, time) in place. `batch` is the one time of the
 // batch when u.newest is empty. The positions of keys left without a row go
 // to `miss`.
 absl::Status LookupRows(::tensorflow::OpKernelContext* ctx, const TableAttrs& attrs,
                         const Unique& u, int64_t batch, int64_t* rows, float* emb,
-                        std::vector<int64_t>* miss);
+                        std::vector<int64_t>* miss, const int64_t* known = nullptr);
 
 // rows[i] = the key index's row of mixed[i], or -1: the index (a `KeyIndex`'s
 // map) at the op's input `index` and its `reserved_rows` variable at input

@@ -10,7 +10,10 @@
 //                      last-seen updated in place (lookup_core.h). Tables that
 //                      admit at once admit here; for the others keys without
 //                      a row are returned (positions, keys, sightings, times)
-//                      for admission in stock ops.
+//                      for admission in stock ops. Ids given with
+//                      `known_rows` are unique keys (one time for the
+//                      batch): not deduplicated again, and those with a
+//                      known row (>= 0) not probed.
 
 #include <algorithm>
 #include <cstring>
@@ -50,6 +53,7 @@ REGISTER_OP("NpuRecTrainLookup")
     .Input("times: int64")
     .Input("limit: int64")
     .Input("clock: int64")
+    .Input("known_rows: int64")
     .Input("slots: num_slots * resource")
     .Output("unique: int64")
     .Output("index: int64")
@@ -115,15 +119,27 @@ class TrainLookupOp : public OpKernel {
     OP_REQUIRES(ctx, batch_time_ ? times_t.NumElements() == 1 : times_t.NumElements() == n,
                 absl::InvalidArgumentError(
                     "npu_rec kernel: `times` must hold one entry per id, or one (batch_time)"));
+    const Tensor& known_t = ctx->input(kKnownRows);
+    const int64_t* known = known_t.NumElements() ? known_t.flat<int64_t>().data() : nullptr;
+    OP_REQUIRES(ctx, known == nullptr || (known_t.NumElements() == n && batch_time_),
+                absl::InvalidArgumentError(
+                    "npu_rec kernel: `known_rows` (ids already unique) must be empty or have one "
+                    "entry per id, with one time for the batch"));
     const int64_t* weights = weights_t.NumElements() ? weights_t.flat<int64_t>().data() : nullptr;
     const int64_t* times = times_t.flat<int64_t>().data();
 
-    // 1. Deduplicate.
+    // 1. Deduplicate (ids given with their known rows are unique already).
     Tensor* index_t = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({n}), &index_t));
     Unique uq;
-    Deduplicate(ids_t.flat<int64_t>().data(), n, weights, batch_time_ ? nullptr : times,
-                index_t->flat<int64_t>().data(), &uq);
+    if (known != nullptr) {
+      AsUnique(ids_t.flat<int64_t>().data(), n, weights, &uq);
+      int64_t* index = index_t->flat<int64_t>().data();
+      for (int64_t i = 0; i < n; ++i) index[i] = i;
+    } else {
+      Deduplicate(ids_t.flat<int64_t>().data(), n, weights, batch_time_ ? nullptr : times,
+                  index_t->flat<int64_t>().data(), &uq);
+    }
     const int64_t u = static_cast<int64_t>(uq.keys.size());
 
     // 2. Timestamps: clamp those too far ahead (to `clock`), count them.
@@ -167,7 +183,7 @@ class TrainLookupOp : public OpKernel {
     std::vector<int64_t> miss;
     OP_REQUIRES_OK(ctx,
                    LookupRows(ctx, attrs_, uq, batch, rows, emb_t->flat<float>().data(),
-                              &miss));
+                              &miss, known));
 
     // 4. The keys left without a row, for the stock admission ops.
     const int64_t m = static_cast<int64_t>(miss.size());

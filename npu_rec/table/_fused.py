@@ -93,7 +93,9 @@ class KernelBackend(StockBackend):
             lambda: self.fused_lookup(shard, keys, counts, times, from_feature, batch_time)[2:]
         )
 
-    def fused_lookup(self, shard, ids, id_counts, times, from_feature: bool, batch_time):
+    def fused_lookup(
+        self, shard, ids, id_counts, times, from_feature: bool, batch_time, known_rows=None
+    ):
         """The training lookup of ids through `NpuRecTrainLookup` (no lock taken).
 
         Args:
@@ -104,6 +106,8 @@ class KernelBackend(StockBackend):
           from_feature: the times come from a timestamp feature (clamped, and
             the table's clock follows them).
           batch_time: int64 scalar time of every id, or None.
+          known_rows: None, or the rows of `ids` already known (see
+            `_ops.train_lookup`: unique ids, one time for the batch).
 
         Returns:
           (unique int64 [u], index int64 [n], rows int64 [u] (-1 = no row),
@@ -125,6 +129,7 @@ class KernelBackend(StockBackend):
             clock=clock,
             limit=limit,
             admit_seed=shard.seed if in_kernel else None,
+            known_rows=known_rows,
         )
         if in_kernel:  # every key has its row now
             rows, emb, effects = out.rows, out.embeddings, []

@@ -940,8 +940,12 @@ class TieredKernelBackend(TierMixin, KernelBackend):
                 ids = tf.identity(ids)
                 return super().fused_lookup(shard, ids, None, times, from_feature, batch_time)
             # One time for the batch: the unique keys with their sightings are the
-            # same lookup, and the kernel has no repeats left to merge.
-            out = super().fused_lookup(shard, uniq, counts, times, from_feature, batch_time)
+            # same lookup, with no repeats left to merge; the rows the probe found stay
+            # theirs (held: never demoted by this lookup), so only the others (the
+            # promoted keys, new keys) are probed again.
+            out = super().fused_lookup(
+                shard, uniq, counts, times, from_feature, batch_time, known_rows=rows
+            )
             return (out[0], index, *out[2:])
 
 

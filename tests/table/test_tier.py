@@ -122,6 +122,53 @@ def test_tiered_table_agrees_in_tf_function_and_v1_graphs(tmp_path_factory, mode
     _run(tmp_path_factory.mktemp("tier"), mode, HAVE_CXX, ops)
 
 
+@pytest.mark.skipif(not HAVE_CXX, reason="no compiler")
+@settings(
+    max_examples=10,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    batches=st.lists(
+        st.lists(st.integers(-3, 30), min_size=1, max_size=16), min_size=1, max_size=10
+    ),
+    access=st.integers(0, 2),
+)
+def test_lookups_on_the_clock_train_as_an_in_memory_table(tmp_path_factory, batches, access):
+    """Ids without timestamps (one time for the batch): the kernel path's training lookup
+    takes the probe's unique keys and the rows it found, probing only the promoted and new
+    keys again. Rows, slots and counts equal an in-memory table's (last-seen is the clock)."""
+    ssd = str(tmp_path_factory.mktemp("clock"))
+    exports = []
+    for tier in ({}, {"memory_rows": 3, "ssd_path": ssd}):
+        _registry.clear()
+        with _build.forced(True):
+            table = npu_rec.create_table(
+                "clock",
+                DIM,
+                optimizer=npu_rec.optimizers.Adagrad(0.1),
+                access_threshold=access,
+                dynamic_expansion=True,
+                capacity=4,
+                **tier,
+            )
+        for ids in batches:  # repeats within a batch merge their sightings and gradients
+            with tf.GradientTape() as tape, npu_rec.record_lookups(tape) as recs:
+                emb = npu_rec.sparse_lookup(table, tf.constant(ids, tf.int64))
+                loss = tf.reduce_sum(emb * emb) + tf.reduce_sum(emb)
+            npu_rec.apply_recorded_gradients(
+                recs, tape.gradient(loss, [r.embeddings for r in recs])
+            )
+        exports.append(table.export())
+        if tier:
+            table.shards[0].state.store.close()
+    want, got = exports
+    np.testing.assert_array_equal(got["keys"], want["keys"])
+    np.testing.assert_array_equal(got["counts"], want["counts"])
+    assert_same_bits(got["values"], want["values"], "values")
+    assert_same_bits(got["slots"]["accumulator"], want["slots"]["accumulator"], "accumulator")
+
+
 def _busy_ops(steps=30, keys=40, seed=0):
     """`steps` training steps of up to 9 of `keys` keys; from 14 steps on, a full and a
     delta save, an eviction and a restore of the other table's checkpoint among them."""
