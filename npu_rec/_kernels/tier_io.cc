@@ -7,7 +7,7 @@
 // out of Python:
 //
 //   NpuRecTierRead     record locations -> the records' raw words, read with
-//                      `pread`/`preadv` from the segment files' descriptors
+//                      `pread` (`preadv` for neighbours) from the segment files' descriptors
 //                      (no map: the page cache is not counted in the
 //                      process's memory): sorted by file and offset,
 //                      neighbours within 4 KiB coalesced into one call,
@@ -455,8 +455,9 @@ class TierReadOp : public OpKernel {
           total += rec_bytes;
         }
         ssize_t got;
-        do {
-          got = preadv(fd, iov.data(), static_cast<int>(iov.size()), uniq[b].offset);
+        do {  // one record: `pread` (no iovec array to copy in)
+          got = e - b == 1 ? pread(fd, iov[0].iov_base, rec_bytes, uniq[b].offset)
+                           : preadv(fd, iov.data(), static_cast<int>(iov.size()), uniq[b].offset);
         } while (got < 0 && errno == EINTR);
         if (got == total) continue;
         // A short or failed call: each record on its own, to the end of the file.
