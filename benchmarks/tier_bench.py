@@ -15,14 +15,16 @@ that other load on a shared machine hits both alike; from 20M keys
 in-memory one first, so that it does not take the page cache the tiered
 table's records are read from (both in the same invocation).
 
-Reported per table: steps/s, and for the tiered one its ratio to the
-in-memory table, the hit rate of the timed steps (unique keys found in
-memory), promotions, demotions and bytes read/written per step, disk bytes
+Reported per table: steps/s, the process's CPU time per timed step (user,
+system), and for the tiered one its ratio to the in-memory table, the hit
+rate of the timed steps (unique keys found in memory), promotions, demotions and bytes read/written per step, disk bytes
 per cold key, RAM per cold key (`cold_index` plus liveness), the RSS growth (in
 all and anonymous) while the table was made and filled (the tiered table first,
 alone) and, in a process of its own, until after the timed steps, against
-its memory rows plus both key indexes, and the process's RSS after the steps
-and at peak.
+its memory rows plus both key indexes, the process's RSS after the steps
+and at peak, and (in a process of its own) the bytes it made the disk read
+per step (0 when its records come from the page cache). The fill ends with a
+`sync`: the bulk import's records are on the disk before the steps.
 `--compact`: bfloat16 rows + RowWiseAdagrad. `--skip_memory`: the tiered
 table alone (sizes whose in-memory table does not fit). `--save_restore=DIR`
 (one process): then save the tiered table (a full save of `TableCheckpointManager` into the
@@ -44,6 +46,7 @@ import gc
 import json
 import os
 import platform
+import resource
 import shutil
 import subprocess
 import sys
@@ -252,6 +255,10 @@ def _fill(tf, npu_rec, table, tiered, chunk=200_000):
         locs = st.store.append(recs)
         del recs, slots
         st.cold_index.insert(c["keys"], tf.constant(locs))
+    # The bulk import's records on the disk before the steps, as a table's cold
+    # rows written long before would be (the kernel's writeback of gigabytes
+    # would take CPU time from the first timed steps).
+    os.sync()
 
 
 def _peak_rss(field: str = "VmHWM") -> int:
@@ -263,17 +270,36 @@ def _peak_rss(field: str = "VmHWM") -> int:
     return 0
 
 
-def _interleaved(cases, batches, steps, first_batch, block=5):
-    """Seconds per case of `steps` steps on the batches from `first_batch`, in alternating blocks."""
+def _interleaved(cases, batches, steps, first_batch, block=5, cpu=None):
+    """Seconds per case of `steps` steps on the batches from `first_batch`, in alternating blocks.
+
+    `cpu`: a dict that gets each case's CPU seconds of the process (user,
+    system) over its blocks.
+    """
     spent = dict.fromkeys(cases, 0.0)
+    used = {name: [0.0, 0.0] for name in cases}
     for first in range(0, steps, block):
         for name, fn in cases.items():
-            start = time.perf_counter()
+            start, t0 = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF)
             for i in range(first, min(steps, first + block)):
                 out = fn(*batches[(first_batch + i) % len(batches)])
             out.numpy()
             spent[name] += time.perf_counter() - start
+            t1 = resource.getrusage(resource.RUSAGE_SELF)
+            used[name][0] += t1.ru_utime - t0.ru_utime
+            used[name][1] += t1.ru_stime - t0.ru_stime
+    if cpu is not None:
+        cpu.update(used)
     return spent
+
+
+def _storage_read_bytes() -> int:
+    """Bytes this process has made the storage layer read (`read_bytes` of /proc/self/io)."""
+    try:
+        with open("/proc/self/io") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("read_bytes:"))
+    except (OSError, StopIteration):
+        return 0
 
 
 def _memory() -> dict[str, int]:
@@ -420,9 +446,10 @@ def _child(name):
         )
         hot_bytes = _hot_bytes(table) if tiered else {}
         fn = _step_fn(tf, npu_rec, table)
-        spent, d, after = _timed(table, {name: fn}, batches, tiered)
+        spent, d, after, extra = _timed(table, {name: fn}, batches, tiered)
         m2 = _memory()
         r = _result(name, table, _STEPS.value / spent[name], fill, growth, d, after, hot_bytes)
+        r.update(extra[name])
         r["rss_growth_after_steps_gib"] = (m2["total"] - m0["total"]) / 2**30
         r["rss_anon_growth_after_steps_gib"] = (m2["anon"] - m0["anon"]) / 2**30
         r["load_average"] = os.getloadavg()
@@ -441,15 +468,34 @@ def _hot_bytes(table):
 
 
 def _timed(tier_table, cases, batches, tiered):
-    """Warm-up, then the timed steps: (seconds per table, tier counter deltas, counters after)."""
+    """Warm-up, then the timed steps.
+
+    Returns (seconds per table, tier counter deltas, counters after, extra
+    figures per table: CPU time per step, and bytes read from the storage
+    device per step over the warm-up and timed steps).
+    """
+    read0 = _storage_read_bytes()
     for fn in cases.values():  # warm-up: trace, and let the hot set settle
         for i in range(_WARMUP.value):
             fn(*batches[i % len(batches)])
     before = tier_table.tier_stats() if tiered else {}
-    spent = _interleaved(cases, batches, _STEPS.value, _WARMUP.value)
+    cpu = {}
+    spent = _interleaved(cases, batches, _STEPS.value, _WARMUP.value, cpu=cpu)
     after = tier_table.tier_stats() if tiered else {}
     d = {k: after[k] - before[k] for k in before if isinstance(before[k], int)}
-    return spent, d, after
+    n = _STEPS.value
+    extra = {
+        name: {
+            # Both intra-op threads' time (idle ones spin a while before they sleep).
+            "cpu_user_ms_per_step": 1e3 * user / n,
+            "cpu_system_ms_per_step": 1e3 * system / n,
+        }
+        for name, (user, system) in cpu.items()
+    }
+    if len(cases) == 1:  # the process's reads are this table's: ~0 when its records are cached
+        read = (_storage_read_bytes() - read0) / (_WARMUP.value + n) / 1e6
+        extra[next(iter(cases))]["storage_read_mb_per_step"] = read
+    return spent, d, after, extra
 
 
 def _result(name, table, steps_per_s, fill, growth, d, after, hot_bytes):
@@ -510,9 +556,10 @@ def _run(tf, npu_rec, tables, batches, fill, growth, ssd):
     tier_table = tables["tiered"]
     hot_bytes = _hot_bytes(tier_table)
     cases = {name: _step_fn(tf, npu_rec, t) for name, t in tables.items()}
-    spent, d, after = _timed(tier_table, cases, batches, True)
+    spent, d, after, extra = _timed(tier_table, cases, batches, True)
     results = [
         _result(name, t, _STEPS.value / spent[name], fill[name], growth[name], d, after, hot_bytes)
+        | extra[name]
         for name, t in tables.items()
     ]
     if "memory" in spent:
@@ -547,6 +594,11 @@ def _report(results, machine, has_memory):
             f"{r['table']:8} {r['memory_rows']:>10} {r['steps_per_s']:>8.2f} {ratio:>6.2f} "
             f"{hit:>6.3f} {prom:>8.0f} {rw:>16} {grown:>8.2f} {anon:>6.2f}"
         )
+    for r in results:
+        print(
+            f"{r['table']}: CPU per step {r['cpu_user_ms_per_step']:.1f} ms user, "
+            f"{r['cpu_system_ms_per_step']:.1f} ms system"
+        )
     tier = results[0]
     bound = tier.get("memory_rows_plus_index_gib")
     print(
@@ -554,6 +606,11 @@ def _report(results, machine, has_memory):
         f"{tier['ram_bytes_per_cold_key']:.1f} B (cold_index "
         f"{tier['cold_index_bytes_per_cold_key']:.1f} B)"
         + (f", memory rows + index {bound:.2f} GiB" if bound is not None else "")
+        + (
+            f", storage reads {tier['storage_read_mb_per_step']:.2f} MB per step"
+            if "storage_read_mb_per_step" in tier
+            else ""
+        )
         + (
             f", saved in {tier['save_s']:.1f} s ({tier['save_bytes_written'] / 2**20:.0f} MiB "
             f"written, {tier['save_files_linked']} segment files linked), restored in "
