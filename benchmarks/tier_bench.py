@@ -17,14 +17,15 @@ table's records are read from (both in the same invocation).
 
 Reported per table: steps/s, the process's CPU time per timed step (user,
 system), and for the tiered one its ratio to the in-memory table, the hit
-rate of the timed steps (unique keys found in memory), promotions, demotions and bytes read/written per step, disk bytes
-per cold key, RAM per cold key (`cold_index` plus liveness), the RSS growth (in
-all and anonymous) while the table was made and filled (the tiered table first,
-alone) and, in a process of its own, until after the timed steps, against
-its memory rows plus both key indexes, the process's RSS after the steps
-and at peak, and (in a process of its own) the bytes it made the disk read
-per step (0 when its records come from the page cache). The fill ends with a
-`sync`: the bulk import's records are on the disk before the steps.
+rate of the timed steps (unique keys found in memory), promotions, demotions
+and bytes read/written per step, disk bytes per cold key, RAM per cold key
+(`cold_index` plus liveness), the RSS growth (in all and anonymous) while the
+table was made and filled (the tiered table first, alone) and, in a process
+of its own, until after the timed steps, against its memory rows plus both
+key indexes, the process's RSS after the steps and at peak, and (in a
+process of its own) the bytes it made the disk read per step (0 when its
+records come from the page cache). The fill ends with a `sync`: the bulk
+import's records are on the disk before the steps.
 `--compact`: bfloat16 rows + RowWiseAdagrad. `--skip_memory`: the tiered
 table alone (sizes whose in-memory table does not fit). `--save_restore=DIR`
 (one process): then save the tiered table (a full save of `TableCheckpointManager` into the

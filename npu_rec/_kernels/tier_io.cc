@@ -7,10 +7,10 @@
 // out of Python:
 //
 //   NpuRecTierRead     record locations -> the records' raw words, read with
-//                      `pread` (`preadv` for neighbours) from the segment files' descriptors
-//                      (no map: the page cache is not counted in the
-//                      process's memory): sorted by file and offset,
-//                      neighbours within 4 KiB coalesced into one call,
+//                      `pread` from the segment files' descriptors (no
+//                      map: the page cache is not counted in the process's
+//                      memory): sorted by file and offset, neighbours
+//                      within 4 KiB coalesced into one `preadv`,
 //                      and a large batch's calls split over as many threads
 //                      as the intra-op pool has while they are served from
 //                      the page cache (each call is CPU work then), over up
