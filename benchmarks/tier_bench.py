@@ -271,14 +271,14 @@ def _peak_rss(field: str = "VmHWM") -> int:
     return 0
 
 
-def _interleaved(cases, batches, steps, first_batch, block=5, cpu=None):
-    """Seconds per case of `steps` steps on the batches from `first_batch`, in alternating blocks.
+def _interleaved(cases, batches, steps, first_batch, block=5):
+    """`steps` steps per case on the batches from `first_batch`, in alternating blocks.
 
-    `cpu`: a dict that gets each case's CPU seconds of the process (user,
-    system) over its blocks.
+    Returns (seconds per case, [user, system] CPU seconds of the process per
+    case over its blocks).
     """
     spent = dict.fromkeys(cases, 0.0)
-    used = {name: [0.0, 0.0] for name in cases}
+    cpu = {name: [0.0, 0.0] for name in cases}
     for first in range(0, steps, block):
         for name, fn in cases.items():
             start, t0 = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF)
@@ -287,11 +287,9 @@ def _interleaved(cases, batches, steps, first_batch, block=5, cpu=None):
             out.numpy()
             spent[name] += time.perf_counter() - start
             t1 = resource.getrusage(resource.RUSAGE_SELF)
-            used[name][0] += t1.ru_utime - t0.ru_utime
-            used[name][1] += t1.ru_stime - t0.ru_stime
-    if cpu is not None:
-        cpu.update(used)
-    return spent
+            cpu[name][0] += t1.ru_utime - t0.ru_utime
+            cpu[name][1] += t1.ru_stime - t0.ru_stime
+    return spent, cpu
 
 
 def _storage_read_bytes() -> int:
@@ -480,8 +478,7 @@ def _timed(tier_table, cases, batches, tiered):
         for i in range(_WARMUP.value):
             fn(*batches[i % len(batches)])
     before = tier_table.tier_stats() if tiered else {}
-    cpu = {}
-    spent = _interleaved(cases, batches, _STEPS.value, _WARMUP.value, cpu=cpu)
+    spent, cpu = _interleaved(cases, batches, _STEPS.value, _WARMUP.value)
     after = tier_table.tier_stats() if tiered else {}
     d = {k: after[k] - before[k] for k in before if isinstance(before[k], int)}
     n = _STEPS.value

@@ -128,11 +128,12 @@ def keras_position(directory, step):
 
 
 def test_keras_restore_model_version_rewinds_the_offsets(broker, tmp_path):
-    topic, directory = rows_topic(broker, 160), str(tmp_path / "ckpt")
+    n = 160
+    topic, directory = rows_topic(broker, n), str(tmp_path / "ckpt")
     npu_rec.init()
     first = []
     keras_run(broker, topic, directory, 8, first)
-    assert sorted(first) == below(keras_position(directory, 8), 160)
+    assert sorted(first) == below(keras_position(directory, 8), n)
 
     npu_rec.shutdown()
     npu_rec.init(if_load=True, restore_model_version=4)
@@ -141,11 +142,11 @@ def test_keras_restore_model_version_rewinds_the_offsets(broker, tmp_path):
     assert ckpt.restored_step == 4
     at4 = keras_position(directory, 4)
     assert at4["rows"]  # 32 rows: version 4 ends inside a message
-    assert sorted(first[: 4 * BATCH]) == below(at4, 160)
+    assert sorted(first[: 4 * BATCH]) == below(at4, n)
     # The rows after version 4's offsets, not after the newer version 8's.
     assert not set(again) & set(first[: 4 * BATCH])
     lineage = sorted(first[: 4 * BATCH] + again)
-    assert lineage == below(keras_position(directory, 6), 160)
+    assert lineage == below(keras_position(directory, 6), n)
     npu_rec.shutdown()
 
 
@@ -227,7 +228,8 @@ def estimator_run(broker, topic, model_dir, max_steps, seen, *, workers=1, rank=
 
 
 def test_estimator_restore_model_version_rewinds_the_offsets(broker, tmp_path):
-    topic = rows_topic(broker, 160)
+    n = 160
+    topic = rows_topic(broker, n)
 
     def offsets(step):
         return load_position(str(tmp_path / f"data_position-{step}.json"))
@@ -236,7 +238,7 @@ def test_estimator_restore_model_version_rewinds_the_offsets(broker, tmp_path):
     npu_rec.init()
     first = []
     estimator_run(broker, topic, tmp_path, 8, first)
-    assert sorted(first) == below(offsets(8), 160)
+    assert sorted(first) == below(offsets(8), n)
     npu_rec.shutdown()
     npu_rec.init(if_load=True, restore_model_version=4)
     again = []
@@ -244,7 +246,7 @@ def test_estimator_restore_model_version_rewinds_the_offsets(broker, tmp_path):
     assert len(again) == 2 * BATCH
     assert offsets(4)["rows"]  # 32 rows: version 4 ends inside a message
     assert not set(again) & set(first[: 4 * BATCH])
-    assert sorted(first[: 4 * BATCH] + again) == below(offsets(6), 160)
+    assert sorted(first[: 4 * BATCH] + again) == below(offsets(6), n)
     npu_rec.shutdown()
 
 
