@@ -822,13 +822,14 @@ class TieredKernelBackend(TierMixin, KernelBackend):
         victims, recs, hand = tf.cond(excess > 0, pack, nothing)
 
         def write(recs, hand, n_keys, n_hot):
-            # The victims' records appended.
+            # The victims' records appended (a failed append leaves none of them
+            # live, the statistics and the hand as they were).
+            locs = store.append(recs)
             if n_keys >= 0:
                 store.stats["steps"] += 1
                 store.stats["lookups"] += int(n_keys)
                 store.stats["hits"] += int(n_hot)
             store.hand = int(hand)
-            locs = store.append(recs)
             store.stats["demotions"] += len(recs)
             if len(recs):
                 store.reached("demotion")

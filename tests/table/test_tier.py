@@ -685,6 +685,38 @@ def test_a_shard_at_the_location_limit_refuses_clearly_and_writes_nothing(tmp_pa
         store.close()
 
 
+def test_a_write_failing_in_its_second_segment_leaves_none_of_its_records_live(
+    tmp_path, monkeypatch
+):
+    """A batch that fills the open segment and fails in the next one (a full disk):
+    the records it did write are dead space, the earlier ones read back, and the
+    same batch is written once there is room again."""
+    store = _store(tmp_path)
+    try:
+        first = store.append(_recs(store, range(5)))
+        real, calls = os.pwrite, []
+
+        def full_disk(fd, data, offset):
+            calls.append(offset)
+            if len(calls) == 2:
+                raise OSError(28, "No space left on device")
+            return real(fd, data, offset)
+
+        monkeypatch.setattr(os, "pwrite", full_disk)
+        with pytest.raises(OSError, match="No space left"):
+            store.append(_recs(store, range(5, 12)))  # 3 fit in segment 0, 4 do not
+        monkeypatch.setattr(os, "pwrite", real)
+        assert len(calls) == 2 and store.num_live() == 5
+        recs, _ = store.live_records()
+        assert sorted(recs["key"].tolist()) == list(range(5))
+        again = store.append(_recs(store, range(5, 12)))
+        np.testing.assert_array_equal(store.read(again)["key"], np.arange(5, 12))
+        np.testing.assert_array_equal(store.read(first)["key"], np.arange(5))
+        assert store.num_live() == 12
+    finally:
+        store.close()
+
+
 @pytest.mark.skipif(not HAVE_CXX, reason="no compiler")
 def test_a_tiered_kernel_table_past_its_location_limit_names_the_table(tmp_path, monkeypatch):
     """The kernel path's cold index holds 32-bit locations: a shard whose records
