@@ -741,7 +741,7 @@ class TieredKernelBackend(TierMixin, KernelBackend):
     the victim hand; then append the victims' records; then mark the
     promoted ones dead and compact, beside the indexes' moves. The read (and
     its verification) and the victims' selection and packing change nothing,
-    so they run side by side; the first change (the append) waits for the
+    so they may run side by side; the first change (the append) waits for the
     records read to be verified, so a corrupted record fails the step with
     the table untouched. The fused lookup's unique keys (`tf.unique`'s, in
     its order), their rows in the index and the cold ones' locations in
@@ -816,8 +816,8 @@ class TieredKernelBackend(TierMixin, KernelBackend):
         def nothing():
             return tf.zeros([0], tf.int64), tf.zeros([0, store.words], tf.int64), hand
 
-        # Victims and their records change nothing: they run beside the read (on the
-        # other inter-op thread); the first change, `write`, waits for the records
+        # Victims and their records change nothing: they may run beside the read (when
+        # its calls leave a thread free); the first change, `write`, waits for the records
         # read to be verified, so a corrupted one fails the step with the table untouched.
         victims, recs, hand = tf.cond(excess > 0, pack, nothing)
 
