@@ -25,7 +25,10 @@ of its own, until after the timed steps, against its memory rows plus both
 key indexes, the process's RSS after the steps and at peak, and (in a
 process of its own) the bytes it made the disk read per step (0 when its
 records come from the page cache). The fill ends with a `sync`: the bulk
-import's records are on the disk before the steps.
+import's records are on the disk before the steps. The machine's entry
+says whether its kernel reports free memory to a host
+(`free_page_reporting_order`, None if not): there the tiered table's
+appends land on pages new to the host, a fault each at first touch.
 `--compact`: bfloat16 rows + RowWiseAdagrad. `--skip_memory`: the tiered
 table alone (sizes whose in-memory table does not fit). `--save_restore=DIR`
 (one process): then save the tiered table (a full save of `TableCheckpointManager` into the
@@ -540,6 +543,20 @@ def _result(name, table, steps_per_s, fill, growth, d, after, hot_bytes):
     return r
 
 
+def _free_page_reporting():
+    """The order of the blocks a virtual machine's kernel reports free to its host, or None.
+
+    Where it reports them, a page the guest takes from its free memory is most
+    often a new page for the host, paid for at its first touch: the tiered
+    table's appends land on such pages until the page cache fills the memory.
+    """
+    try:
+        with open("/sys/module/page_reporting/parameters/page_reporting_order") as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return None
+
+
 def _machine(tf):
     return {
         "platform": platform.platform(),
@@ -547,6 +564,7 @@ def _machine(tf):
         "load_average": os.getloadavg(),
         "python": platform.python_version(),
         "tensorflow": tf.__version__,
+        "free_page_reporting_order": _free_page_reporting(),
     }
 
 
@@ -596,6 +614,11 @@ def _report(results, machine, has_memory):
         print(
             f"{r['table']}: CPU per step {r['cpu_user_ms_per_step']:.1f} ms user, "
             f"{r['cpu_system_ms_per_step']:.1f} ms system"
+        )
+    if machine.get("free_page_reporting_order") is not None:
+        print(
+            "this kernel reports free memory to its host (free page reporting): the "
+            "tiered table's appends pay a host fault per new page cache page"
         )
     tier = results[0]
     bound = tier.get("memory_rows_plus_index_gib")

@@ -76,4 +76,7 @@ def test_short_run_times_both_tables_saves_and_restores_in_a_new_process(tmp_pat
         assert r["cpu_user_ms_per_step"] >= 0 and r["cpu_system_ms_per_step"] >= 0
         assert r["cpu_user_ms_per_step"] + r["cpu_system_ms_per_step"] > 0
     assert tier["restored_size"] == 5000 and tier["steps_per_s_after_restore"] > 0
+    # Whether the machine's memory is handed back to a host (the appends' cost there).
+    reporting = os.path.exists("/sys/module/page_reporting/parameters/page_reporting_order")
+    assert (report["machine"]["free_page_reporting_order"] is not None) == reporting
     assert not (tmp_path / "ckpt").exists()  # the checkpoint is removed at the end
