@@ -398,8 +398,9 @@ def main(argv=None) -> int:
             f"Received: --rows_per_message={args.rows_per_message!r}"
         )
     kills = args.kills if args.kills is not None else (1 if args.mode == "short" else 10)
-    max_steps = args.max_steps or (24 if args.mode == "short" else 300)
-    # Short runs train 24 steps in about 2 s: a shorter delay keeps the kill inside them.
+    max_steps = args.max_steps or (64 if args.mode == "short" else 300)
+    # Short runs train about 100 steps a second once started: a kill at most 0.2 s after
+    # one of the first three commits (step 12 at most) lands well before step 64.
     max_delay = (
         args.max_delay if args.max_delay is not None else (0.2 if args.mode == "short" else 1.0)
     )
