@@ -26,8 +26,9 @@ key indexes, the process's RSS after the steps and at peak, and (in a
 process of its own) the bytes it made the disk read per step (0 when its
 records come from the page cache). The fill ends with a `sync`: the bulk
 import's records are on the disk before the steps. The machine's entry
-says whether its kernel reports free memory to a host
-(`free_page_reporting_order`, None if not): there the tiered table's
+says whether its kernel can report free memory to a host
+(`free_page_reporting_order`, None if not) and how much it has
+(`free_pages_reported_kib`, where it counts it): there the tiered table's
 appends land on pages new to the host, a fault each at first touch.
 `--compact`: bfloat16 rows + RowWiseAdagrad. `--skip_memory`: the tiered
 table alone (sizes whose in-memory table does not fit). `--save_restore=DIR`
@@ -543,15 +544,16 @@ def _result(name, table, steps_per_s, fill, growth, d, after, hot_bytes):
     return r
 
 
-def _free_page_reporting():
-    """The order of the blocks a virtual machine's kernel reports free to its host, or None.
+def _page_reporting(name):
+    """A parameter of the kernel's free page reporting (int), or None where it has none.
 
-    Where it reports them, a page the guest takes from its free memory is most
-    often a new page for the host, paid for at its first touch: the tiered
-    table's appends land on such pages until the page cache fills the memory.
+    A virtual machine's kernel that reports free memory to its host hands those
+    pages back: a page the guest takes from its free memory is then most often
+    a new page for the host, paid for at its first touch. The tiered table's
+    appends land on such pages until the page cache fills the memory.
     """
     try:
-        with open("/sys/module/page_reporting/parameters/page_reporting_order") as f:
+        with open(f"/sys/module/page_reporting/parameters/{name}") as f:
             return int(f.read())
     except (OSError, ValueError):
         return None
@@ -564,7 +566,9 @@ def _machine(tf):
         "load_average": os.getloadavg(),
         "python": platform.python_version(),
         "tensorflow": tf.__version__,
-        "free_page_reporting_order": _free_page_reporting(),
+        "free_page_reporting_order": _page_reporting("page_reporting_order"),
+        # Reported so far, where the kernel counts it: > 0 when pages went back.
+        "free_pages_reported_kib": _page_reporting("reported_kib"),
     }
 
 
@@ -615,7 +619,7 @@ def _report(results, machine, has_memory):
             f"{r['table']}: CPU per step {r['cpu_user_ms_per_step']:.1f} ms user, "
             f"{r['cpu_system_ms_per_step']:.1f} ms system"
         )
-    if machine.get("free_page_reporting_order") is not None:
+    if (machine.get("free_pages_reported_kib") or 0) > 0:
         print(
             "this kernel reports free memory to its host (free page reporting): the "
             "tiered table's appends pay a host fault per new page cache page"
