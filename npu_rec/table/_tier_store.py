@@ -445,23 +445,15 @@ class SegmentStore:
         """Writes `recs` at the end of the open segment(s); returns their int64 locations.
 
         `recs`: a record array, or the records as rows of 8-byte words ([n,
-        words] uint64 or int64, as the kernels pack them). `write` then
-        `publish`.
-        """
-        locs = self.write(recs)
-        self.publish(locs)
-        return locs
-
-    def write(self, recs: np.ndarray) -> np.ndarray:
-        """Writes `recs` after the open segment's last record; returns their locations.
-
-        The records are not live until `publish`: written and never published
-        (the step failed between), they are dead space, which compaction
-        reclaims, and no save copies them.
+        words] uint64 or int64, as the kernels pack them). The records become
+        live once all of them are written: a write that fails (a full disk)
+        leaves what it wrote dead space, which compaction reclaims and no save
+        copies.
         """
         recs = np.ascontiguousarray(recs)
         self._check_room(len(recs))
         locs = np.empty(len(recs), np.int64)
+        runs = []  # (segment info, first slot, records), made live at the end
         done = 0
         while done < len(recs):
             if self._active < 0 or self._segments[self._active]["used"] == self.per_segment:
@@ -475,26 +467,17 @@ class SegmentStore:
             if written != data.nbytes:
                 raise OSError(f"short write to {info['path']!r}: {written} of {data.nbytes} bytes")
             info["used"] = start + take
+            runs.append((info, start, take))
             locs[done : done + take] = self._active * self.per_segment + np.arange(
                 start, start + take
             )
             done += take
-        return locs
-
-    def publish(self, locs: np.ndarray) -> None:
-        """Makes the records `write` put at `locs` live (in the order `write` returned them)."""
-        locs = np.asarray(locs, np.int64).reshape(-1)
-        if not len(locs):
-            return
-        self._live[locs] = True
-        segs = locs // self.per_segment  # runs in `write`'s order, a run per segment
-        starts = np.r_[0, np.flatnonzero(segs[1:] != segs[:-1]) + 1]
-        n = np.diff(np.r_[starts, len(segs)])
-        for seg, take in zip(segs[starts].tolist(), n.tolist(), strict=True):
-            info = self._segments[seg]
+        for info, start, take in runs:
+            info["live"][start : start + take] = True
             info["n_live"] += take
             info["period"] = self.period  # the newest period written (delta saves)
-        self.stats["bytes_written"] += len(locs) * self.dtype.itemsize
+        self.stats["bytes_written"] += len(recs) * self.dtype.itemsize
+        return locs
 
     def read(self, locs: np.ndarray, verify: bool = True) -> np.ndarray:
         """The records at `locs` (one gather per segment), checksums verified."""
